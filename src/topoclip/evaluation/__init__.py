@@ -1,0 +1,1 @@
+"""Evaluation: zero-shot classification and retrieval metrics, computed in chunks."""

@@ -1,0 +1,172 @@
+"""Zero-shot classification: class prompts -> text embeddings -> scores for every image.
+
+The model interface this module (and retrieval.py) is written against:
+
+- ``model.encode_image(images (B, 3, H, W)) -> (B, m, n)`` and ``model.encode_text(batch) ->
+  (B, m, n)``, already on the model's space; ``batch = tokenizer(list_of_str)`` has ``.to(device)``;
+- ``model.similarity(u (Bu, m, n), v (Bv, m, n)) -> (Bu, Bv)`` fp32, higher = more similar;
+- ``model.config.topology``: the space's name for :func:`topoclip.geometry.to_space`.
+The model must already be on ``device``; runners only move inputs there.
+
+Two ways to turn T templates into a class score (SPEC §8):
+
+- ``"distance"`` (the paper): score(x, c) = (1/T) Σ_t s(x, text(c, t)). The C·T prompt embeddings
+  are kept; an image batch is scored against all of them at once, so at most (batch, C·T)
+  scores exist at a time, then averaged per class to (batch, C).
+- ``"embedding"`` (CLIP): e_c = to_space((1/T) Σ_t text(c, t)) — the mean embedding projected back
+  onto the space (for product spheres: each sub-sphere renormalised) — scored once: s(x, e_c).
+
+With one template the two agree for every topology. For "ps-inner" (and "sphere") the similarity
+is linear in v, so the distance mode equals the inner product with the *un-renormalised* mean;
+the embedding mode rescales each sub-sphere's mean, which weights the m sub-spheres differently.
+
+This module also holds the pieces both zero-shot runners share: the embedding loops and the
+result record.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from topoclip.data.types import ClassificationSet
+from topoclip.evaluation.metrics import ClassificationAccumulator
+from topoclip.geometry import to_space
+
+MODES = ("distance", "embedding")
+TASKS = ("zeroshot_classification", "zeroshot_retrieval")
+
+
+# --------------------------------------------------------------------------- embedding loops
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """model.eval() and inference mode inside; the model's previous train/eval mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def image_embedding_batches(
+    model, images: Sequence, image_transform: Callable[[Any], torch.Tensor], batch_size: int, device
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """Yield (start, stop, embeddings (stop − start, m, n)) over `images` in order.
+
+    Each image (PIL.Image or uint8 (H, W, 3) array) goes through `image_transform` -> (3, H, W).
+    Call inside :func:`evaluating`.
+    """
+    total = len(images)
+    with tqdm(total=total, desc="images", unit="image", disable=None) as progress:
+        for start in range(0, total, batch_size):
+            stop = min(start + batch_size, total)
+            pixels = torch.stack([image_transform(images[i]) for i in range(start, stop)])  # (B, 3, H, W)
+            yield start, stop, model.encode_image(pixels.to(device))
+            progress.update(stop - start)
+
+
+def embed_images(model, images: Sequence, image_transform, batch_size: int = 256, device="cpu") -> torch.Tensor:
+    """All images -> (N, m, n) on `device`."""
+    with evaluating(model):
+        blocks = [e for _, _, e in image_embedding_batches(model, images, image_transform, batch_size, device)]
+    return torch.cat(blocks)
+
+
+def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256, device="cpu") -> torch.Tensor:
+    """All texts -> (T, m, n) on `device`, tokenized and encoded `batch_size` at a time."""
+    blocks = []
+    with evaluating(model), tqdm(total=len(texts), desc="texts", unit="text", disable=None) as progress:
+        for start in range(0, len(texts), batch_size):
+            chunk = list(texts[start : start + batch_size])
+            blocks.append(model.encode_text(tokenizer(chunk).to(device)))
+            progress.update(len(chunk))
+    return torch.cat(blocks)
+
+
+# --------------------------------------------------------------------------- classifier
+
+
+@dataclass
+class ZeroShotClassifier:
+    """Class text embeddings ready to score images.
+
+    embeddings: "distance" mode: (C·T, m, n), class-major (row c·T + t = class c, template t);
+    "embedding" mode: (C, m, n), one re-projected mean per class.
+    """
+
+    mode: str
+    embeddings: torch.Tensor
+    num_classes: int
+    num_templates: int
+
+    def scores(self, model, image_embeddings: torch.Tensor) -> torch.Tensor:
+        """(B, m, n) image embeddings -> (B, C) class scores (fp32, higher = more likely)."""
+        similarity = model.similarity(image_embeddings, self.embeddings)  # (B, C·T) or (B, C)
+        if self.mode == "embedding":
+            return similarity
+        per_template = similarity.view(-1, self.num_classes, self.num_templates)  # (B, C, T)
+        return per_template.mean(dim=-1)  # (B, C)
+
+
+def zero_shot_classifier(
+    model,
+    tokenizer,
+    classnames: Sequence[str],
+    templates: Sequence[str],
+    mode: str = "distance",
+    batch_size: int = 256,
+    device="cpu",
+) -> ZeroShotClassifier:
+    """Embed every (class, template) prompt; keep them ("distance") or their per-class mean ("embedding").
+
+    Templates contain one "{}" for the class name, e.g. "a photo of a {}.".
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown zero-shot mode {mode!r}; choose one of {MODES}")
+    if not classnames or not templates:
+        raise ValueError(f"need at least one class and one template; got {len(classnames)} and {len(templates)}")
+    prompts = [template.format(name) for name in classnames for template in templates]  # class-major
+    texts = embed_texts(model, tokenizer, prompts, batch_size, device)  # (C·T, m, n)
+    num_classes, num_templates = len(classnames), len(templates)
+    if mode == "embedding":
+        mean = texts.float().view(num_classes, num_templates, *texts.shape[1:]).mean(dim=1)  # (C, m, n)
+        texts = to_space(model.config.topology, mean)
+    return ZeroShotClassifier(mode, texts, num_classes, num_templates)
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+def evaluate_classification(
+    model,
+    tokenizer,
+    dataset: ClassificationSet,
+    image_transform: Callable[[Any], torch.Tensor],
+    mode: str = "distance",
+    batch_size: int = 256,
+    device="cpu",
+) -> dict:
+    """Zero-shot classification of `dataset` -> {"top1", "top5", "mean_per_class_recall"} (percent) + "mode"."""
+    classifier = zero_shot_classifier(model, tokenizer, dataset.classnames, dataset.templates, mode, batch_size, device)
+    labels = torch.as_tensor(dataset.labels, dtype=torch.int64)
+    if labels.shape[0] != len(dataset.images):
+        raise ValueError(f"{dataset.name}: {labels.shape[0]} labels for {len(dataset.images)} images")
+    accumulator = ClassificationAccumulator(classifier.num_classes)
+    with evaluating(model):
+        for start, stop, embeddings in image_embedding_batches(model, dataset.images, image_transform, batch_size, device):
+            accumulator.update(classifier.scores(model, embeddings), labels[start:stop])
+    return {**accumulator.compute(), "mode": mode}
+
+
+def record(dataset_name: str, model_name: str, task: str, metrics: dict) -> dict:
+    """One result, CLIP_benchmark-style: {"dataset", "model", "task", "metrics"}."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    return {"dataset": dataset_name, "model": model_name, "task": task, "metrics": dict(metrics)}

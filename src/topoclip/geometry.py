@@ -1,0 +1,166 @@
+"""Embedding topologies: where embeddings live and how two of them are scored.
+
+An embedding is a tensor (m, n): m rows of dimension n (SPEC §2). Every topology supplies
+
+- ``project(x)``: raw encoder outputs (B, m, n) -> points on the space (B, m, n);
+- ``pairwise(u, v)``: similarities s = −d(u, v) of every row of u (Bu, m, n) against every row
+  of v (Bv, m, n) -> (Bu, Bv), in fp32.
+
+| name        | space       | d(u, v)                          | range of s    |
+|-------------|-------------|----------------------------------|---------------|
+| sphere      | S^{mn−1}    | −uᵀv (whole vector normalised)   | [−1, 1]       |
+| euclidean   | R^{mn}      | ‖u − v‖₂ (no normalisation)      | (−∞, 0]       |
+| ps-geodesic | PS(n, m)    | sqrt(Σ_k arccos²(u_kᵀv_k))       | [−√m·π, 0]    |
+| ps-inner    | PS(n, m)    | −Σ_k u_kᵀv_k                     | [−m, m]       |
+
+``TOPOLOGIES`` is a plain dict: adding a topology is adding one entry here.
+The public entry points are :func:`to_space` and :func:`similarity`; the latter computes in fp32
+(autocast off) and, for the topologies whose pairwise form needs a (rows, Bv, ·) intermediate,
+in row chunks so memory stays O(chunk · Bv · m) — with gradient checkpointing per chunk when
+gradients are needed, so the backward pass does not keep every chunk's intermediate either.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# Projection onto a unit sphere divides by the norm; a raw vector of norm 0 would give NaN.
+# F.normalize clamps the norm from below by this value (the output is then ~0, not NaN).
+NORM_EPSILON = 1e-12
+
+# arccos'(x) = −1/sqrt(1 − x²) is infinite at x = ±1, which a matching pair (u_k = v_k) hits.
+# Cosines are clamped into [−1 + ε, 1 − ε] first: at ε = 1e-6 (representable next to 1 in fp32,
+# whose spacing there is 6e-8) the slope is at most 1/sqrt(2e-6) ≈ 707, and the distance is off
+# by at most arccos(1 − ε) ≈ 1.4e-3 rad per sphere.
+ARCCOS_CLAMP_EPSILON = 1e-6
+
+# ‖u − v‖ = sqrt(‖u‖² + ‖v‖² − 2uᵀv). The sqrt has an infinite slope at 0 (u = v) and rounding can
+# make the squared distance slightly negative; it is clamped from below by this value
+# (distances under 1e-6 read as 1e-6, and their gradient is 0 rather than infinite).
+SQUARED_DISTANCE_MIN = 1e-12
+
+# Default memory budget, in fp32 elements, for one chunk's (rows, Bv, m) intermediate: 2^25
+# elements = 128 MiB. A 16k × 16k geodesic score with m = 16 then runs in chunks of 128 rows.
+CHUNK_ELEMENTS = 2**25
+
+
+# --------------------------------------------------------------------------- projections
+
+
+def normalize_whole(x: torch.Tensor) -> torch.Tensor:
+    """(B, m, n) -> (B, m, n) with the flattened (m·n)-vector of unit norm."""
+    flat = F.normalize(x.flatten(1), dim=-1, eps=NORM_EPSILON)
+    return flat.view_as(x)
+
+
+def normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    """(B, m, n) -> (B, m, n) with each of the m rows of unit norm (a point of PS(n, m))."""
+    return F.normalize(x, dim=-1, eps=NORM_EPSILON)
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+# --------------------------------------------------------------------------- pairwise scores
+
+
+def inner_product(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """s = Σ_k u_kᵀv_k: one matmul of the flattened vectors. (Bu, m, n), (Bv, m, n) -> (Bu, Bv)."""
+    return u.flatten(1) @ v.flatten(1).T
+
+
+def negative_euclidean(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """s = −‖u − v‖₂ over the flattened vectors, without a (Bu, Bv, d) difference tensor."""
+    u, v = u.flatten(1), v.flatten(1)  # (Bu, d), (Bv, d)
+    squared = (u * u).sum(-1, keepdim=True) + (v * v).sum(-1)[None, :] - 2.0 * (u @ v.T)
+    return -squared.clamp_min(SQUARED_DISTANCE_MIN).sqrt()
+
+
+def negative_geodesic(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """s = −sqrt(Σ_k arccos²(u_kᵀv_k)), the product-sphere geodesic. Holds (Bu, Bv, m)."""
+    cosines = torch.einsum("imn,jmn->ijm", u, v)  # (Bu, Bv, m)
+    lim = 1.0 - ARCCOS_CLAMP_EPSILON
+    angles = torch.arccos(cosines.clamp(-lim, lim))
+    return -angles.square().sum(-1).sqrt()  # sum ≥ m·arccos(1−ε)² > 0: sqrt has a finite slope
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One embedding space: its projection, its pairwise similarity and the range of s."""
+
+    project: Callable[[torch.Tensor], torch.Tensor]
+    pairwise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    similarity_range: Callable[[int], tuple[float, float]]  # m -> (lowest, highest) s
+    # True when `pairwise` holds a (rows, Bv, ·) intermediate and must run in row chunks.
+    chunked: bool
+
+
+TOPOLOGIES: dict[str, Topology] = {
+    "sphere": Topology(normalize_whole, inner_product, lambda m: (-1.0, 1.0), chunked=False),
+    "euclidean": Topology(identity, negative_euclidean, lambda m: (-math.inf, 0.0), chunked=False),
+    "ps-geodesic": Topology(
+        normalize_rows, negative_geodesic, lambda m: (-math.sqrt(m) * math.pi, 0.0), chunked=True
+    ),
+    "ps-inner": Topology(normalize_rows, inner_product, lambda m: (-float(m), float(m)), chunked=False),
+}
+
+
+def get_topology(name: str) -> Topology:
+    """The registry entry for `name`, or a ValueError listing the known names."""
+    try:
+        return TOPOLOGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown topology {name!r}; choose one of {sorted(TOPOLOGIES)}") from None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def to_space(topology: str, x: torch.Tensor) -> torch.Tensor:
+    """Map raw outputs (B, m, n) onto the topology's space -> (B, m, n), computed in fp32."""
+    with torch.autocast(x.device.type, enabled=False):
+        return get_topology(topology).project(x.float())
+
+
+def chunk_rows(topology: str, num_columns: int, m: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
+    """Rows per chunk so that one chunk's (rows, num_columns, m) intermediate fits the budget."""
+    return max(1, chunk_elements // max(1, num_columns * m))
+
+
+def similarity(
+    topology: str, u: torch.Tensor, v: torch.Tensor, chunk_size: Optional[int] = None
+) -> torch.Tensor:
+    """Similarities s = −d(u_i, v_j): (Bu, m, n), (Bv, m, n) -> (Bu, Bv) fp32.
+
+    Computed in fp32 with autocast disabled. For chunked topologies, rows of u are scored
+    `chunk_size` at a time (default: from CHUNK_ELEMENTS); with gradients enabled each chunk is
+    checkpointed, so neither pass holds a (Bu, Bv, m) tensor.
+    """
+    entry = get_topology(topology)
+    if u.dim() != 3 or v.dim() != 3 or u.shape[1:] != v.shape[1:]:
+        raise ValueError(f"similarity expects (Bu, m, n) and (Bv, m, n) with equal (m, n); got {tuple(u.shape)} and {tuple(v.shape)}")
+    with torch.autocast(u.device.type, enabled=False):
+        u, v = u.float(), v.float()
+        if not entry.chunked:
+            return entry.pairwise(u, v)
+        rows = chunk_size or chunk_rows(topology, v.shape[0], u.shape[1])
+        if rows >= u.shape[0]:
+            return entry.pairwise(u, v)
+        needs_grad = torch.is_grad_enabled() and (u.requires_grad or v.requires_grad)
+        blocks = []
+        for start in range(0, u.shape[0], rows):
+            block = u[start : start + rows]
+            if needs_grad:
+                blocks.append(checkpoint(entry.pairwise, block, v, use_reentrant=False))
+            else:
+                blocks.append(entry.pairwise(block, v))
+        return torch.cat(blocks)

@@ -1,0 +1,113 @@
+"""Transformer blocks shared by both towers: attention with packed q/k/v, MLP, pre- or post-norm.
+
+Parameter names follow torch's ``nn.MultiheadAttention`` packing (``attn.in_proj_weight`` (3w, w),
+``attn.out_proj``) and OpenAI CLIP's block layout (``ln_1``, ``mlp.c_fc``, ``mlp.c_proj``, ``ln_2``),
+so importing the reference release or OpenAI/OpenCLIP weights is a key map.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class QuickGELU(nn.Module):
+    """x·σ(1.702x), the activation of OpenAI's CLIP weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU}
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention on `F.scaled_dot_product_attention`, with a key-padding mask."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * width, width))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * width))
+        self.out_proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (B, L, w); key_mask (B, L) bool, True where a key may be attended; -> (B, L, w)."""
+        batch, length, width = x.shape
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, L, 3w)
+        q, k, v = qkv.view(batch, length, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)  # 3 × (B, h, L, w/h)
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, L) broadcast over heads, queries
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, L, w/h)
+        return self.out_proj(y.transpose(1, 2).reshape(batch, length, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int, hidden: int, activation: str):
+        super().__init__()
+        self.c_fc = nn.Linear(width, hidden)
+        self.activation = ACTIVATIONS[activation]()
+        self.c_proj = nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.activation(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Residual block: pre-norm x + f(ln(x)) (ViT) or post-norm ln(x + f(x)) (BERT)."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, norm_first: bool):
+        super().__init__()
+        self.norm_first = norm_first
+        self.ln_1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.ln_2 = nn.LayerNorm(width)
+        self.mlp = MLP(width, int(width * mlp_ratio), activation)
+
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.norm_first:
+            x = x + self.attn(self.ln_1(x), key_mask)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x + self.attn(x, key_mask))
+        return self.ln_2(x + self.mlp(x))
+
+
+class Transformer(nn.Module):
+    """A stack of blocks; `gradient_checkpointing` recomputes each block in backward."""
+
+    def __init__(self, width: int, layers: int, heads: int, mlp_ratio: float = 4.0,
+                 activation: str = "gelu", norm_first: bool = True):
+        super().__init__()
+        self.resblocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, norm_first) for _ in range(layers))
+        self.gradient_checkpointing = False
+        self.init_weights(width, layers)
+
+    def init_weights(self, width: int, layers: int) -> None:
+        # OpenCLIP's scheme: residual outputs scaled down with depth.
+        attention_std = width**-0.5
+        projection_std = width**-0.5 * (2 * layers) ** -0.5
+        hidden_std = (2 * width) ** -0.5
+        for block in self.resblocks:
+            nn.init.normal_(block.attn.in_proj_weight, std=attention_std)
+            nn.init.normal_(block.attn.out_proj.weight, std=projection_std)
+            nn.init.zeros_(block.attn.out_proj.bias)
+            nn.init.normal_(block.mlp.c_fc.weight, std=hidden_std)
+            nn.init.zeros_(block.mlp.c_fc.bias)
+            nn.init.normal_(block.mlp.c_proj.weight, std=projection_std)
+            nn.init.zeros_(block.mlp.c_proj.bias)
+
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (B, L, w) -> (B, L, w)."""
+        for block in self.resblocks:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, key_mask, use_reentrant=False)
+            else:
+                x = block(x, key_mask)
+        return x
+
+
+def projection(width: int, out_dim: int) -> nn.Parameter:
+    """(width, out_dim) projection used as x @ proj; Gaussian, mean 0, std 1/sqrt(fan_in) (SPEC §6)."""
+    return nn.Parameter(torch.randn(width, out_dim) * width**-0.5)

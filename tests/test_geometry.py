@@ -1,0 +1,124 @@
+"""Every topology: ranges, closed forms, chunking, fp32 under autocast, finite gradients at u = v."""
+import math
+
+import pytest
+import torch
+
+from topoclip import geometry
+from topoclip.geometry import TOPOLOGIES, similarity, to_space
+
+ALL = sorted(TOPOLOGIES)
+
+
+def random_points(topology, batch=6, m=4, n=8, dtype=torch.float64):
+    return to_space(topology, torch.randn(batch, m, n, dtype=dtype))
+
+
+@pytest.mark.parametrize("topology", ALL)
+def test_projection_lands_on_the_space(topology):
+    x = torch.randn(5, 4, 8) * 3
+    y = to_space(topology, x)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    if topology == "sphere":
+        torch.testing.assert_close(y.flatten(1).norm(dim=-1), torch.ones(5))
+    elif topology.startswith("ps-"):
+        torch.testing.assert_close(y.norm(dim=-1), torch.ones(5, 4))
+    else:
+        torch.testing.assert_close(y, x)
+
+
+@pytest.mark.parametrize("topology", ALL)
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_similarity_range(topology, m):
+    u = to_space(topology, torch.randn(64, m, 8))
+    s = similarity(topology, u, torch.cat([u[:8], -u[8:16], to_space(topology, torch.randn(48, m, 8))]))
+    low, high = TOPOLOGIES[topology].similarity_range(m)
+    assert s.shape == (64, 64)
+    assert (s >= low - 1e-4).all() and (s <= high + 1e-4).all()
+    if topology != "euclidean":  # the diagonal of matching pairs reaches the top of the range
+        # (the geodesic only to within the arccos clamp, √m · arccos(1 − ε))
+        slack = math.sqrt(m) * math.acos(1 - geometry.ARCCOS_CLAMP_EPSILON) + 1e-4
+        torch.testing.assert_close(s.diagonal()[:8], torch.full((8,), high), atol=slack, rtol=0)
+    if topology in ("sphere", "ps-inner"):  # antipodes reach the bottom
+        torch.testing.assert_close(s[8:16, 8:16].diagonal(), torch.full((8,), low), atol=1e-4, rtol=0)
+
+
+def test_ps_inner_is_the_flattened_matmul():
+    u, v = random_points("ps-inner", 7), random_points("ps-inner", 5)
+    expected = u.flatten(1) @ v.flatten(1).T
+    torch.testing.assert_close(similarity("ps-inner", u, v), expected.float())
+    # = Σ_k u_kᵀ v_k per pair, i.e. tr(uᵀv)
+    torch.testing.assert_close(similarity("ps-inner", u[:1], v[:1])[0, 0], (u[0] * v[0]).sum().float())
+
+
+def test_geodesic_equals_its_arccos_formula():
+    u, v = random_points("ps-geodesic", 6), random_points("ps-geodesic", 5)
+    s = similarity("ps-geodesic", u, v)
+    for i in range(6):
+        for j in range(5):
+            angles = [math.acos(float(u[i, k] @ v[j, k])) for k in range(u.shape[1])]
+            assert s[i, j].item() == pytest.approx(-math.sqrt(sum(a * a for a in angles)), abs=1e-5)
+
+
+def test_euclidean_equals_the_norm_of_the_difference():
+    u, v = torch.randn(6, 3, 5), torch.randn(4, 3, 5)
+    expected = -(u[:, None] - v[None]).flatten(2).norm(dim=-1)
+    torch.testing.assert_close(similarity("euclidean", u, v), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sphere_is_cosine():
+    u, v = torch.randn(6, 1, 10), torch.randn(4, 1, 10)
+    expected = torch.nn.functional.cosine_similarity(u.flatten(1)[:, None], v.flatten(1)[None], dim=-1)
+    torch.testing.assert_close(similarity("sphere", to_space("sphere", u), to_space("sphere", v)), expected)
+
+
+@pytest.mark.parametrize("topology", ALL)
+def test_chunked_equals_unchunked_in_values_and_gradients(topology):
+    base_u, base_v = torch.randn(10, 4, 6, dtype=torch.float64), torch.randn(9, 4, 6, dtype=torch.float64)
+    results = []
+    for chunk in (None, 3):
+        u, v = base_u.clone().requires_grad_(), base_v.clone().requires_grad_()
+        s = similarity(topology, to_space(topology, u), to_space(topology, v), chunk_size=chunk)
+        (s * torch.linspace(-1, 1, s.numel()).view_as(s)).sum().backward()
+        results.append((s.detach(), u.grad, v.grad))
+    for a, b in zip(*results):  # fp32 arithmetic in both: equal up to summation order
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_geodesic_chunks_hold_no_full_intermediate(monkeypatch):
+    seen = []
+    original = geometry.negative_geodesic
+
+    def spy(u, v):
+        seen.append(u.shape[0] * v.shape[0] * u.shape[1])
+        return original(u, v)
+
+    monkeypatch.setitem(TOPOLOGIES, "ps-geodesic", geometry.Topology(geometry.normalize_rows, spy, TOPOLOGIES["ps-geodesic"].similarity_range, chunked=True))
+    u = to_space("ps-geodesic", torch.randn(256, 4, 8))
+    s = similarity("ps-geodesic", u, u, chunk_size=32)
+    assert s.shape == (256, 256) and max(seen) == 32 * 256 * 4  # never 256 × 256 × 4
+    assert geometry.chunk_rows("ps-geodesic", 16384, 16) * 16384 * 16 <= geometry.CHUNK_ELEMENTS
+
+
+@pytest.mark.parametrize("topology", ALL)
+def test_gradients_finite_at_identical_points(topology):
+    raw = torch.randn(4, 3, 5, requires_grad=True)
+    u = to_space(topology, raw)
+    s = similarity(topology, u, u)  # diagonal: u = v exactly
+    s.sum().backward()
+    assert torch.isfinite(s).all() and torch.isfinite(raw.grad).all()
+
+
+@pytest.mark.parametrize("topology", ALL)
+def test_fp32_under_bf16_autocast(topology):
+    u = to_space(topology, torch.randn(8, 4, 8)).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        s = similarity(topology, u, u)
+    assert s.dtype == torch.float32
+
+
+def test_unknown_topology_and_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="unknown topology 'hyperbolic'.*ps-inner"):
+        to_space("hyperbolic", torch.randn(2, 1, 3))
+    with pytest.raises(ValueError, match=r"equal \(m, n\)"):
+        similarity("ps-inner", torch.randn(2, 2, 3), torch.randn(2, 3, 2))
