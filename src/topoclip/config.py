@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+from topoclip.data.scenes import SceneConfig
 from topoclip.geometry import TOPOLOGIES
 
 
@@ -134,17 +135,55 @@ class TrainConfig:
     keep_checkpoints: int = 2
 
 
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    """Where training pairs come from: the built-in scenes, a CSV/TSV, or WebDataset shards."""
+
+    source: Literal["scenes", "csv", "shards"] = "scenes"
+    scenes: SceneConfig = field(default_factory=SceneConfig)
+    # csv: the CSV/TSV path; shards: brace patterns, several sources joined by "::"
+    # (e.g. "web/{00000..00099}.tar::cc/{000..009}.tar").
+    train_data: str = ""
+    weights: list[float] = field(default_factory=list)  # one per "::" source; needs resampled
+    csv_image_key: str = "filepath"
+    csv_caption_key: str = "title"
+    csv_separator: str = ""  # "" = tab for .tsv, comma otherwise
+    resampled: bool = False  # shards drawn with replacement (endless stream; needs samples_per_epoch)
+    samples_per_epoch: int = 0  # shards: fixed epoch length (0 = one pass over the shards)
+    shuffle_buffer: int = 1000
+    max_bad_fraction: float = 0.01  # stop when skipped samples exceed this share of those seen
+    # "" = train a WordPiece vocabulary of model.text.vocab_size on the training captions;
+    # else a BERT vocab.txt or a tokenizer.json.
+    tokenizer: str = ""
+    augment_scale: tuple[float, float] = (0.8, 1.0)  # RandomResizedCrop area fraction
+
+
+@dataclass
+class EvaluateConfig:
+    """What is evaluated during and after training (and by `topoclip eval`)."""
+
+    template_modes: list[str] = field(default_factory=lambda: ["distance", "embedding"])
+    size: int = 1000  # images per built-in evaluation set (scenes)
+    captions_per_image: int = 5
+    classification: list[str] = field(default_factory=list)  # class-folder roots of the user's own sets
+    retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files
+    batch_size: int = 256
+
+
 # --------------------------------------------------------------------------- top level
 
 
 @dataclass
 class Config:
-    """Everything a run needs. `data` and `evaluate` are free-form until their sections exist."""
+    """Everything a run needs."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    data: dict = field(default_factory=dict)
-    evaluate: dict = field(default_factory=dict)
+    data: DataConfig = field(default_factory=DataConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     name: str = ""
 
 
@@ -294,7 +333,10 @@ def from_dict(cls: type, values: dict, prefix: str = "") -> Any:
         raise ConfigError(f"unknown key {prefix}{unknown[0]}; valid keys under {prefix or 'the top level'}: "
                           + ", ".join(prefix + n for n in names))
     kwargs = {name: coerce(value, hints[name], prefix + name) for name, value in values.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as error:  # a section's own __post_init__ check
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {error}") from None
 
 
 def merge(base: dict, update: dict) -> dict:
@@ -342,8 +384,7 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"override {item!r} must look like key=value, e.g. model.class_tokens=16")
         key, text = item.split("=", 1)
         key = key.strip()
-        # data.* and evaluate.* are free-form mappings owned by their sections.
-        if key not in keys and not key.startswith(("data.", "evaluate.")):
+        if key not in keys:
             raise ConfigError(f"unknown key {key!r}; valid keys: " + ", ".join(keys))
         update: Any = parse_value(text)
         for part in reversed(key.split(".")):
@@ -401,7 +442,32 @@ def describe_preset(name: str) -> str:
     return json.loads(files[name].read_text()).get("description", "") if name in files else ""
 
 
+def validate_data(config: DataConfig) -> None:
+    """Refuse data settings that cannot work."""
+    if config.source in ("csv", "shards") and not config.train_data:
+        raise ConfigError(f"data.source={config.source!r} needs data.train_data (a CSV path or a shard pattern)")
+    if config.weights and not config.resampled:
+        raise ConfigError("data.weights need data.resampled=true (without resampling every shard is read once per epoch)")
+    if config.resampled and config.samples_per_epoch < 1:
+        raise ConfigError("data.resampled=true draws shards endlessly: set data.samples_per_epoch")
+    if not 0 <= config.max_bad_fraction <= 1:
+        raise ConfigError(f"data.max_bad_fraction={config.max_bad_fraction} must be a fraction in [0, 1]")
+    low, high = config.augment_scale
+    if not 0 < low <= high <= 1:
+        raise ConfigError(f"data.augment_scale={config.augment_scale} must satisfy 0 < low ≤ high ≤ 1")
+
+
+def validate_evaluate(config: EvaluateConfig) -> None:
+    for mode in config.template_modes:
+        if mode not in ("distance", "embedding"):
+            raise ConfigError(f"evaluate.template_modes has {mode!r}; use \"distance\" (the paper's) and/or \"embedding\" (CLIP's)")
+    if config.size < 1 or config.batch_size < 1:
+        raise ConfigError("evaluate.size and evaluate.batch_size must be ≥ 1")
+
+
 def validate(config: Config) -> None:
     """Validate every section; raises ConfigError before anything is built."""
     validate_model(config.model)
     validate_train(config.train)
+    validate_data(config.data)
+    validate_evaluate(config.evaluate)

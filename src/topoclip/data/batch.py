@@ -1,0 +1,103 @@
+"""The batches user-data loaders yield, and how one DataLoader worker assembles them.
+
+A loader is an IterableDataset that yields whole `RawBatch`es (use `DataLoader(dataset, batch_size=None)`).
+Each batch carries the bad samples its worker skipped since its previous batch, so the main process gets
+exact totals by summing `batch.bad_samples` over all batches from all workers (`counter += batch`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Union
+
+import torch
+import torch.distributed
+import torch.utils.data
+
+from topoclip.data.quality import BadSample
+
+
+@dataclass
+class RawBatch:
+    """B image-caption pairs, images already transformed, captions still text."""
+
+    images: torch.Tensor  # (B, 3, H, W) float; (0, 3, 0, 0) for a batch that only carries counts
+    captions: list[str]  # B captions
+    bad_samples: dict[str, int] = field(default_factory=dict)  # kind -> samples skipped since the last batch
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+
+# What a loader's per-sample step produces: a usable pair, or the reason the sample was skipped.
+Outcome = Union[tuple[torch.Tensor, str], BadSample]
+
+
+def assemble_batches(
+    outcomes: Iterable[Outcome],
+    batch_size: int,
+    drop_last: bool = False,
+    max_batches: Optional[int] = None,
+) -> Iterator[RawBatch]:
+    """Group per-sample outcomes into RawBatches of `batch_size`, counting skipped samples.
+
+    One full batch is held back until the next is ready, so bad samples found after the last batch still
+    ride on it; nothing is lost. A worker that found no good sample at all yields one empty batch carrying
+    its counts. `max_batches` stops after that many batches (a fixed epoch length on an endless stream);
+    `drop_last` drops a final partial batch (its samples are good, so they are not counted as bad).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if max_batches is not None and max_batches <= 0:
+        return
+    images: list[torch.Tensor] = []
+    captions: list[str] = []
+    pending: dict[str, int] = {}
+    held: Optional[RawBatch] = None
+    emitted = 0
+    for outcome in outcomes:
+        if isinstance(outcome, BadSample):
+            pending[outcome.kind] = pending.get(outcome.kind, 0) + 1
+            continue
+        image, caption = outcome
+        images.append(image)
+        captions.append(caption)
+        if len(captions) < batch_size:
+            continue
+        if held is not None:
+            yield held
+            emitted += 1
+        held = RawBatch(torch.stack(images), captions, pending)
+        images, captions, pending = [], [], {}
+        if max_batches is not None and emitted + 1 >= max_batches:
+            break
+    if captions and not drop_last:
+        if held is not None:
+            yield held
+        held = RawBatch(torch.stack(images), captions, pending)
+        pending = {}
+    if held is not None:
+        for kind, count in pending.items():
+            held.bad_samples[kind] = held.bad_samples.get(kind, 0) + count
+        yield held
+    elif pending:
+        yield RawBatch(torch.empty(0, 3, 0, 0), [], pending)
+
+
+def worker_position(rank: Optional[int] = None, world_size: Optional[int] = None) -> tuple[int, int, int, int]:
+    """(rank, world_size, worker, num_workers) of the calling process.
+
+    rank / world_size default to torch.distributed's when it is initialised, else (0, 1); worker and
+    num_workers come from the DataLoader worker this runs in, else (0, 1).
+    """
+    if rank is None or world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank() if rank is None else rank
+            world_size = torch.distributed.get_world_size() if world_size is None else world_size
+        else:
+            rank = 0 if rank is None else rank
+            world_size = 1 if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must lie in [0, world_size); got rank {rank}, world_size {world_size}")
+    info = torch.utils.data.get_worker_info()
+    worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    return rank, world_size, worker, num_workers

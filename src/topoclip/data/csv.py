@@ -1,0 +1,158 @@
+"""CSV / TSV of image path + caption, read as a stream of RawBatches (OpenCLIP's `--csv-img-key` layout).
+
+The table is read once (header row, then one row per sample); the samples are decoded lazily while
+iterating. Relative image paths resolve against the table's folder (or `image_root`). Rows are split over
+distributed ranks and then over DataLoader workers, and reshuffled every epoch from (seed, epoch).
+A row whose image is missing or broken, or whose caption is empty or not UTF-8, is skipped and counted.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Union
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from topoclip.data.batch import Outcome, RawBatch, assemble_batches, worker_position
+from topoclip.data.images import DecodeSettings, clean_caption, decode_image
+from topoclip.data.quality import BadSample
+
+logger = logging.getLogger(__name__)
+
+
+def sniff_separator(path: Union[str, Path]) -> str:
+    """Column separator from the file name: tab for .tsv / .tab, comma otherwise."""
+    suffixes = [suffix.lower() for suffix in Path(path).suffixes]
+    return "\t" if {".tsv", ".tab"} & set(suffixes) else ","
+
+
+def read_caption_table(
+    path: Union[str, Path],
+    image_key: str = "filepath",
+    caption_key: str = "title",
+    separator: Optional[str] = None,
+) -> list[tuple[str, Optional[str]]]:
+    """Rows of (image path as written, caption or None if the row is short) from a CSV / TSV with a header.
+
+    Text is read as UTF-8 with undecodable bytes kept as surrogates, so one bad caption is later skipped as
+    "bad_encoding" instead of failing the whole file. Blank lines are ignored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"caption table {path} does not exist (setting data.train_data)")
+    separator = sniff_separator(path) if separator is None else separator
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as file:
+        reader = csv.reader(file, delimiter=separator)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{path} is empty; it needs a header row naming the image and caption columns")
+        header = [name.lstrip("\ufeff").strip() for name in header]
+        columns = {}
+        for key, setting in ((image_key, "data.csv_image_key"), (caption_key, "data.csv_caption_key")):
+            if key not in header:
+                hint = ""
+                if len(header) == 1:
+                    other = "\t" if separator != "\t" else ","
+                    if other in header[0]:
+                        hint = f" The header contains {other!r}: set data.csv_separator to {other!r}."
+                raise ValueError(
+                    f"{path} has no column {key!r} (setting {setting}); columns found: {header}.{hint}"
+                )
+            columns[key] = header.index(key)
+        image_column, caption_column = columns[image_key], columns[caption_key]
+        rows = []
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            image = row[image_column] if image_column < len(row) else ""
+            caption = row[caption_column] if caption_column < len(row) else None
+            rows.append((image, caption))
+    return rows
+
+
+def resolve_image_path(written: str, root: Path) -> Path:
+    """An image path as written in a table, made absolute against `root` when relative."""
+    path = Path(os.path.expanduser(written.strip()))
+    return path if path.is_absolute() else root / path
+
+
+class CsvDataset(torch.utils.data.IterableDataset):
+    """Image-caption pairs listed in a CSV / TSV; yields RawBatch (use DataLoader(batch_size=None)).
+
+    Each epoch, rows are shuffled from (seed, epoch) (call `set_epoch` before iterating; with
+    `persistent_workers=True` the workers keep the epoch they started with), then rank r of world_size
+    takes rows r, r + world_size, ...; DataLoader worker w of W takes every W-th of those. Ranks therefore
+    differ by at most one row, and by the bad rows each happens to meet.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, Path],
+        *,
+        transform: Callable,
+        batch_size: int,
+        image_key: str = "filepath",
+        caption_key: str = "title",
+        separator: Optional[str] = None,
+        image_root: Union[str, Path, None] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        decode: DecodeSettings = DecodeSettings(),
+    ):
+        super().__init__()
+        self.path = Path(path)
+        self.rows = read_caption_table(self.path, image_key, caption_key, separator)
+        if not self.rows:
+            raise ValueError(f"{self.path} has a header but no rows")
+        self.image_root = Path(image_root) if image_root is not None else self.path.parent
+        self.transform = transform
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.decode = decode
+        self.epoch = 0
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the shuffle order of `epoch` for the next iteration."""
+        self.epoch = int(epoch)
+
+    def row_indices(self) -> np.ndarray:
+        """Row indices (n,) this rank and worker read this epoch, in order."""
+        rank, world_size, worker, num_workers = worker_position(self.rank, self.world_size)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.rows))
+        else:
+            order = np.arange(len(self.rows))
+        return order[rank::world_size][worker::num_workers]
+
+    def load(self, index: int) -> Outcome:
+        """(image tensor from the transform, caption) for one row, or the BadSample that rules it out."""
+        written, raw_caption = self.rows[index]
+        try:
+            caption = clean_caption(raw_caption)
+            if not written.strip():
+                raise BadSample("missing_file", f"data row {index + 1} of {self.path} has no image path")
+            image = decode_image(resolve_image_path(written, self.image_root), **dataclasses.asdict(self.decode))
+        except BadSample as bad:
+            logger.debug("skipped data row %d of %s: %s", index + 1, self.path, bad)
+            return bad
+        return self.transform(image), caption
+
+    def __iter__(self) -> Iterator[RawBatch]:
+        outcomes = (self.load(int(index)) for index in self.row_indices())
+        return assemble_batches(outcomes, self.batch_size, drop_last=self.drop_last)

@@ -1,0 +1,201 @@
+"""Evaluation sets a user brings: class folders (zero-shot classification), Karpathy caption JSON (retrieval).
+
+Images are decoded lazily, one per index, by `LazyImages`. When listing, each image's header is checked
+(`verify=True`, cheap: no pixels decoded); missing or unreadable files are dropped, counted in
+`images.skipped`, and reported in one warning. A file whose pixel data is broken beyond its header raises
+BadSample naming the file when it is decoded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from topoclip.data.images import DecodeSettings, check_image_header, clean_caption, decode_image, image_files
+from topoclip.data.quality import BadSample, BadSampleCounter
+from topoclip.data.types import ClassificationSet, RetrievalSet
+
+DEFAULT_TEMPLATES = ["a photo of a {}."]
+
+
+class LazyImages(Sequence):
+    """N image files decoded on access: images[i] -> RGB PIL image; images[a:b] -> LazyImages."""
+
+    def __init__(self, paths: Sequence[Union[str, Path]], decode: DecodeSettings = DecodeSettings()):
+        self.paths = [Path(path) for path in paths]
+        self.decode = decode
+        self.skipped = BadSampleCounter()  # files dropped while listing
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return LazyImages(self.paths[index], self.decode)
+        return decode_image(self.paths[index], **dataclasses.asdict(self.decode))
+
+    def __repr__(self) -> str:
+        return f"LazyImages({len(self)} files)"
+
+
+def _usable(path: Path, decode: DecodeSettings, counter: BadSampleCounter) -> bool:
+    """Header check of one listed file; counts it as kept or by its bad kind."""
+    try:
+        check_image_header(path, decode.min_size, decode.max_pixels)
+    except BadSample as bad:
+        counter.add(bad.kind)
+        return False
+    counter.keep()
+    return True
+
+
+def _warn_skipped(counter: BadSampleCounter, what: str) -> None:
+    if counter.bad_total:
+        warnings.warn(f"{what}: {counter.describe()}")
+
+
+def read_classnames(path: Union[str, Path], folders: list[str]) -> list[str]:
+    """Class names for sorted `folders`: a text file with one name per line in that order, or JSON.
+
+    JSON may be {folder: name} (must cover every folder) or a list of names in folder order.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        data = json.loads(text)
+        if isinstance(data, dict):
+            missing = [folder for folder in folders if folder not in data]
+            if missing:
+                raise ValueError(f"{path} names no class for folders {missing[:10]} ({len(missing)} missing)")
+            return [str(data[folder]) for folder in folders]
+        names = [str(name) for name in data]
+    else:
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(names) != len(folders):
+        raise ValueError(
+            f"{path} has {len(names)} class names but there are {len(folders)} class folders "
+            f"({', '.join(folders[:5])}{', ...' if len(folders) > 5 else ''}); give one name per line in "
+            "sorted folder order, or a JSON {folder: name}"
+        )
+    return names
+
+
+def read_templates(path: Union[str, Path]) -> list[str]:
+    """Prompt templates, one per line, each with one "{}" where the class name goes; blank lines ignored."""
+    path = Path(path)
+    templates = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        template = line.strip()
+        if not template:
+            continue
+        if template.count("{}") != 1:
+            raise ValueError(f"{path} line {number}: a template needs exactly one '{{}}' for the class name: {line!r}")
+        templates.append(template)
+    if not templates:
+        raise ValueError(f"{path} holds no templates; write one per line, e.g. 'a photo of a {{}}.'")
+    return templates
+
+
+def load_class_folders(
+    root: Union[str, Path],
+    classnames_file: Union[str, Path, None] = None,
+    templates_file: Union[str, Path, None] = None,
+    name: Optional[str] = None,
+    verify: bool = True,
+    decode: DecodeSettings = DecodeSettings(),
+) -> ClassificationSet:
+    """ClassificationSet from `root/<class folder>/**/<image>`: classes are the sorted subfolders.
+
+    Class names default to the folder names with "_" read as spaces; labels (N,) index sorted folders.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"class-folder root {root} is not a folder")
+    folders = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    if not folders:
+        raise ValueError(f"{root} has no class subfolders; expected root/<class name>/<images>")
+    if classnames_file is not None:
+        classnames = read_classnames(classnames_file, folders)
+    else:
+        classnames = [folder.replace("_", " ") for folder in folders]
+    templates = read_templates(templates_file) if templates_file is not None else list(DEFAULT_TEMPLATES)
+
+    paths, labels = [], []
+    counter = BadSampleCounter()
+    for label, folder in enumerate(folders):
+        for path in image_files(root / folder):
+            if not verify or _usable(path, decode, counter):
+                paths.append(path)
+                labels.append(label)
+    if not paths:
+        raise ValueError(f"{root} holds no usable images in its class folders ({counter.describe()})")
+    _warn_skipped(counter, f"class folders {root}")
+    images = LazyImages(paths, decode)
+    images.skipped = counter
+    return ClassificationSet(
+        name=name or root.name,
+        images=images,
+        labels=torch.tensor(labels, dtype=torch.int64),
+        classnames=classnames,
+        templates=templates,
+    )
+
+
+def load_karpathy_captions(
+    json_path: Union[str, Path],
+    image_root: Union[str, Path],
+    split: str = "test",
+    name: Optional[str] = None,
+    verify: bool = True,
+    decode: DecodeSettings = DecodeSettings(),
+) -> RetrievalSet:
+    """RetrievalSet from a Karpathy-split JSON: {"images": [{"filename", "filepath"?, "split", "sentences"}]}.
+
+    An image's file is image_root/filepath/filename (filepath, as in COCO's "val2014", is optional).
+    Captions are each sentence's "raw" text (else its "tokens" joined). Empty captions are skipped and
+    counted; an image left with no caption, or whose file is missing or unreadable, is dropped.
+    """
+    json_path, image_root = Path(json_path), Path(image_root)
+    data = json.loads(json_path.read_text(encoding="utf-8"))
+    entries = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{json_path} is not a Karpathy caption file: expected {{'images': [...]}}")
+    chosen = [entry for entry in entries if entry.get("split") == split]
+    if not chosen:
+        splits = sorted({str(entry.get("split")) for entry in entries})
+        raise ValueError(f"{json_path} has no images in split {split!r}; splits found: {splits}")
+
+    paths, captions, caption_image = [], [], []
+    counter = BadSampleCounter()
+    for entry in chosen:
+        path = image_root / entry.get("filepath", "") / entry["filename"]
+        texts = []
+        for sentence in entry.get("sentences", []):
+            raw = sentence.get("raw")
+            if raw is None and sentence.get("tokens"):
+                raw = " ".join(sentence["tokens"])
+            try:
+                texts.append(clean_caption(raw))
+            except BadSample as bad:
+                counter.add(bad.kind)
+        if not texts or (verify and not _usable(path, decode, counter)):
+            continue
+        captions.extend(texts)
+        caption_image.extend([len(paths)] * len(texts))
+        paths.append(path)
+    if not paths:
+        raise ValueError(f"{json_path} split {split!r} has no usable image with a caption ({counter.describe()})")
+    _warn_skipped(counter, f"caption file {json_path} split {split!r}")
+    images = LazyImages(paths, decode)
+    images.skipped = counter
+    return RetrievalSet(
+        name=name or f"{json_path.stem}-{split}",
+        images=images,
+        captions=captions,
+        caption_image=torch.tensor(caption_image, dtype=torch.int64),
+    )

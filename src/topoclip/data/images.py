@@ -1,0 +1,211 @@
+"""Decoding one user sample: image bytes or file -> RGB PIL image, caption bytes -> clean text.
+
+Decisions, so every loader behaves the same way:
+- Transparency (RGBA, LA, P or L with a transparent colour) is composited on white: transparent logos and
+  line art are usually dark on transparent, and dropping alpha would show whatever colour the transparent
+  pixels happen to store (often black on black).
+- 16-bit greyscale (I;16 and friends) is scaled to 8 bit by value * 255 / 65535, not clipped at 255.
+  32-bit integer ("I") images are scaled the same way when their largest value passes 255, else taken as
+  8-bit; float ("F") images are taken as [0, 1] when their largest value is at most 1, else [0, 255].
+- EXIF orientation is applied, so phone photos come out upright.
+- A guard against decompression bombs: an image whose header claims more than `max_pixels` pixels is
+  skipped as "huge_image" before any pixel is decoded. A very wide but small image (20000 x 4 = 80 kpx)
+  is within the guard and is decoded normally; memory is bounded by the pixel count, not by a side.
+- `draft_size`: the shorter side the caller needs. JPEGs are decoded at a reduced DCT scale (PIL `draft`,
+  which never goes below the request) and any image whose shorter side is at least twice `draft_size` is
+  box-reduced by an integer factor (PIL `reduce`), so large photos cost little time and memory.
+- Only raster formats used for photos are opened (IMAGE_FORMATS); PIL's plugins that run external programs
+  (EPS) or parse exotic containers are never reached.
+"""
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from topoclip.data.quality import BadSample
+
+# The formats decode_image opens: what img2dataset, web crawls and evaluation sets contain.
+IMAGE_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "AVIF")
+# File extensions (lower case, no dot) treated as images by the folder and shard loaders.
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "avif")
+
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Settings shared by every loader's image decoding (see decode_image)."""
+
+    min_size: int = 2  # a shorter side below this is "tiny_image"
+    max_pixels: int = 100_000_000  # more pixels than this is "huge_image" (decompression-bomb guard)
+    draft_size: Optional[int] = None  # shorter side the caller needs; larger images are reduced toward it
+
+
+def _available_formats() -> list[str]:
+    Image.init()
+    return [name for name in IMAGE_FORMATS if name in Image.OPEN]
+
+
+def decode_image(
+    data: Union[bytes, bytearray, memoryview, str, os.PathLike],
+    min_size: int = 2,
+    max_pixels: int = 100_000_000,
+    draft_size: Optional[int] = None,
+) -> Image.Image:
+    """Decode encoded image bytes or an image file into an RGB PIL image (W, H).
+
+    Raises BadSample with kind "missing_file", "corrupt_image", "tiny_image" or "huge_image".
+    """
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        source, name = BytesIO(bytes(data)), "image bytes"
+    elif isinstance(data, (str, os.PathLike)):
+        name = os.fspath(data)
+        if not os.path.isfile(name):
+            raise BadSample("missing_file", f"{name} does not exist or is not a file")
+        source = name
+    else:
+        raise TypeError(f"decode_image takes encoded bytes or a file path, got {type(data).__name__}")
+
+    try:
+        with warnings.catch_warnings():
+            # The size check below replaces PIL's global MAX_IMAGE_PIXELS warning with a per-call setting.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(source, formats=_available_formats()) as image:
+                width, height = image.size
+                if width * height > max_pixels:
+                    raise BadSample("huge_image", f"{name}: {width}x{height} pixels exceeds max_pixels {max_pixels}")
+                if min(width, height) < min_size:
+                    raise BadSample("tiny_image", f"{name}: {width}x{height}, a side is below min_size {min_size}")
+                if draft_size is not None and image.format in ("JPEG", "MPO"):
+                    short = min(width, height)
+                    if short > draft_size:
+                        # Request the size whose shorter side is draft_size; draft never goes below it.
+                        image.draft(None, (-(-draft_size * width // short), -(-draft_size * height // short)))
+                image.load()
+                image = _apply_exif_orientation(image)
+                image = to_rgb(image)
+    except BadSample:
+        raise
+    except Image.DecompressionBombError as error:
+        raise BadSample("huge_image", f"{name}: {error}") from None
+    except FileNotFoundError as error:
+        raise BadSample("missing_file", f"{name}: {error}") from None
+    except PermissionError as error:
+        raise BadSample("missing_file", f"{name}: cannot be read ({error})") from None
+    except MemoryError:
+        raise
+    except Exception as error:  # any decoder failure on untrusted bytes means the image is unusable
+        raise BadSample("corrupt_image", f"{name}: {type(error).__name__}: {error}") from None
+
+    if draft_size is not None:
+        factor = min(image.size) // draft_size
+        if factor >= 2:
+            image = image.reduce(factor)  # box filter, keeps the shorter side >= draft_size
+    return image
+
+
+def check_image_header(
+    path: Union[str, os.PathLike], min_size: int = 2, max_pixels: int = 100_000_000
+) -> tuple[int, int]:
+    """(width, height) of an image file from its header alone (no pixels decoded); cheap checks for a listing.
+
+    Raises BadSample "missing_file", "corrupt_image" (not a readable image header), "tiny_image" or
+    "huge_image". A file whose pixel data is truncated passes; decode_image catches that later.
+    """
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise BadSample("missing_file", f"{name} does not exist or is not a file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(name, formats=_available_formats()) as image:
+                width, height = image.size
+    except Image.DecompressionBombError as error:
+        raise BadSample("huge_image", f"{name}: {error}") from None
+    except PermissionError as error:
+        raise BadSample("missing_file", f"{name}: cannot be read ({error})") from None
+    except MemoryError:
+        raise
+    except Exception as error:
+        raise BadSample("corrupt_image", f"{name}: {type(error).__name__}: {error}") from None
+    if width * height > max_pixels:
+        raise BadSample("huge_image", f"{name}: {width}x{height} pixels exceeds max_pixels {max_pixels}")
+    if min(width, height) < min_size:
+        raise BadSample("tiny_image", f"{name}: {width}x{height}, a side is below min_size {min_size}")
+    return width, height
+
+
+def _apply_exif_orientation(image: Image.Image) -> Image.Image:
+    """Rotate / flip per the EXIF orientation tag; a broken EXIF block leaves the image as stored."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except Exception:
+        return image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """PIL image of any mode -> RGB (alpha composited on white, 16-bit scaled to 8-bit; see module doc)."""
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in _SIXTEEN_BIT_MODES or mode == "I":
+        values = np.asarray(image).astype(np.int64)  # (H, W)
+        if mode in _SIXTEEN_BIT_MODES or values.max(initial=0) > 255:
+            values = (np.clip(values, 0, 65535) * 255 + 32767) // 65535
+        return Image.fromarray(np.clip(values, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        values = np.asarray(image, dtype=np.float32)  # (H, W)
+        values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
+        if values.max(initial=0.0) <= 1.0:
+            values = values * 255.0
+        return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode in _ALPHA_MODES or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
+
+
+def clean_caption(raw: Union[bytes, bytearray, str, None]) -> str:
+    """Caption text with control characters removed and whitespace runs collapsed to one space.
+
+    Raises BadSample("bad_encoding") for bytes that are not UTF-8 (or a str holding undecodable bytes as
+    surrogates, as `errors="surrogateescape"` produces) and BadSample("empty_caption") for nothing left.
+    """
+    if raw is None:
+        raise BadSample("empty_caption", "no caption")
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise BadSample("bad_encoding", f"caption is not UTF-8 ({error.reason} at byte {error.start})") from None
+    elif isinstance(raw, str):
+        text = raw
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise BadSample("bad_encoding", f"caption is not UTF-8 (undecodable byte at character {error.start})") from None
+    else:
+        raise TypeError(f"a caption must be str or bytes, got {type(raw).__name__}")
+    text = " ".join(_CONTROL_CHARACTERS.sub(" ", text.replace("\ufeff", "")).split())
+    if not text:
+        raise BadSample("empty_caption", "caption is empty or only whitespace")
+    return text
+
+
+def image_files(folder: Union[str, Path]) -> list[Path]:
+    """Image files (by IMAGE_EXTENSIONS) under `folder`, recursively, in sorted order."""
+    folder = Path(folder)
+    return sorted(
+        path for path in folder.rglob("*") if path.is_file() and path.suffix[1:].lower() in IMAGE_EXTENSIONS
+    )

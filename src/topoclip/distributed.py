@@ -1,0 +1,193 @@
+"""Multi-process training with PyTorch's own stack: torchrun (or srun), torch.distributed, DDP.
+
+Launch with ``torchrun --nproc-per-node N ...`` (or ``srun`` with one task per GPU). Every process
+calls :func:`init_distributed`, wraps the CLIP in ``DistributedDataParallel``, and scores its local
+batch against the batch gathered from all ranks with :func:`gather_features` (SPEC §5: "local loss +
+gather with grad"). Without a launcher everything here degrades to a single process: no process
+group, ``gather_features`` is the identity, ``barrier`` does nothing.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# When srun starts the tasks without torchrun, nobody sets MASTER_PORT; every task derives the
+# same port from the job id: MASTER_PORT_BASE + job_id mod MASTER_PORT_SPAN (inside 20000–29999,
+# below Linux's ephemeral range 32768+ so a client socket rarely holds it).
+MASTER_PORT_BASE = 20000
+MASTER_PORT_SPAN = 10000
+DEFAULT_MASTER_PORT = 29500  # torchrun's default, when SLURM gives no job id either
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    """Where this process sits. world_size 1 means a single process (no process group)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def is_initialized() -> bool:
+    """True when a torch.distributed process group exists (i.e. world_size > 1 was launched)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else None
+
+
+def _slurm_master_addr() -> str:
+    """The first host of the SLURM allocation (every task computes the same one)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        return "127.0.0.1"
+    try:  # scontrol expands every nodelist syntax ("gpu[01-04,07]", "a1,b[2-3]")
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                               capture_output=True, text=True).stdout.split()
+        if hosts:
+            return hosts[0]
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    # Without scontrol: "node[03-05,9],other" -> "node03"; "node7,node8" -> "node7".
+    first = nodelist.split(",")[0]
+    if "[" in first:
+        prefix, ranges = first.split("[", 1)
+        return prefix + ranges.rstrip("]").split(",")[0].split("-")[0]
+    return first
+
+
+def _launch_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's variables, else srun's, else (0, 0, 1).
+
+    torchrun wins when both are present (torchrun started inside an srun step). SLURM variables
+    alone count only with more than one task: a plain `python` inside an sbatch allocation also
+    sees SLURM_PROCID=0 / SLURM_NTASKS=1 and must stay a single process.
+    """
+    world = _env_int("WORLD_SIZE")
+    if world is not None:
+        rank = _env_int("RANK") or 0
+        return rank, _env_int("LOCAL_RANK") or 0, world
+    tasks = _env_int("SLURM_NTASKS")
+    if tasks is not None and tasks > 1 and _env_int("SLURM_PROCID") is not None:
+        rank, local_rank = _env_int("SLURM_PROCID"), _env_int("SLURM_LOCALID") or 0
+        # init_method "env://" reads these four; set them for the srun-only launch.
+        os.environ.setdefault("MASTER_ADDR", _slurm_master_addr())
+        job = _env_int("SLURM_JOB_ID")
+        port = MASTER_PORT_BASE + job % MASTER_PORT_SPAN if job is not None else DEFAULT_MASTER_PORT
+        os.environ.setdefault("MASTER_PORT", str(port))
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(tasks)
+        os.environ["LOCAL_RANK"] = str(local_rank)
+        return rank, local_rank, tasks
+    return 0, 0, 1
+
+
+def _resolve_device(device: str, local_rank: int) -> torch.device:
+    """"auto" -> cuda:local_rank if CUDA is available, else cpu; "cuda" -> cuda:local_rank."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", local_rank)
+    return resolved
+
+
+def init_distributed(device: str = "auto") -> DistributedInfo:
+    """Read the launcher's environment, pick the device, and join the process group.
+
+    Backend nccl on CUDA, gloo otherwise. On CUDA the current device is set to this process's GPU
+    (cuda:local_rank unless `device` names an index). With no launcher (WORLD_SIZE unset, no
+    multi-task srun) or a world of 1 no process group is created. Calling it again returns the
+    same answer without re-initialising.
+    """
+    rank, local_rank, world_size = _launch_env()
+    resolved = _resolve_device(device, local_rank)
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
+    if world_size > 1 and not is_initialized():
+        backend = "nccl" if resolved.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size)
+    if is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistributedInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=resolved)
+
+
+def is_main(info: Optional[DistributedInfo] = None) -> bool:
+    """True on rank 0 (the process that logs and writes checkpoints)."""
+    return (info.rank if info is not None else get_rank()) == 0
+
+
+def barrier() -> None:
+    """Wait for every rank; nothing in a single process."""
+    if is_initialized():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    """Destroy the process group if one exists (call once at the end of training)."""
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s (picklable) object on every rank; `obj` itself in a single process."""
+    if not is_initialized():
+        return obj
+    holder = [obj if get_rank() == src else None]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def gather_features(x: torch.Tensor) -> torch.Tensor:
+    """All-gather with gradients: (b, ...) on every rank -> (world · b, ...), rank r's rows at
+    [r·b, (r+1)·b). Identity without a process group.
+
+    The backward sums, for rank r's block, the gradients that every rank's loss sends to it
+    (a reduce-scatter), so each rank's features receive the gradient of the sum of all ranks'
+    losses; DDP's all-reduce then averages parameter gradients, which makes the result the
+    gradient of the mean loss, equal to the single-process gradient on the global batch.
+    Every rank must pass the same b.
+    """
+    if not is_initialized() or dist.get_world_size() == 1:
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    with warnings.catch_warnings():
+        # torch ≥ 2.10 marks this autograd-aware all_gather deprecated in favour of the private
+        # torch.distributed._functional_collectives; it is still the public one, and correct.
+        warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
+        blocks = all_gather(x)  # world tensors (b, ...), differentiable
+    return torch.cat(blocks, dim=0)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DDP / DataParallel (`.module`) and torch.compile (`._orig_mod`) wrappers,
+    in any nesting: unwrap(compile(DDP(clip))) is clip."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch._dynamo OptimizedModule
+            model = model._orig_mod
+        else:
+            return model

@@ -1,0 +1,87 @@
+"""Evaluate a model on the sets its config names: zero-shot classification and retrieval records.
+
+`evaluate(model, tokenizer, config)` returns CLIP_benchmark-style records
+``{"dataset", "model", "task", "metrics"}``, one per (set, template mode) for classification and one
+per retrieval set. The built-in scenes give shape / colour / composition sets (and out-of-domain
+copies) plus a retrieval set with attribute-level relevance; the user's class folders and
+Karpathy caption files are added from `config.evaluate`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from topoclip.config import Config
+from topoclip.data.types import ClassificationSet, RetrievalSet
+from topoclip.evaluation.retrieval import evaluate_retrieval
+from topoclip.evaluation.zeroshot import evaluate_classification, record
+from topoclip.transforms import eval_transform
+
+
+def evaluation_sets(config: Config, split: str = "test") -> tuple[list[ClassificationSet], list[RetrievalSet]]:
+    """The classification and retrieval sets of `config` (built-in scenes when data.source is scenes)."""
+    classification: list[ClassificationSet] = []
+    retrieval: list[RetrievalSet] = []
+    settings = config.evaluate
+    if config.data.source == "scenes":
+        from topoclip.data.scenes import classification_sets, retrieval_set
+
+        scenes = config.data.scenes
+        classification += classification_sets(scenes, split, size=settings.size)
+        retrieval.append(retrieval_set(scenes, split, settings.size, settings.captions_per_image))
+        retrieval.append(retrieval_set(scenes, split, settings.size, settings.captions_per_image, style="out-of-domain"))
+    if settings.classification or settings.retrieval:
+        from topoclip.data.folders import load_class_folders, load_karpathy_captions
+
+        classification += [load_class_folders(root) for root in settings.classification]
+        retrieval += [load_karpathy_captions(path, Path(path).parent) for path in settings.retrieval]
+    return classification, retrieval
+
+
+def evaluate(model, tokenizer, config: Config, split: str = "test", device="cpu",
+             model_name: Optional[str] = None) -> list[dict]:
+    """Every evaluation record of `config` for `model` (already on `device`)."""
+    vision = model.config.vision
+    transform = eval_transform(vision.image_size, vision.mean, vision.std)
+    name = model_name or config.name or "topoclip"
+    batch_size = config.evaluate.batch_size
+    classification, retrieval = evaluation_sets(config, split)
+    records = []
+    for dataset in classification:
+        for mode in config.evaluate.template_modes:
+            metrics = evaluate_classification(model, tokenizer, dataset, transform, mode, batch_size, device)
+            records.append(record(dataset.name, name, "zeroshot_classification", metrics))
+    for dataset in retrieval:
+        metrics = evaluate_retrieval(model, tokenizer, dataset, transform, batch_size, device=device)
+        records.append(record(dataset.name, name, "zeroshot_retrieval", metrics))
+    return records
+
+
+def summary_table(records: list[dict]) -> str:
+    """A fixed-width text table of the headline numbers of each record."""
+    lines = [f"{'dataset':<28} {'task':<15} {'mode':<10} {'top1/R@1':>9} {'top5/R@5':>9} {'mean':>7}"]
+    for item in records:
+        metrics = item["metrics"]
+        if item["task"] == "zeroshot_classification":
+            row = (metrics.get("mode", ""), metrics["top1"], metrics["top5"], metrics["mean_per_class_recall"])
+            task = "classification"
+        else:
+            r1 = (metrics["image_retrieval_recall@1"] + metrics["text_retrieval_recall@1"]) / 2
+            r5 = (metrics["image_retrieval_recall@5"] + metrics["text_retrieval_recall@5"]) / 2
+            row, task = ("", r1, r5, metrics["mean_recall"]), "retrieval"
+        lines.append(f"{item['dataset']:<28} {task:<15} {row[0]:<10} {row[1]:>9.1f} {row[2]:>9.1f} {row[3]:>7.1f}")
+    return "\n".join(lines)
+
+
+def headline(records: list[dict]) -> dict[str, float]:
+    """Flat {"<dataset>/<metric>": value} of the headline numbers (for metrics.jsonl and plots)."""
+    flat = {}
+    for item in records:
+        metrics = item["metrics"]
+        if item["task"] == "zeroshot_classification":
+            flat[f"{item['dataset']}/{metrics.get('mode', '')}/top1"] = metrics["top1"]
+        else:
+            flat[f"{item['dataset']}/mean_recall"] = metrics["mean_recall"]
+    return flat

@@ -1,0 +1,1 @@
+"""Training: the step (forward + backward of the contrastive loss), optimiser, trainer."""

@@ -1,0 +1,143 @@
+"""One training step's forward + backward of the contrastive loss, with exact gradient accumulation.
+
+The trainer calls :func:`forward_backward`, then unscales (fp16), clips, steps the optimiser and
+clamps τ. The step works the same for a plain CLIP, DDP(CLIP) and torch.compile'd wrappers: the
+forward goes through the wrapper (so DDP sees it), scoring through ``unwrap(model).similarity``.
+
+Distributed (SPEC §5): each rank scores its b local rows against the world·b gathered columns,
+with gradients flowing back through the gather (:func:`topoclip.distributed.gather_features`);
+the mean over ranks of the local losses, and DDP's averaged gradients, equal the single-process
+loss and gradients on the global batch.
+
+Gradient accumulation (OpenCLIP's ``accum_freq``) is *exact*: a contrastive loss does not split
+into a sum over micro-batches (every row's softmax runs over the whole batch), so the step
+
+1. computes every micro-batch's embeddings without gradients and caches them;
+2. for each micro-batch j, recomputes j's embeddings with gradients, puts them in place of j's
+   cached rows, gathers across ranks, evaluates the loss of the whole local batch against the whole
+   global batch and backpropagates. Only j's rows carry gradient, so the k backward passes sum to
+   the full-batch gradient.
+
+The recomputation must reproduce pass 1 exactly: true here because the towers have no dropout or
+other randomness (a model with dropout would need its RNG state replayed per micro-batch). τ and
+β enter every one of the k losses; their gradient is taken from the last micro-batch only (the
+others see them detached), so it is counted once, not k times.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from torch import nn
+
+from topoclip.distributed import gather_features, get_rank, is_initialized, unwrap
+from topoclip.losses import get_loss
+from topoclip.tokenizer import TextBatch
+
+PRECISIONS: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Losses that read only the image→text rows (`similarity_text_image` is ignored): the text→image
+# block, a second gather and a second (b, B) score, is not computed for them.
+IMAGE_ROWS_ONLY_LOSSES = frozenset({"sigmoid"})
+
+
+def autocast_context(precision: str, device_type: str):
+    """"fp32" -> no autocast; "bf16" / "fp16" -> torch.autocast(device_type, dtype)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: torch.Tensor,
+                     scale: torch.Tensor, bias: Optional[torch.Tensor], loss_name: str,
+                     distributed: bool) -> torch.Tensor:
+    """The 0-d fp32 loss of the local rows against all columns.
+
+    image_embeds, text_embeds: (b, m, n) this process's embeddings on the model's space.
+    distributed: gather the columns from every rank (world·b of them) with gradients; local row i
+    is then global column rank·b + i. Without a process group this is the one-process loss.
+    """
+    core = unwrap(model)
+    loss = get_loss(loss_name)
+    if distributed and is_initialized():
+        all_text = gather_features(text_embeds)  # (world·b, m, n)
+        similarity_image_text = core.similarity(image_embeds, all_text)  # (b, world·b) fp32
+        if loss_name in IMAGE_ROWS_ONLY_LOSSES:
+            similarity_text_image = similarity_image_text  # placeholder: the loss does not read it
+        else:
+            all_images = gather_features(image_embeds)  # (world·b, m, n)
+            similarity_text_image = core.similarity(text_embeds, all_images)  # (b, world·b)
+        return loss(similarity_image_text, similarity_text_image, scale, bias, local_index=0)
+    similarity_image_text = core.similarity(image_embeds, text_embeds)  # (b, b) fp32
+    return loss(similarity_image_text, similarity_image_text.T, scale, bias, local_index=0)
+
+
+def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
+
+
+def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
+                     accumulation_steps: int = 1, precision: str = "fp32",
+                     scaler: Optional[torch.amp.GradScaler] = None) -> float:
+    """Forward + backward of the contrastive loss on this process's batch; returns the loss value.
+
+    model: CLIP, DDP(CLIP) or a compiled wrapper; gradients are accumulated into `.grad` (the caller
+        zeroes them). Under DDP they are all-reduced by the last backward.
+    images: (b, 3, H, W); text: TextBatch of b captions, on the model's device.
+    accumulation_steps: k micro-batches of b/k samples (k must divide b); gradients and loss equal
+        the k = 1 step's up to rounding, for one extra forward pass without gradients and the
+        activation memory of one micro-batch.
+    precision: "fp32", "bf16" or "fp16" (autocast for the towers; similarities and loss stay fp32).
+    scaler: required for fp16 (the loss is scaled before backward); the caller unscales and steps.
+    Returns: the full local-batch loss (the same number for every k).
+    """
+    if precision == "fp16" and scaler is None:
+        raise ValueError("precision fp16 needs a torch.amp.GradScaler (gradients underflow in fp16 otherwise)")
+    batch = images.shape[0]
+    if len(text) != batch:
+        raise ValueError(f"{batch} images but {len(text)} captions")
+    if accumulation_steps < 1 or batch % accumulation_steps:
+        raise ValueError(f"accumulation_steps={accumulation_steps} must be ≥ 1 and divide the local batch {batch}")
+    distributed = is_initialized()
+    device_type = images.device.type
+
+    if accumulation_steps == 1:
+        with autocast_context(precision, device_type):
+            out = model(images, text)
+        loss = contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name, distributed)
+        _backward(loss, scaler)
+        return loss.item()
+
+    micro = batch // accumulation_steps
+    bounds = [(j * micro, (j + 1) * micro) for j in range(accumulation_steps)]
+
+    # Pass 1: every micro-batch's embeddings, no graph kept. (b, m, n) fp32 each once concatenated.
+    with torch.no_grad(), autocast_context(precision, device_type):
+        cached = [model(images[lo:hi], text[lo:hi]) for lo, hi in bounds]
+    cached_images = torch.cat([out.image_embeds for out in cached])
+    cached_text = torch.cat([out.text_embeds for out in cached])
+    del cached
+
+    # Pass 2: micro-batch j live, the rest cached; DDP all-reduces only on the last backward.
+    no_sync = getattr(model, "no_sync", None)  # DDP (also reached through a torch.compile wrapper)
+    loss = None
+    for j, (lo, hi) in enumerate(bounds):
+        last = j == accumulation_steps - 1
+        with (no_sync() if no_sync is not None and not last else contextlib.nullcontext()):
+            with autocast_context(precision, device_type):
+                out = model(images[lo:hi], text[lo:hi])
+            image_embeds = torch.cat([cached_images[:lo], out.image_embeds, cached_images[hi:]])  # (b, m, n)
+            text_embeds = torch.cat([cached_text[:lo], out.text_embeds, cached_text[hi:]])
+            # τ, β: gradient from one of the k identical losses only (see the module docstring).
+            scale = out.scale if last else out.scale.detach()
+            bias = out.bias if (last or out.bias is None) else out.bias.detach()
+            loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed)
+            _backward(loss, scaler)
+    return loss.item()

@@ -1,0 +1,73 @@
+"""Worker for tests/test_distributed.py, started by `python -m torch.distributed.run --nproc-per-node 2`.
+
+usage: _distributed_worker.py INPUTS.pt OUT_DIR
+
+Each rank joins the gloo group through topoclip.distributed.init_distributed (torchrun's env),
+checks the collectives, then for every case in INPUTS wraps the same CLIP in DDP, takes its half of
+the global batch, runs one forward_backward and writes the mean loss and its gradients (after
+DDP's all-reduce) to OUT_DIR/rank{r}.pt for the test to compare with a one-process run.
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)
+
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from topoclip.config import load_config  # noqa: E402
+from topoclip.distributed import (  # noqa: E402
+    barrier, broadcast_object, cleanup, gather_features, init_distributed, is_main, unwrap)
+from topoclip.model import CLIP  # noqa: E402
+from topoclip.tokenizer import TextBatch  # noqa: E402
+from topoclip.training.step import forward_backward  # noqa: E402
+
+
+def check_collectives(rank: int, world: int) -> dict:
+    # Rank r holds rows filled with r + 1; the gather puts them in rank order.
+    x = torch.full((3, 2), float(rank + 1), requires_grad=True)
+    gathered = gather_features(x)  # (world·3, 2)
+    # Every rank's loss weights all gathered rows; rank r's rows must receive Σ_r' of the weights.
+    weights = torch.arange(world * 3 * 2, dtype=torch.float32).view(world * 3, 2) * (rank + 1)
+    (gathered * weights).sum().backward()
+    return {
+        "gathered": gathered.detach(),
+        "grad": x.grad,
+        "broadcast": broadcast_object({"from": rank}),
+        "is_main": is_main(),
+    }
+
+
+def main(inputs_path: str, out_dir: str) -> None:
+    info = init_distributed("cpu")
+    result = {"rank": info.rank, "local_rank": info.local_rank, "world_size": info.world_size,
+              "device": str(info.device), "backend": dist.get_backend()}
+    result.update(check_collectives(info.rank, info.world_size))
+
+    inputs = torch.load(inputs_path)
+    images, text = inputs["images"], TextBatch(inputs["input_ids"], inputs["attention_mask"])
+    local = images.shape[0] // info.world_size
+    lo, hi = info.rank * local, (info.rank + 1) * local
+    result["cases"] = {}
+    for key, case in inputs["cases"].items():
+        model = CLIP(load_config("tiny", case["overrides"]).model)
+        model.load_state_dict(case["state"])
+        ddp = DistributedDataParallel(model)
+        assert unwrap(ddp) is model
+        loss = forward_backward(ddp, images[lo:hi], text[lo:hi], case["loss"],
+                                accumulation_steps=case["accumulation_steps"])
+        mean_loss = torch.tensor(loss)
+        dist.all_reduce(mean_loss)
+        result["cases"][key] = {
+            "loss": mean_loss.item() / info.world_size,
+            "grads": {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad},
+        }
+    torch.save(result, Path(out_dir) / f"rank{info.rank}.pt")
+    barrier()
+    cleanup()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,160 @@
+"""Distributed training equals one process on the global batch (SPEC §5).
+
+One torchrun launch (2 gloo processes on CPU, tests/_distributed_worker.py) runs every case; the
+test compares each rank's mean loss and post-all-reduce gradients with a one-process step.
+"""
+import copy
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from topoclip import distributed
+from topoclip.config import load_config
+from topoclip.distributed import DistributedInfo, gather_features, init_distributed, unwrap
+from topoclip.model import CLIP
+from topoclip.tokenizer import TextBatch
+from topoclip.training.step import forward_backward
+
+WORLD = 2
+GLOBAL_BATCH = 8
+WORKER = Path(__file__).with_name("_distributed_worker.py")
+LAUNCH_TIMEOUT_S = 180
+
+CASES = {  # key: (loss, accumulation steps per rank, config overrides)
+    "infonce": ("infonce", 1, []),
+    "sigmoid": ("sigmoid", 1, ["model.temperature.bias_init=-10"]),
+    "infonce-accum2": ("infonce", 2, []),
+    "sigmoid-accum2": ("sigmoid", 2, ["model.temperature.bias_init=-10"]),
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def global_batch(config):
+    generator = torch.Generator().manual_seed(1)
+    size, length = config.vision.image_size, config.text.context_length
+    images = torch.randn(GLOBAL_BATCH, 3, size, size, generator=generator)
+    ids = torch.randint(5, config.text.vocab_size, (GLOBAL_BATCH, length), generator=generator)
+    ids[:, 0] = config.text.cls_token_id
+    mask = torch.arange(length)[None] < torch.randint(3, length + 1, (GLOBAL_BATCH, 1), generator=generator)
+    return images, TextBatch(ids.masked_fill(~mask, 0), mask)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(models, images, text, results per rank) of one 2-process launch over every case."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("ddp")
+    models = {key: CLIP(load_config("tiny", overrides).model) for key, (_, _, overrides) in CASES.items()}
+    images, text = global_batch(next(iter(models.values())).config)
+    torch.save({
+        "images": images, "input_ids": text.input_ids, "attention_mask": text.attention_mask,
+        "cases": {key: {"loss": loss, "accumulation_steps": steps, "overrides": overrides,
+                        "state": models[key].state_dict()}
+                  for key, (loss, steps, overrides) in CASES.items()},
+    }, folder / "inputs.pt")
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env["OMP_NUM_THREADS"] = "1"
+    # gloo binds to the interface of the host name; pin loopback so a sandbox without DNS works.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORLD),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               str(WORKER), str(folder / "inputs.pt"), str(folder)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    results = [torch.load(folder / f"rank{r}.pt") for r in range(WORLD)]
+    return models, images, text, results
+
+
+def test_workers_join_a_gloo_group_from_torchruns_environment(run):
+    *_, results = run
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["local_rank"], result["world_size"]) == (rank, rank, WORLD)
+        assert result["device"] == "cpu" and result["backend"] == "gloo"
+        assert result["is_main"] == (rank == 0)
+        assert result["broadcast"] == {"from": 0}
+
+
+def test_gather_features_orders_blocks_by_rank_and_sums_gradients(run):
+    *_, results = run
+    expected = torch.cat([torch.full((3, 2), float(r + 1)) for r in range(WORLD)])
+    # Rank r' weighted the gathered rows by arange · (r' + 1): rank r's rows get Σ_r' of those.
+    weights = torch.arange(WORLD * 3 * 2, dtype=torch.float32).view(WORLD * 3, 2)
+    total = weights * sum(r + 1 for r in range(WORLD))
+    for rank, result in enumerate(results):
+        torch.testing.assert_close(result["gathered"], expected)
+        torch.testing.assert_close(result["grad"], total[rank * 3:(rank + 1) * 3])
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_two_ranks_equal_one_process_on_the_global_batch(run, key):
+    models, images, text, results = run
+    loss_name = CASES[key][0]
+    reference = copy.deepcopy(models[key])
+    expected_loss = forward_backward(reference, images, text, loss_name)
+    expected = {name: p.grad for name, p in reference.named_parameters() if p.requires_grad}
+    for rank, result in enumerate(results):
+        case = result["cases"][key]
+        assert case["loss"] == pytest.approx(expected_loss, abs=1e-5), f"rank {rank}"
+        assert set(case["grads"]) == set(expected)
+        for name, grad in expected.items():
+            assert grad.abs().max() > 0, f"{name}: zero gradient, the comparison would be vacuous"
+            torch.testing.assert_close(case["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=f"rank {rank}: {name}")
+
+
+# ------------------------------------------------------------------ single process, no launcher
+
+
+def test_without_a_launcher_everything_is_one_process(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    info = init_distributed("cpu")
+    assert info == DistributedInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    assert not info.distributed and not distributed.is_initialized()
+    assert distributed.is_main(info) and distributed.is_main()
+    x = torch.randn(3, 4)
+    assert gather_features(x) is x
+    assert distributed.broadcast_object({"a": 1}) == {"a": 1}
+    distributed.barrier()
+    distributed.cleanup()
+
+
+def test_srun_without_torchrun_sets_the_env_that_torch_reads(monkeypatch):
+    environ = {"SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "1234",
+               "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    monkeypatch.setattr(os, "environ", environ)
+    monkeypatch.setattr(distributed.subprocess, "run", _no_scontrol)
+    assert distributed._launch_env() == (3, 1, 4)
+    assert environ["MASTER_ADDR"] == "gpu07"
+    assert environ["MASTER_PORT"] == str(distributed.MASTER_PORT_BASE + 1234)
+    assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"]) == ("3", "4", "1")
+
+
+def test_one_slurm_task_or_torchrun_env_wins(monkeypatch):
+    monkeypatch.setattr(os, "environ", {"SLURM_NTASKS": "1", "SLURM_PROCID": "0"})
+    assert distributed._launch_env() == (0, 0, 1)  # python inside sbatch: a single process
+    monkeypatch.setattr(os, "environ", {"SLURM_NTASKS": "8", "SLURM_PROCID": "5", "WORLD_SIZE": "2",
+                                        "RANK": "1", "LOCAL_RANK": "1"})
+    assert distributed._launch_env() == (1, 1, 2)
+
+
+def _no_scontrol(*args, **kwargs):
+    raise FileNotFoundError("scontrol")
+
+
+def test_unwrap_sees_through_compile_and_ddp_like_wrappers():
+    model = CLIP(load_config("tiny").model)
+    assert unwrap(model) is model
+    assert unwrap(torch.nn.DataParallel(model)) is model
+    compiled = torch.compile(model)  # wrapping only; nothing is compiled until it is called
+    assert unwrap(compiled) is model
