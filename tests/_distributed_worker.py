@@ -4,7 +4,7 @@ usage: _distributed_worker.py INPUTS.pt OUT_DIR
 
 Each rank joins the gloo group through topoclip.distributed.init_distributed (torchrun's env),
 checks the collectives, then for every case in INPUTS wraps the same CLIP in DDP, takes its half of
-the global batch, runs one forward_backward and writes the mean loss and its gradients (after
+the global batch, runs forward_backward (twice) and writes the mean loss and its gradients (after
 DDP's all-reduce) to OUT_DIR/rank{r}.pt for the test to compare with a one-process run.
 """
 import sys
@@ -56,8 +56,12 @@ def main(inputs_path: str, out_dir: str) -> None:
         model.load_state_dict(case["state"])
         ddp = DistributedDataParallel(model)
         assert unwrap(ddp) is model
-        loss = forward_backward(ddp, images[lo:hi], text[lo:hi], case["loss"],
-                                accumulation_steps=case["accumulation_steps"])
+        # Two steps (no optimiser step between, so the same numbers): DDP raises on the second one
+        # if the first left its reducer waiting for a gradient (e.g. τ's under no_sync).
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            loss = forward_backward(ddp, images[lo:hi], text[lo:hi], case["loss"],
+                                    accumulation_steps=case["accumulation_steps"])
         mean_loss = torch.tensor(loss)
         dist.all_reduce(mean_loss)
         result["cases"][key] = {

@@ -152,6 +152,7 @@ def _no_scontrol(*args, **kwargs):
     raise FileNotFoundError("scontrol")
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch.compile's import
 def test_unwrap_sees_through_compile_and_ddp_like_wrappers():
     model = CLIP(load_config("tiny").model)
     assert unwrap(model) is model

@@ -471,3 +471,6 @@ def validate(config: Config) -> None:
     validate_train(config.train)
     validate_data(config.data)
     validate_evaluate(config.evaluate)
+    if config.train.loss == "infonce" and config.model.temperature.bias_init is not None:
+        raise ConfigError("model.temperature.bias_init is the sigmoid loss's β; InfoNCE has no bias "
+                          "(set train.loss=sigmoid, or model.temperature.bias_init=null)")

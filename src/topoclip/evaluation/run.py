@@ -30,8 +30,9 @@ def evaluation_sets(config: Config, split: str = "test") -> tuple[list[Classific
 
         scenes = config.data.scenes
         classification += classification_sets(scenes, split, size=settings.size)
-        retrieval.append(retrieval_set(scenes, split, settings.size, settings.captions_per_image))
-        retrieval.append(retrieval_set(scenes, split, settings.size, settings.captions_per_image, style="out-of-domain"))
+        size = min(settings.size, scenes.size_of(split))  # retrieval reads the split's own images
+        retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image))
+        retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image, style="out-of-domain"))
     if settings.classification or settings.retrieval:
         from topoclip.data.folders import load_class_folders, load_karpathy_captions
 

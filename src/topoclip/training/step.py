@@ -71,7 +71,7 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
         else:
             all_images = gather_features(image_embeds)  # (world·b, m, n)
             similarity_text_image = core.similarity(text_embeds, all_images)  # (b, world·b)
-        return loss(similarity_image_text, similarity_text_image, scale, bias, local_index=0)
+        return loss(similarity_image_text, similarity_text_image, scale, bias, local_index=get_rank())
     similarity_image_text = core.similarity(image_embeds, text_embeds)  # (b, b) fp32
     return loss(similarity_image_text, similarity_image_text.T, scale, bias, local_index=0)
 
