@@ -52,18 +52,22 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         model.temperature.clamp_()
-        return float(loss)
+        return loss.item()
 
     for _ in range(args.warmup):
         step()
-    start = time.perf_counter()
+    times = []
     for _ in range(args.steps):
+        start = time.perf_counter()
         step()
-    seconds = time.perf_counter() - start
+        times.append(time.perf_counter() - start)
+    seconds = sum(times)
+    median = sorted(times)[len(times) // 2]  # robust to a noisy neighbour on a shared machine
     print(json.dumps({
         "benchmark": "train_step", "preset": args.preset, "overrides": args.overrides, "batch": args.batch,
         "threads": args.threads, "text_length": length, "steps": args.steps,
         "seconds_per_step": round(seconds / args.steps, 4), "images_per_s": round(args.batch * args.steps / seconds, 1),
+        "median_images_per_s": round(args.batch / median, 1),
         "torch": torch.__version__,
     }))
 

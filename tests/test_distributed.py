@@ -27,9 +27,9 @@ LAUNCH_TIMEOUT_S = 180
 
 CASES = {  # key: (loss, accumulation steps per rank, config overrides)
     "infonce": ("infonce", 1, []),
-    "sigmoid": ("sigmoid", 1, ["model.temperature.bias_init=-10"]),
+    "sigmoid": ("sigmoid", 1, ["model.temperature.bias_init=-10", "train.loss=sigmoid"]),
     "infonce-accum2": ("infonce", 2, []),
-    "sigmoid-accum2": ("sigmoid", 2, ["model.temperature.bias_init=-10"]),
+    "sigmoid-accum2": ("sigmoid", 2, ["model.temperature.bias_init=-10", "train.loss=sigmoid"]),
 }
 
 

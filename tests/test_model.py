@@ -126,5 +126,5 @@ def test_temperature_clamp_and_fixed_mode():
     fixed = CLIP(load_config("tiny", ["model.temperature.learnable=false", "model.temperature.init=0"]).model)
     assert "temperature.t" not in dict(fixed.named_parameters())
     assert fixed.temperature.scale.item() == 1.0
-    siglip = CLIP(load_config("tiny", ["model.temperature.bias_init=-10", "model.temperature.init=2.302585"]).model)
+    siglip = CLIP(load_config("tiny", ["model.temperature.bias_init=-10", "model.temperature.init=2.302585", "train.loss=sigmoid"]).model)
     assert siglip(torch.randn(1, 3, 32, 32)).bias.item() == -10.0

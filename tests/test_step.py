@@ -35,7 +35,7 @@ def gradients(model):
 
 LOSS_SETUPS = {
     "infonce": [],
-    "sigmoid": ["model.temperature.bias_init=-10"],
+    "sigmoid": ["model.temperature.bias_init=-10", "train.loss=sigmoid"],
     "infonce-geodesic": ["model.topology=ps-geodesic"],  # the chunked + checkpointed similarity
 }
 

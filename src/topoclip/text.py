@@ -53,6 +53,6 @@ class TextTransformer(nn.Module):
         x = self.token_embedding(ids) + self.positional_embedding[: ids.shape[1]]  # (B, L' + m − 1, w)
         x = self.ln_embedding(x)
         # No mask when nothing is padded: SDPA then takes its fastest kernel.
-        x = self.transformer(x, None if bool(mask.all()) else mask)
-        x = self.ln_final(x[:, :m])  # (B, m, w)
+        x = self.transformer(x, None if bool(mask.all()) else mask, output_tokens=m)  # (B, m, w)
+        x = self.ln_final(x)
         return x @ self.text_projection  # (B, m, embed_dim)

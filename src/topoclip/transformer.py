@@ -34,14 +34,25 @@ class Attention(nn.Module):
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * width))
         self.out_proj = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x (B, L, w); key_mask (B, L) bool, True where a key may be attended; -> (B, L, w)."""
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None, queries: int = 0) -> torch.Tensor:
+        """x (B, L, w); key_mask (B, L) bool, True where a key may be attended -> (B, L, w).
+
+        queries > 0: only the first `queries` positions attend (keys and values still come from all
+        L), and the output is (B, queries, w).
+        """
         batch, length, width = x.shape
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, L, 3w)
-        q, k, v = qkv.view(batch, length, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)  # 3 × (B, h, L, w/h)
+        head_width = width // self.heads
+        if queries:
+            q = F.linear(x[:, :queries], self.in_proj_weight[:width], self.in_proj_bias[:width])  # (B, Q, w)
+            kv = F.linear(x, self.in_proj_weight[width:], self.in_proj_bias[width:])  # (B, L, 2w)
+            q = q.view(batch, queries, self.heads, head_width).transpose(1, 2)  # (B, h, Q, w/h)
+            k, v = kv.view(batch, length, 2, self.heads, head_width).permute(2, 0, 3, 1, 4)  # 2 × (B, h, L, w/h)
+        else:
+            qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, L, 3w)
+            q, k, v = qkv.view(batch, length, 3, self.heads, head_width).permute(2, 0, 3, 1, 4)  # 3 × (B, h, L, w/h)
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, L) broadcast over heads, queries
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, L, w/h)
-        return self.out_proj(y.transpose(1, 2).reshape(batch, length, width))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, Q or L, w/h)
+        return self.out_proj(y.transpose(1, 2).reshape(batch, -1, width))
 
 
 class MLP(nn.Module):
@@ -66,12 +77,14 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(width)
         self.mlp = MLP(width, int(width * mlp_ratio), activation)
 
-    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None, queries: int = 0) -> torch.Tensor:
+        """x (B, L, w) -> (B, L, w), or (B, queries, w) when only the first `queries` outputs are wanted."""
+        kept = x[:, :queries] if queries else x
         if self.norm_first:
-            x = x + self.attn(self.ln_1(x), key_mask)
-            return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, key_mask))
-        return self.ln_2(x + self.mlp(x))
+            kept = kept + self.attn(self.ln_1(x), key_mask, queries)
+            return kept + self.mlp(self.ln_2(kept))
+        kept = self.ln_1(kept + self.attn(x, key_mask, queries))
+        return self.ln_2(kept + self.mlp(kept))
 
 
 class Transformer(nn.Module):
@@ -98,13 +111,20 @@ class Transformer(nn.Module):
             nn.init.normal_(block.mlp.c_proj.weight, std=projection_std)
             nn.init.zeros_(block.mlp.c_proj.bias)
 
-    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x (B, L, w) -> (B, L, w)."""
-        for block in self.resblocks:
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None, output_tokens: int = 0) -> torch.Tensor:
+        """x (B, L, w) -> (B, L, w); with output_tokens = m, (B, m, w): the first m positions only.
+
+        When the caller reads only the first m positions (the class tokens), the last block computes
+        just those rows (queries, MLP); keys and values still use every position, so the result is
+        exactly the full computation's first m rows, for ~(1 − m/L) of the last block's cost.
+        """
+        last = len(self.resblocks) - 1
+        for index, block in enumerate(self.resblocks):
+            queries = output_tokens if index == last else 0
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, key_mask, use_reentrant=False)
+                x = checkpoint(block, x, key_mask, queries, use_reentrant=False)
             else:
-                x = block(x, key_mask)
+                x = block(x, key_mask, queries)
         return x
 
 

@@ -40,6 +40,6 @@ class VisionTransformer(nn.Module):
         x = x.flatten(2).transpose(1, 2)  # (B, grid², w)
         cls = self.class_embedding.to(x.dtype).expand(x.shape[0], -1, -1)  # (B, m, w)
         x = torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)  # (B, m + grid², w)
-        x = self.transformer(self.ln_pre(x))
-        x = self.ln_post(x[:, : self.class_tokens])  # (B, m, w): only the class tokens are read
+        x = self.transformer(self.ln_pre(x), output_tokens=self.class_tokens)  # (B, m, w): only class tokens are read
+        x = self.ln_post(x)
         return x @ self.proj  # (B, m, embed_dim)
