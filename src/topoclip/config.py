@@ -166,7 +166,8 @@ class EvaluateConfig:
     """What is evaluated during and after training (and by `topoclip eval`)."""
 
     template_modes: list[str] = field(default_factory=lambda: ["distance", "embedding"])
-    size: int = 1000  # images per built-in evaluation set (scenes)
+    size: int = 1000  # images per built-in evaluation set (scenes), final evaluation
+    validation_size: int = 200  # the same for the periodic evaluations during training (train.eval_every)
     captions_per_image: int = 5
     classification: list[str] = field(default_factory=list)  # class-folder roots of the user's own sets
     retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files
@@ -419,10 +420,11 @@ def preset_dict(name: str) -> dict:
     else:
         raise ConfigError(f"unknown preset {name!r}; `topoclip presets` lists them: {', '.join(sorted(files))}")
     values.pop("description", None)
+    own_name = values.get("name", Path(name).stem)
     base = values.pop("base", None)
     if base:
         values = merge(preset_dict(base), values)
-    values.setdefault("name", Path(name).stem)
+    values["name"] = own_name  # the run is named after the preset asked for, not its base
     return values
 
 
@@ -461,8 +463,8 @@ def validate_evaluate(config: EvaluateConfig) -> None:
     for mode in config.template_modes:
         if mode not in ("distance", "embedding"):
             raise ConfigError(f"evaluate.template_modes has {mode!r}; use \"distance\" (the paper's) and/or \"embedding\" (CLIP's)")
-    if config.size < 1 or config.batch_size < 1:
-        raise ConfigError("evaluate.size and evaluate.batch_size must be ≥ 1")
+    if min(config.size, config.validation_size, config.batch_size) < 1:
+        raise ConfigError("evaluate.size, evaluate.validation_size and evaluate.batch_size must be ≥ 1")
 
 
 def validate(config: Config) -> None:

@@ -159,6 +159,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return holder[0]
 
 
+def sum_across_ranks(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum of a list of numbers over all ranks (the list itself in a single process)."""
+    if not is_initialized():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
 def gather_features(x: torch.Tensor) -> torch.Tensor:
     """All-gather with gradients: (b, ...) on every rank -> (world · b, ...), rank r's rows at
     [r·b, (r+1)·b). Identity without a process group.

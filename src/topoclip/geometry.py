@@ -156,11 +156,11 @@ def similarity(
         if rows >= u.shape[0]:
             return entry.pairwise(u, v)
         needs_grad = torch.is_grad_enabled() and (u.requires_grad or v.requires_grad)
-        blocks = []
-        for start in range(0, u.shape[0], rows):
-            block = u[start : start + rows]
-            if needs_grad:
-                blocks.append(checkpoint(entry.pairwise, block, v, use_reentrant=False))
-            else:
-                blocks.append(entry.pairwise(block, v))
+        if not needs_grad:  # write blocks in place: peak memory is the (Bu, Bv) result plus one chunk
+            out = torch.empty(u.shape[0], v.shape[0], device=u.device)
+            for start in range(0, u.shape[0], rows):
+                out[start : start + rows] = entry.pairwise(u[start : start + rows], v)
+            return out
+        blocks = [checkpoint(entry.pairwise, u[start : start + rows], v, use_reentrant=False)
+                  for start in range(0, u.shape[0], rows)]
         return torch.cat(blocks)

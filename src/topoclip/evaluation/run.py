@@ -20,8 +20,16 @@ from topoclip.evaluation.zeroshot import evaluate_classification, record
 from topoclip.transforms import eval_transform
 
 
+# In a class-folder evaluation set: one class name per line (sorted folder order), one template per line.
+CLASSNAMES_FILE = "classnames.txt"
+TEMPLATES_FILE = "templates.txt"
+
+
 def evaluation_sets(config: Config, split: str = "test") -> tuple[list[ClassificationSet], list[RetrievalSet]]:
-    """The classification and retrieval sets of `config` (built-in scenes when data.source is scenes)."""
+    """The classification and retrieval sets of `config` (built-in scenes when data.source is scenes).
+
+    The "val" split (periodic evaluation during training) uses evaluate.validation_size images per set.
+    """
     classification: list[ClassificationSet] = []
     retrieval: list[RetrievalSet] = []
     settings = config.evaluate
@@ -29,15 +37,20 @@ def evaluation_sets(config: Config, split: str = "test") -> tuple[list[Classific
         from topoclip.data.scenes import classification_sets, retrieval_set
 
         scenes = config.data.scenes
-        classification += classification_sets(scenes, split, size=settings.size)
-        size = min(settings.size, scenes.size_of(split))  # retrieval reads the split's own images
+        wanted = settings.validation_size if split == "val" else settings.size
+        classification += classification_sets(scenes, split, size=wanted)
+        size = min(wanted, scenes.size_of(split))  # retrieval reads the split's own images
         retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image))
         retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image, style="out-of-domain"))
     if settings.classification or settings.retrieval:
         from topoclip.data.folders import load_class_folders, load_karpathy_captions
 
-        classification += [load_class_folders(root) for root in settings.classification]
-        retrieval += [load_karpathy_captions(path, Path(path).parent) for path in settings.retrieval]
+        for root in map(Path, settings.classification):
+            # Optional files next to the class folders: names to prompt with, and prompt templates.
+            names, templates = root / CLASSNAMES_FILE, root / TEMPLATES_FILE
+            classification.append(load_class_folders(root, names if names.is_file() else None,
+                                                     templates if templates.is_file() else None))
+        retrieval += [load_karpathy_captions(path, Path(path).parent, split) for path in settings.retrieval]
     return classification, retrieval
 
 

@@ -106,13 +106,24 @@ def training_batches(config: Config, start_step: int, rank: int = 0, world_size:
                                samples_per_epoch=data.samples_per_epoch or None, shuffle_buffer=data.shuffle_buffer,
                                seed=train.seed, drop_last=True, rank=rank, world_size=world_size)
     # Streams resume at the epoch they were in, not the exact sample (as OpenCLIP's).
+    # A worker that found no good sample (e.g. its only shard is unreadable) yields an empty batch that
+    # only carries counts; the model cannot take it, so its counts ride on the next batch instead.
     epoch = 0
+    carried: dict[str, int] = {}
     while True:
         dataset.set_epoch(epoch)
         loader = DataLoader(dataset, batch_size=None, **{**loader_options, "persistent_workers": False})
         produced = False
         for batch in loader:
-            produced = produced or len(batch) > 0
+            if not len(batch):
+                for kind, count in batch.bad_samples.items():
+                    carried[kind] = carried.get(kind, 0) + count
+                continue
+            produced = True
+            if carried:
+                for kind, count in batch.bad_samples.items():
+                    carried[kind] = carried.get(kind, 0) + count
+                batch.bad_samples, carried = carried, {}
             yield batch
         if not produced:
             raise RuntimeError(f"an epoch of {data.train_data} produced no usable sample; check data.train_data "

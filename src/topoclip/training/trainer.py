@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 from topoclip.checkpoint import (CONFIG, TOKENIZER, load_training_state, prune_checkpoints, save_checkpoint,
                                  step_checkpoints, STEP_PREFIX)
 from topoclip.config import Config, ConfigError, load_config, to_dict, validate
-from topoclip.data.quality import BadSampleCounter, check_bad_fraction
-from topoclip.distributed import DistributedInfo, barrier, cleanup, init_distributed, unwrap
+from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
+from topoclip.distributed import DistributedInfo, barrier, cleanup, init_distributed, sum_across_ranks
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 from topoclip.training.data import training_batches
@@ -179,7 +179,8 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     loss_value = float("nan")
     for step in bar:
         batch = next(batches)
-        counter += batch
+        # Every rank judges (and rank 0 logs) the counts of all ranks, so all stop together.
+        counter += global_counts(batch, device)
         check_bad_fraction(counter, config.data.max_bad_fraction, BAD_FRACTION_MIN_SEEN)
         images = batch.images.to(device, non_blocking=True)
         text = tokenizer(batch.captions).to(device)
@@ -207,6 +208,7 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
         if done % settings.log_every == 0 or done == settings.steps:
             elapsed = time.perf_counter() - window_start
             scale = float(model.temperature.scale.detach())
+            loss_value = sum_across_ranks([loss_value], device)[0] / info.world_size  # the global batch's loss
             logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
                         "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
                         "images_per_s": window_images / max(elapsed, 1e-9), "data": counter.as_dict()})
@@ -231,6 +233,13 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
         print(f"\nrun folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     return run_dir
+
+
+def global_counts(batch, device) -> BadSampleCounter:
+    """This step's kept and skipped samples summed over every rank."""
+    kinds = sorted(BAD_SAMPLE_KINDS)
+    values = sum_across_ranks([len(batch)] + [batch.bad_samples.get(kind, 0) for kind in kinds], device)
+    return BadSampleCounter(int(values[0]), {kind: int(v) for kind, v in zip(kinds, values[1:]) if v})
 
 
 def run_evaluation(model, tokenizer, config: Config, split: str, device) -> dict:

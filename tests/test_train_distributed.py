@@ -1,0 +1,108 @@
+"""`topoclip train` under torchrun: 2 gloo processes on CPU write one run folder, and `--resume` continues it.
+
+One launch trains 2 steps, a second launch resumes the folder with train.steps=4. Because the loss is the
+local loss against the batch gathered from all ranks (SPEC §5), two ranks take exactly the optimiser steps of
+one process on the global batch: τ and the gradient norm logged by rank 0 equal a one-process run's.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from topoclip.config import load_config
+from topoclip.training.logger import read_metrics
+from topoclip.training.trainer import train
+
+WORLD = 2
+LAUNCH_TIMEOUT_S = 120
+SETTINGS = ["train.threads=1", "train.num_workers=0", "train.batch_size=8", "train.log_every=1",
+            "train.checkpoint_every=1", "train.keep_checkpoints=10", "train.warmup_steps=1",
+            "data.scenes.train_size=256", "data.scenes.val_size=16", "data.scenes.test_size=16",
+            "evaluate.size=16", 'evaluate.template_modes=["distance"]', "evaluate.captions_per_image=2"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(cwd, *arguments: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORLD),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "topoclip", "train",
+               *arguments, "--quiet"]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return done
+
+
+def step_records(run_dir) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """(work folder, run folder, metrics after the first launch, stdout of both launches)."""
+    work = tmp_path_factory.mktemp("ddp-train")
+    run = work / "run"
+    overrides = [part for setting in SETTINGS + ["train.steps=2"] for part in ("--set", setting)]
+    first = torchrun(work, "--preset", "tiny", *overrides, "--out", str(run))
+    after_first = read_metrics(run / "metrics.jsonl")
+    checkpoints_first = sorted(p.name for p in (run / "checkpoints").iterdir())
+    second = torchrun(work, "--resume", str(run), "--set", "train.steps=4")
+    return work, run, after_first, checkpoints_first, first.stdout + second.stdout
+
+
+def test_two_ranks_write_one_run_folder_once(launches):
+    work, run, after_first, checkpoints_first, _ = launches
+    assert sorted(p.name for p in work.iterdir()) == ["run"]  # no second folder, no runs/ from rank 1
+    for name in ("config.json", "tokenizer.json", "metrics.jsonl", "eval.json", "plots/loss.png"):
+        assert (run / name).is_file(), name
+    steps = [r["step"] for r in after_first if "loss" in r]
+    assert steps == [1, 2]  # rank 0 alone logs: each step once
+    assert sum(1 for r in after_first if r.get("final")) == 1
+    assert checkpoints_first == ["step-000001", "step-000002"]
+    records = json.loads((run / "eval.json").read_text())
+    assert {r["task"] for r in records} == {"zeroshot_classification", "zeroshot_retrieval"}
+
+
+def test_resume_continues_from_the_checkpoint(launches):
+    _, run, after_first, _, output = launches
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]  # continued, no duplicates
+    # Steps 1-2 are the first launch's lines, untouched; its final evaluation (step 2) was logged before
+    # the checkpoint step it resumed from and stays; the resumed run adds one final record at step 4.
+    assert [r for r in records if r["step"] <= 2] == after_first
+    assert [r["step"] for r in records if r.get("final")] == [2, 4]
+    assert json.loads((run / "config.json").read_text())["train"]["steps"] == 4
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-00000{s}" for s in range(1, 5)]
+    assert output.count("run folder:") == 2  # rank 0 alone prints the summary, once per launch
+
+
+def test_two_ranks_take_the_steps_of_one_process_on_the_global_batch(launches, tmp_path):
+    _, run, _, _, _ = launches
+    distributed = {r["step"]: r for r in step_records(run)}
+    # The same two launches in one process: 2 steps, then resumed with train.steps=4 (the cosine schedule
+    # of the first launch ends at step 2, so an uninterrupted 4-step run would not be comparable).
+    single = train(load_config("tiny", SETTINGS + ["train.steps=2"]), out_dir=tmp_path / "single", progress=False)
+    saved = json.loads((single / "config.json").read_text())
+    train(load_config(values=saved, overrides=["train.steps=4"]), resume=single, progress=False)
+    one = {r["step"]: r for r in step_records(single)}
+    for step in range(1, 5):
+        # The gradient after DDP's all-reduce is the one-process gradient of the mean loss: same clipped
+        # norm, same update, so the same τ after every step (across the resume too).
+        assert distributed[step]["grad_norm"] == pytest.approx(one[step]["grad_norm"], rel=1e-4), step
+        assert distributed[step]["scale"] == pytest.approx(one[step]["scale"], rel=1e-5), step
+        assert distributed[step]["lr"] == pytest.approx(one[step]["lr"], rel=1e-9), step
+
+
+def test_logged_sample_counts_cover_every_rank(launches):
+    _, run, _, _, _ = launches
+    for record in step_records(run):
+        assert record["data"]["kept"] == 8 * record["step"]  # the global batch, not rank 0's 4
