@@ -4,7 +4,7 @@ import json
 import pytest
 
 import topoclip
-from topoclip.config import Config, ConfigError, load_config, preset_dict, to_dict, valid_keys
+from topoclip.config import ConfigError, load_config, preset_dict, to_dict, valid_keys
 
 
 def test_presets_are_listed_and_resolve_their_base():

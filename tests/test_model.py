@@ -128,3 +128,12 @@ def test_temperature_clamp_and_fixed_mode():
     assert fixed.temperature.scale.item() == 1.0
     siglip = CLIP(load_config("tiny", ["model.temperature.bias_init=-10", "model.temperature.init=2.302585", "train.loss=sigmoid"]).model)
     assert siglip(torch.randn(1, 3, 32, 32)).bias.item() == -10.0
+
+
+def test_library_imports_without_the_trainer():
+    import subprocess
+    import sys
+
+    code = ("import sys, topoclip; topoclip.build_model('tiny'); "
+            "assert 'topoclip.training.trainer' not in sys.modules, 'the trainer was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

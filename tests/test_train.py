@@ -3,7 +3,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from topoclip.checkpoint import load_checkpoint, step_checkpoints
 from topoclip.cli import main

@@ -1,23 +1,26 @@
 """topoclip: CLIP-style image-text models whose embedding topology is a setting.
 
 The library (model, geometry, losses, tokenizer, data, evaluation) imports without the trainer;
-`topoclip.train` loads the trainer on first use.
+`topoclip.train` and `topoclip.evaluate` load their modules on first use.
 """
 from topoclip.config import Config, ConfigError, ModelConfig, load_config, presets
 from topoclip.geometry import TOPOLOGIES, similarity, to_space
 from topoclip.losses import LOSSES, infonce_loss, sigmoid_loss
 from topoclip.model import CLIP, CLIPOutput, build_model
 from topoclip.temperature import Temperature
+from topoclip.tokenizer import TextBatch, Tokenizer
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "CLIP", "CLIPOutput", "Config", "ConfigError", "LOSSES", "ModelConfig", "TOPOLOGIES", "Temperature", "TextBatch",
+    "Tokenizer", "build_model", "evaluate", "infonce_loss", "load_config", "presets", "sigmoid_loss", "similarity",
+    "to_space", "train",
+]
+
 
 def __getattr__(name):
-    # Heavy or optional parts are imported on first use, so `import topoclip` stays light.
-    if name in ("Tokenizer", "TextBatch"):
-        from topoclip import tokenizer
-
-        return getattr(tokenizer, name)
+    # The trainer and the evaluation runner are imported on first use: `import topoclip` stays light.
     if name == "train":
         from topoclip.training.trainer import train
 

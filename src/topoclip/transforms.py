@@ -174,18 +174,12 @@ class CenterCrop:
         return f"CenterCrop({self.size})"
 
 
-class ResizeCenterCrop:
+class ResizeCenterCrop(Resize):
     """Resize (shorter side to `size`) then centre crop (size x size), done as one resize of the source box.
 
     Same geometry as Compose([Resize(size), CenterCrop(size)]) up to sub-pixel rounding, but only the
     cropped part is resampled: a 100000 x 2 image costs size x size pixels, not a 11 M x 224 intermediate.
     """
-
-    def __init__(self, size: int, interpolation: str = "bicubic"):
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {sorted(INTERPOLATIONS)}, got {interpolation!r}")
-        self.size = int(size)
-        self.interpolation = interpolation
 
     def __call__(self, image: ImageLike) -> Image.Image:
         image = to_pil(image)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import torch
 
 from topoclip.config import Config
 from topoclip.data.types import ClassificationSet, RetrievalSet

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -43,11 +42,10 @@ TOKENIZER_TRAINING_CAPTIONS = 20_000
 BAD_FRACTION_MIN_SEEN = 1000
 
 
-def build_tokenizer(config: Config, run_dir: Path) -> Tokenizer:
-    """The run's tokenizer: saved in the run folder, else loaded from data.tokenizer, else trained."""
+def build_tokenizer(config: Config, saved: Optional[Path] = None) -> Tokenizer:
+    """The run's tokenizer: `saved` (a resumed run's), else data.tokenizer, else trained on the captions."""
     context = config.model.text.context_length
-    saved = run_dir / TOKENIZER
-    if saved.is_file():
+    if saved is not None:
         return Tokenizer.load(saved, context_length=context)
     if config.data.tokenizer:
         return Tokenizer.from_vocab(config.data.tokenizer, context_length=context)
@@ -140,14 +138,17 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
                           f"train.accumulation_steps={settings.accumulation_steps}")
 
     torch.manual_seed(settings.seed)
+    # Decided on every rank before rank 0 writes anything: every rank then builds the same tokenizer
+    # (training one is deterministic) and none reads a file while it is being written.
+    saved_tokenizer = run_dir / TOKENIZER if (run_dir / TOKENIZER).is_file() else None
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
     barrier()
-    tokenizer = build_tokenizer(config, run_dir)
+    tokenizer = build_tokenizer(config, saved_tokenizer)
     check_tokenizer(tokenizer, config)
     if main:
         (run_dir / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
-        if not (run_dir / TOKENIZER).is_file():
+        if saved_tokenizer is None:
             tokenizer.save(run_dir / TOKENIZER)
 
     model = CLIP(config.model).to(device)
