@@ -9,11 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Union
 
+import numpy as np
 import torch
 import torch.distributed
 import torch.utils.data
 
 from topoclip.data.quality import BadSample
+
+
+def derived_seed(*parts: int) -> int:
+    """A 64-bit seed from several integers (seed, epoch, rank, worker, index), the same in every process."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0])
 
 
 @dataclass

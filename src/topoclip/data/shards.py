@@ -31,7 +31,7 @@ import torch.utils.data
 import webdataset as wds
 from PIL import Image
 
-from topoclip.data.batch import Outcome, RawBatch, assemble_batches, worker_position
+from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.csv import read_caption_table, resolve_image_path
 from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, BadSampleCounter, DataQualityError
@@ -70,11 +70,6 @@ def expand_shard_sources(
 def _is_local(url: str) -> bool:
     """A plain file path (not a URL scheme such as https:, pipe:, file:, or '-' for stdin)."""
     return re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", url) is None and url != "-"
-
-
-def _stream_seed(*parts: int) -> int:
-    """A 64-bit seed for random.Random from several integers (seed, epoch, rank, worker)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0])
 
 
 # Shard errors with no readable sample in between after which reading stops (an endless resampled
@@ -158,13 +153,13 @@ class ShardDataset(torch.utils.data.IterableDataset):
     def _shard_stream(self, rank: int, world_size: int, worker: int, num_workers: int) -> Iterator[dict]:
         """dict(url=...) for each shard this worker reads, in order."""
         if self.resampled:
-            rng = random.Random(_stream_seed(self.seed, self.epoch, rank, worker))
+            rng = random.Random(derived_seed(self.seed, self.epoch, rank, worker))
             cumulative = list(np.cumsum(self.shard_weights))
             while True:
                 yield dict(url=rng.choices(self.shards, cum_weights=cumulative)[0])
         order = list(self.shards)
         if self.shuffle_shards:
-            random.Random(_stream_seed(self.seed, self.epoch)).shuffle(order)  # same order on every rank
+            random.Random(derived_seed(self.seed, self.epoch)).shuffle(order)  # same order on every rank
         mine = order[rank::world_size][worker::num_workers]
         if not mine:
             warnings.warn(
@@ -209,7 +204,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             self._shard_stream(rank, world_size, worker, num_workers)
         )
         if self.shuffle_buffer > 1:
-            rng = random.Random(_stream_seed(self.seed, self.epoch, rank, worker, 1))
+            rng = random.Random(derived_seed(self.seed, self.epoch, rank, worker, 1))
             samples = wds.shuffle(self.shuffle_buffer, self.shuffle_initial, rng=rng)(samples)
 
         def outcomes() -> Iterator[Outcome]:

@@ -5,22 +5,15 @@ from a DataLoader with `batch_size=None`. Batches are this rank's share of the g
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from topoclip.config import Config
-from topoclip.data.batch import RawBatch
+from topoclip.data.batch import RawBatch, derived_seed
 from topoclip.data.scenes import SceneDataset
 from topoclip.transforms import train_transform
-
-
-def sample_seed(*parts: int) -> int:
-    """A 63-bit seed from integers, stable across processes and Python versions."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 class StepBatchSampler(Sampler):
@@ -45,7 +38,7 @@ class StepBatchSampler(Sampler):
         while True:
             epoch, within = divmod(step, self.steps_per_epoch)
             if epoch != order_epoch:
-                generator = torch.Generator().manual_seed(sample_seed(self.seed, epoch))
+                generator = torch.Generator().manual_seed(derived_seed(self.seed, epoch))
                 order, order_epoch = torch.randperm(self.size, generator=generator), epoch
             start = within * self.global_batch + self.rank * self.local_batch
             yield [(epoch, int(i)) for i in order[start : start + self.local_batch]]
@@ -63,7 +56,7 @@ class AugmentedScenes(Dataset):
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, index = key
-        self.generator.manual_seed(sample_seed(self.seed, epoch, index))
+        self.generator.manual_seed(derived_seed(self.seed, epoch, index))
         image, caption = self.scenes[index]
         return self.transform(image), caption
 

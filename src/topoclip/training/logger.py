@@ -82,16 +82,15 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def figure(name: str, series: dict[str, tuple[list, list]], ylabel: str, log: bool = False) -> None:
-        fig, axis = plt.subplots(figsize=(6, 4), dpi=100)
+    def figure(name: str, series: dict[str, tuple[list, list]], ylabel: str) -> None:
+        many = len(series) > 1
+        fig, axis = plt.subplots(figsize=(9 if many else 6, 4), dpi=100)
         for label, (x, y) in series.items():
             axis.plot(x, y, label=label, marker="o" if len(x) < 20 else None)
         axis.set_xlabel("step")
         axis.set_ylabel(ylabel)
-        if log:
-            axis.set_yscale("log")
-        if len(series) > 1:
-            axis.legend(fontsize=7)
+        if many:  # beside the axes, where it hides no curve
+            axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         axis.grid(alpha=0.3)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
@@ -108,6 +107,11 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
         series: dict[str, tuple[list, list]] = {}
         for r in evals:
             for key, value in r["eval"].items():
+                if "/embedding/" in key:  # one template mode per set keeps the figure readable
+                    continue
+                # Periodic evaluations read the validation split, the final one the test split:
+                # one curve per set either way.
+                key = key.replace("-val", "").replace("-test", "").replace("/distance/", "/")
                 series.setdefault(key, ([], []))
                 series[key][0].append(r["step"])
                 series[key][1].append(value)
