@@ -18,7 +18,7 @@ from topoclip.config import load_config
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.optim import build_optimizer
-from topoclip.training.step import forward_backward
+from topoclip.training.step import forward_backward, optimizer_step
 
 
 def measure(preset: str, batch: int, *, device: str = "cpu", precision: str = "fp32", threads: int = 0,
@@ -42,13 +42,7 @@ def measure(preset: str, batch: int, *, device: str = "cpu", precision: str = "f
 
     def step() -> None:
         forward_backward(trained, images, tokens, config.train.loss, precision=precision, scaler=scaler)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        model.temperature.clamp_()
+        optimizer_step(model, optimizer, scaler, config.train.grad_clip)
 
     def synchronize() -> None:
         if device.startswith("cuda"):

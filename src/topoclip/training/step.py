@@ -141,3 +141,23 @@ def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, lo
             loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed)
             _backward(loss, scaler)
     return loss.item()
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler] = None,
+                   grad_clip: float = 0.0) -> float:
+    """Clip (global norm; 0 = no clip), step (through the fp16 scaler if any), zero the gradients and clamp τ.
+
+    Returns the gradient norm before clipping (inf/nan when an fp16 step overflowed and was skipped).
+    """
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, grad_clip if grad_clip > 0 else float("inf")))
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    unwrap(model).temperature.clamp_()  # τ ≤ max_scale after every step
+    return grad_norm

@@ -34,7 +34,7 @@ from topoclip.tokenizer import Tokenizer
 from topoclip.training.data import training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
-from topoclip.training.step import forward_backward
+from topoclip.training.step import forward_backward, optimizer_step
 
 # Captions read to train a vocabulary when the config names none.
 TOKENIZER_TRAINING_CAPTIONS = 20_000
@@ -176,7 +176,6 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     bar = tqdm(range(start_step, settings.steps), initial=start_step, total=settings.steps,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
-    parameters = [p for p in model.parameters() if p.requires_grad]
     loss_value = float("nan")
     for step in bar:
         batch = next(batches)
@@ -191,18 +190,8 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss became {loss_value} at step {step}; lower train.lr, or use "
                                      f"train.precision=fp32 / a lower model.temperature.max_scale")
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, clip))
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip)
         scheduler.step()
-        model.temperature.clamp_()  # τ ≤ max_scale after every step
         window_images += settings.batch_size
         done = step + 1
 
