@@ -83,15 +83,20 @@ def load_config_from(path: Path) -> Config:
     return config
 
 
+def load_weights(model: CLIP, folder: Path) -> None:
+    """Load a checkpoint folder's safetensors weights into `model` (on the model's device)."""
+    device = str(next(model.parameters()).device)
+    missing, unexpected = model.load_state_dict(load_file(Path(folder) / WEIGHTS, device=device), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {folder} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
 def load_checkpoint(path, map_location: str = "cpu"):
     """(model, tokenizer or None, config) from a checkpoint (see `resolve_checkpoint`)."""
     folder = resolve_checkpoint(Path(path))
     config = load_config_from(folder)
-    model = CLIP(config.model)
-    state = load_file(folder / WEIGHTS, device=map_location)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {folder} does not fit its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model = CLIP(config.model).to(map_location)
+    load_weights(model, folder)
     tokenizer = None
     if (folder / TOKENIZER).is_file():
         from topoclip.tokenizer import Tokenizer

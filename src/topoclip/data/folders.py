@@ -54,9 +54,15 @@ def _usable(path: Path, decode: DecodeSettings, counter: BadSampleCounter) -> bo
     return True
 
 
-def _warn_skipped(counter: BadSampleCounter, what: str) -> None:
+def _listed_images(paths: list[Path], decode: DecodeSettings, counter: BadSampleCounter, what: str) -> LazyImages:
+    """The usable files of an evaluation set, with the skipped ones counted (and warned about)."""
+    if not paths:
+        raise ValueError(f"{what} has no usable image ({counter.describe()})")
     if counter.bad_total:
         warnings.warn(f"{what}: {counter.describe()}")
+    images = LazyImages(paths, decode)
+    images.skipped = counter
+    return images
 
 
 def read_classnames(path: Union[str, Path], folders: list[str]) -> list[str]:
@@ -132,14 +138,9 @@ def load_class_folders(
             if not verify or _usable(path, decode, counter):
                 paths.append(path)
                 labels.append(label)
-    if not paths:
-        raise ValueError(f"{root} holds no usable images in its class folders ({counter.describe()})")
-    _warn_skipped(counter, f"class folders {root}")
-    images = LazyImages(paths, decode)
-    images.skipped = counter
     return ClassificationSet(
         name=name or root.name,
-        images=images,
+        images=_listed_images(paths, decode, counter, f"class folders {root}"),
         labels=torch.tensor(labels, dtype=torch.int64),
         classnames=classnames,
         templates=templates,
@@ -188,14 +189,9 @@ def load_karpathy_captions(
         captions.extend(texts)
         caption_image.extend([len(paths)] * len(texts))
         paths.append(path)
-    if not paths:
-        raise ValueError(f"{json_path} split {split!r} has no usable image with a caption ({counter.describe()})")
-    _warn_skipped(counter, f"caption file {json_path} split {split!r}")
-    images = LazyImages(paths, decode)
-    images.skipped = counter
     return RetrievalSet(
         name=name or f"{json_path.stem}-{split}",
-        images=images,
+        images=_listed_images(paths, decode, counter, f"caption file {json_path} split {split!r} (images with a caption)"),
         captions=captions,
         caption_image=torch.tensor(caption_image, dtype=torch.int64),
     )

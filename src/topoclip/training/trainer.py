@@ -24,8 +24,8 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import (CONFIG, TOKENIZER, load_training_state, prune_checkpoints, save_checkpoint,
-                                 step_checkpoints, STEP_PREFIX)
+from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, load_training_state, load_weights,
+                                 prune_checkpoints, save_checkpoint, step_checkpoints)
 from topoclip.config import Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.distributed import DistributedInfo, barrier, cleanup, init_distributed, sum_across_ranks
@@ -260,11 +260,7 @@ def write_checkpoint(folder: Path, step: int, model, config, tokenizer, optimize
 
 def resume_from(folder: Path, model, optimizer, scheduler, scaler, counter: BadSampleCounter) -> int:
     """Load weights and training state from a checkpoint folder; returns the step to continue from."""
-    from safetensors.torch import load_file
-
-    from topoclip.checkpoint import WEIGHTS
-
-    model.load_state_dict(load_file(folder / WEIGHTS, device=str(next(model.parameters()).device)))
+    load_weights(model, folder)
     state = load_training_state(folder)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
