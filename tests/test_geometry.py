@@ -66,6 +66,75 @@ def test_euclidean_equals_the_norm_of_the_difference():
     torch.testing.assert_close(similarity("euclidean", u, v), expected, atol=1e-5, rtol=1e-5)
 
 
+def close_pairs(norm, distance, batch=8, dim=64, seed=0):
+    """fp32 (batch, 1, dim) u of norm `norm` in random directions, and v_i = u_i + a step of `distance`."""
+    generator = torch.Generator().manual_seed(seed)
+    u = torch.randn(batch, dim, generator=generator, dtype=torch.float64)
+    step = torch.randn(batch, dim, generator=generator, dtype=torch.float64)
+    u = u / u.norm(dim=-1, keepdim=True) * norm
+    v = u + step / step.norm(dim=-1, keepdim=True) * distance
+    return u.float()[:, None], v.float()[:, None]
+
+
+def relative_error_against_float64(u, v):
+    """Largest |s − s_64| / |s_64| of the fp32 euclidean score, s_64 from the same fp32 inputs in float64."""
+    exact = -(u.double().flatten(1)[:, None] - v.double().flatten(1)[None]).norm(dim=-1)
+    return ((similarity("euclidean", u, v).double() - exact).abs() / exact.abs()).max().item()
+
+
+@pytest.mark.parametrize("norm, distance", [(10.0, 1e-3), (100.0, 1e-2), (1.0, 1.0)])
+def test_euclidean_is_accurate_relative_to_the_distance(norm, distance):
+    """Pairs far closer than their norms, scored against float64 (relative error < 1e-4).
+
+    Failed on main (‖u‖² + ‖v‖² − 2uᵀv in fp32): ‖u‖ = 10, d = 1e-3 read the 1e-6 floor (99.9 % off)
+    and ‖u‖ = 100, d = 1e-2 was hundreds of percent off.
+    """
+    u, v = close_pairs(norm, distance)
+    assert relative_error_against_float64(u, v) < 1e-4
+
+
+def test_euclidean_is_accurate_in_a_cluster_far_from_the_origin():
+    """Every pair is close relative to the norm (a shared offset of 100, spread 1e-2): centring fixes all.
+
+    Failed on main: relative errors of order 1 on every pair.
+    """
+    generator = torch.Generator().manual_seed(1)
+    offset = torch.randn(64, generator=generator, dtype=torch.float64)
+    offset = offset / offset.norm() * 100
+    u = offset + 1e-3 * torch.randn(12, 64, generator=generator, dtype=torch.float64)
+    v = offset + 1e-3 * torch.randn(9, 64, generator=generator, dtype=torch.float64)
+    assert relative_error_against_float64(u.float()[:, None], v.float()[:, None]) < 1e-4
+
+
+def test_euclidean_gradients_match_float64_for_close_pairs():
+    u, v = close_pairs(10.0, 1e-2, batch=5)
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        a, b = u.to(dtype).clone().requires_grad_(), v.to(dtype).clone().requires_grad_()
+        weights = torch.linspace(-1, 1, 25, dtype=dtype).view(5, 5)
+        if dtype == torch.float64:  # the reference: the plain difference, in float64
+            s = -(a.flatten(1)[:, None] - b.flatten(1)[None]).norm(dim=-1)
+        else:
+            s = similarity("euclidean", a, b)
+        (s * weights).sum().backward()
+        grads.append((a.grad.double(), b.grad.double()))
+    for got, expected in zip(*grads):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-3)
+
+
+def test_euclidean_near_pairs_in_bounded_blocks_equal_one_block(monkeypatch):
+    u, v = close_pairs(10.0, 1e-3, batch=6)
+    results = []
+    for budget in (geometry.CHUNK_ELEMENTS, 2 * 64):  # the second: 2 pairs of 64 dims per block
+        monkeypatch.setattr(geometry, "CHUNK_ELEMENTS", budget)
+        a, b = u.clone().requires_grad_(), v.clone().requires_grad_()
+        s = similarity("euclidean", a, b)
+        (s * torch.linspace(-1, 1, 36).view(6, 6)).sum().backward()
+        results.append((s.detach(), a.grad, b.grad))
+    for one, blocked in zip(*results):
+        torch.testing.assert_close(blocked, one)
+
+
 def test_sphere_is_cosine():
     u, v = torch.randn(6, 1, 10), torch.randn(4, 1, 10)
     expected = torch.nn.functional.cosine_similarity(u.flatten(1)[:, None], v.flatten(1)[None], dim=-1)

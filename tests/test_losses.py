@@ -10,12 +10,15 @@ from topoclip.losses import LOSSES, infonce_loss, sigmoid_loss
 
 
 def test_infonce_matches_a_hand_computed_3x3():
-    s = torch.tensor([[0.9, 0.1, 0.0], [0.2, 0.8, 0.1], [0.0, 0.3, 0.7]])
+    values = [[0.9, 0.1, 0.0], [0.2, 0.8, 0.1], [0.0, 0.3, 0.7]]
+    s = torch.tensor(values)
     tau = torch.tensor(2.0)
-    # Row i: −log( e^{2 s_ii} / Σ_j e^{2 s_ij} ); columns likewise on sᵀ.
-    rows = [-(2 * s[i, i] - math.log(sum(math.exp(2 * s[i, j]) for j in range(3)))) for i in range(3)]
-    cols = [-(2 * s[i, i] - math.log(sum(math.exp(2 * s[j, i]) for j in range(3)))) for i in range(3)]
+    # Row i: −log( e^{2 s_ii} / Σ_j e^{2 s_ij} ); columns likewise on sᵀ. Plain floats throughout
+    # (pytest.approx cannot take a 0-d tensor as `expected`).
+    rows = [-(2 * values[i][i] - math.log(sum(math.exp(2 * values[i][j]) for j in range(3)))) for i in range(3)]
+    cols = [-(2 * values[i][i] - math.log(sum(math.exp(2 * values[j][i]) for j in range(3)))) for i in range(3)]
     expected = (sum(rows) / 3 + sum(cols) / 3) / 2
+    assert isinstance(expected, float)
     assert infonce_loss(s, s.T, tau).item() == pytest.approx(expected, rel=1e-6)
 
 

@@ -1,5 +1,4 @@
 """Tokenizer: BERT WordPiece encoding to fixed-length tensors, loading, training, saving."""
-import os
 import pickle
 import random
 import subprocess
@@ -8,25 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _reference import ERNIE_MISSING, ERNIE_VOCAB
 
 from topoclip.tokenizer import SPECIAL_TOKENS, TextBatch, Tokenizer
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-VOCAB_NAME = "ernie-2.0-en-vocab.txt"
-
-
-def _find_reference_vocab():
-    """The paper's ERNIE vocab.txt (shared reference data, not shipped with the package)."""
-    candidates = [
-        Path(os.environ.get("TOPOCLIP_REFERENCE_DIR", "/nonexistent")) / VOCAB_NAME,
-        REPOSITORY / "shared" / "reference" / VOCAB_NAME,
-        REPOSITORY.parent / "shared" / "reference" / VOCAB_NAME,
-    ]
-    return next((path for path in candidates if path.is_file()), None)
-
-
-ERNIE_VOCAB = _find_reference_vocab()
-needs_ernie = pytest.mark.skipif(ERNIE_VOCAB is None, reason=f"{VOCAB_NAME} not found (set TOPOCLIP_REFERENCE_DIR)")
+needs_ernie = pytest.mark.skipif(ERNIE_VOCAB is None, reason=ERNIE_MISSING)
 
 WORDS = (
     "a photo of the cat dog bird car tree house red blue green small large sitting running "
@@ -42,7 +27,7 @@ def make_captions(count=200, seed=0):
 @pytest.fixture(scope="module")
 def ernie():
     if ERNIE_VOCAB is None:
-        pytest.skip(f"{VOCAB_NAME} not found (set TOPOCLIP_REFERENCE_DIR)")
+        pytest.skip(ERNIE_MISSING)
     return Tokenizer.from_vocab(ERNIE_VOCAB)
 
 
@@ -50,7 +35,7 @@ def ernie():
 def ernie_lines():
     """Token -> id, read straight from the file: the id is the line number."""
     if ERNIE_VOCAB is None:
-        pytest.skip(f"{VOCAB_NAME} not found")
+        pytest.skip(ERNIE_MISSING)
     lines = ERNIE_VOCAB.read_text(encoding="utf-8").splitlines()
     return {token: index for index, token in enumerate(lines)}
 

@@ -117,5 +117,8 @@ def test_cli_eval_writes_records(tmp_path, capsys):
 
 
 def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="cls_token_id"):
-        train(load_config("tiny", SMALL + ["model.text.cls_token_id=7"]), out_dir=tmp_path / "run", progress=False)
+    # A given vocabulary must fit the text tower (a trained one sets the [CLS] id instead: test_train_user_data).
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[SEP]", "[MASK]", "[CLS]", "a", "red", "circle"]) + "\n")
+    with pytest.raises(ConfigError, match="the tokenizer's \\[CLS\\] id is 4 but model.text.cls_token_id=2"):
+        train(load_config("tiny", SMALL + [f"data.tokenizer={vocab}"]), out_dir=tmp_path / "run", progress=False)

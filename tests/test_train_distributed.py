@@ -82,7 +82,7 @@ def test_resume_continues_from_the_checkpoint(launches):
     assert [r["step"] for r in records if r.get("final")] == [2, 4]
     assert json.loads((run / "config.json").read_text())["train"]["steps"] == 4
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-00000{s}" for s in range(1, 5)]
-    assert output.count("run folder:") == 2  # rank 0 alone prints the summary, once per launch
+    assert output.count("run folder:") == 4  # rank 0 alone prints it, at the start and the end of each launch
 
 
 def test_two_ranks_take_the_steps_of_one_process_on_the_global_batch(launches, tmp_path):

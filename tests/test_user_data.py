@@ -244,8 +244,15 @@ def collect(batches):
 
 
 def write_caption_table(folder, separator=b","):
-    """A table over every good and bad image plus bad captions; returns (path, good captions, bad counts)."""
+    """A table over every good and bad image plus bad captions; returns (path, good captions, bad counts).
+
+    The table and its images are in folder/data; two rows name a real image outside it (folder/outside.png,
+    by "../" and by absolute path): "path_outside_root" unless the reader allows outside paths.
+    """
+    folder = folder / "data"
     (folder / "images").mkdir(parents=True)
+    outside = folder.parent / "outside.png"
+    outside.write_bytes(encode(noise(20, 20, 8), "PNG"))
     lines = [b"title" + separator + b"filepath" + separator + b"extra"]
     good, expected = [], {}
     for name, (data, extension) in good_images().items():
@@ -255,8 +262,10 @@ def write_caption_table(folder, separator=b","):
         good.append(caption)
     absolute = folder / "images" / "absolute.png"
     absolute.write_bytes(encode(noise(20, 20, 9), "PNG"))
-    lines.append(b"good absolute" + separator + str(absolute).encode() + separator + b"x")
+    lines.append(b"good absolute" + separator + str(absolute).encode() + separator + b"x")  # inside: allowed
     good.append("good absolute")
+    lines.append(b"outside relative" + separator + b"../outside.png" + separator + b"x")
+    lines.append(b"outside absolute" + separator + str(outside).encode() + separator + b"x")
     for name, (data, extension, kind) in bad_images().items():
         (folder / "images" / f"{name}.{extension}").write_bytes(data)
         lines.append(f"bad {name}".encode() + separator + f"images/{name}.{extension}".encode() + separator + b"x")
@@ -267,7 +276,7 @@ def write_caption_table(folder, separator=b","):
     lines.append(b"caf\xe9 in latin-1" + separator + ok_image + separator + b"x")
     lines.append(b"")  # a blank line is not a sample
     lines.append(b"short row without image")  # no image column at all
-    expected.update(missing_file=2, empty_caption=1, bad_encoding=1)
+    expected.update(missing_file=2, empty_caption=1, bad_encoding=1, path_outside_root=2)
     expected["corrupt_image"] = expected.get("corrupt_image", 0)
     path = folder / ("table.tsv" if separator == b"\t" else "table.csv")
     path.write_bytes(b"\n".join(lines) + b"\n")
@@ -282,6 +291,18 @@ def test_csv_dataset_skips_and_counts_every_bad_kind(tmp_path, separator):
     assert sorted(captions) == sorted(good)
     assert counter.bad == expected
     assert counter.kept == len(good) and dataset.num_rows == len(good) + sum(expected.values())
+
+
+def test_csv_paths_outside_the_folder_are_kept_only_when_allowed(tmp_path):
+    path, good, expected = write_caption_table(tmp_path)
+    _, refused = collect(CsvDataset(path, transform=TRANSFORM, batch_size=4, shuffle=False))
+    assert refused.bad["path_outside_root"] == 2
+    with pytest.raises(DataQualityError, match="data.csv_allow_outside_paths=true"):  # the stop names the setting
+        check_bad_fraction(refused, 0.01)
+    dataset = CsvDataset(path, transform=TRANSFORM, batch_size=4, shuffle=False, allow_outside_paths=True)
+    captions, counter = collect(dataset)
+    assert sorted(captions) == sorted(good + ["outside relative", "outside absolute"])
+    assert "path_outside_root" not in counter.bad
 
 
 def test_csv_missing_column_error_names_columns_and_setting(tmp_path):
@@ -383,6 +404,22 @@ def test_shard_dataset_counts_an_unreadable_shard_and_keeps_going(tmp_path):
     assert len(paths) == 2
     with pytest.raises(FileNotFoundError, match="brace pattern"):
         ShardDataset(str(tmp_path / "{00000..00009}.tar"), transform=TRANSFORM, batch_size=4)
+
+
+def test_a_truncated_shard_counts_once(tmp_path):
+    """A shard cut off inside a member is one corrupt shard; the samples before the cut are kept.
+
+    Failed on main: corrupt_shard 2, webdataset calls the handler from the member read and again from the
+    tar stream's next header.
+    """
+    samples = [(encode(noise(48, 48, i), "PNG"), f"c{i}") for i in range(9)]  # ~7 KB members
+    paths = write_shards(samples, tmp_path, samples_per_shard=3)
+    data = paths[1].read_bytes()
+    paths[1].write_bytes(data[: len(data) // 2])  # inside sample 4's image
+    dataset = ShardDataset(str(tmp_path / "{00000..00002}.tar"), transform=TRANSFORM, batch_size=2, shuffle_buffer=0)
+    captions, counter = collect(dataset)
+    assert counter.bad == {"corrupt_shard": 1}
+    assert sorted(captions) == ["c0", "c1", "c2", "c3", "c6", "c7", "c8"]
 
 
 def test_write_shards_round_trip(tmp_path):
@@ -531,7 +568,29 @@ def test_load_karpathy_captions(tmp_path):
         load_karpathy_captions(path, tmp_path / "images", split="val")
 
 
+@pytest.mark.parametrize("verify", [True, False])
+def test_karpathy_paths_outside_the_root_are_refused_and_counted(tmp_path, verify):
+    """Failed on main: "../outside/secret.png", "../../../../etc/passwd" and absolute paths were opened and scored."""
+    root = tmp_path / "images"
+    root.mkdir()
+    Image.new("RGB", (12, 8), (255, 0, 0)).save(root / "a.jpg")
+    (tmp_path / "outside").mkdir()
+    Image.new("RGB", (12, 8), (0, 0, 255)).save(tmp_path / "outside" / "secret.png")
+    escaping = [{"filename": "../outside/secret.png"}, {"filename": "../../../../etc/passwd"},
+                {"filename": str(tmp_path / "outside" / "secret.png")},
+                {"filepath": str(tmp_path / "outside"), "filename": "secret.png"},
+                {"filepath": "..", "filename": "outside/secret.png"}]
+    entries = [{"filename": "a.jpg", "split": "test", "sentences": [{"raw": "red"}]}]
+    entries += [{**entry, "split": "test", "sentences": [{"raw": f"secret {i}"}]} for i, entry in enumerate(escaping)]
+    path = tmp_path / "captions.json"
+    path.write_text(json.dumps({"images": entries}))
+    with pytest.warns(UserWarning, match="path_outside_root 5"):
+        retrieval = load_karpathy_captions(path, root, verify=verify)
+    assert retrieval.captions == ["red"] and [p.name for p in retrieval.images.paths] == ["a.jpg"]
+    assert retrieval.images.skipped.bad == {"path_outside_root": 5}
+
+
 def test_every_documented_kind_is_exercised():
     exercised = {"corrupt_image", "tiny_image", "huge_image", "missing_file", "empty_caption", "bad_encoding",
-                 "unpaired_member", "corrupt_shard"}
+                 "unpaired_member", "corrupt_shard", "path_outside_root"}
     assert exercised == set(BAD_SAMPLE_KINDS)

@@ -1,7 +1,9 @@
 """topoclip: CLIP-style image-text models whose embedding topology is a setting.
 
 The library (model, geometry, losses, tokenizer, data, evaluation) imports without the trainer;
-`topoclip.train` and `topoclip.evaluate` load their modules on first use.
+`topoclip.train`, `topoclip.evaluate` and `topoclip.load` (a trained or converted model with its
+tokenizer and image transform) load their modules on first use; `topoclip.convert` imports
+foreign checkpoints.
 """
 from topoclip.config import Config, ConfigError, ModelConfig, load_config, presets
 from topoclip.geometry import TOPOLOGIES, similarity, to_space
@@ -13,9 +15,9 @@ from topoclip.tokenizer import TextBatch, Tokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "CLIP", "CLIPOutput", "Config", "ConfigError", "LOSSES", "ModelConfig", "TOPOLOGIES", "Temperature", "TextBatch",
-    "Tokenizer", "build_model", "evaluate", "infonce_loss", "load_config", "presets", "sigmoid_loss", "similarity",
-    "to_space", "train",
+    "CLIP", "CLIPOutput", "Config", "ConfigError", "LOSSES", "ModelConfig", "Pretrained", "TOPOLOGIES", "Temperature",
+    "TextBatch", "Tokenizer", "build_model", "evaluate", "infonce_loss", "load", "load_config", "presets",
+    "sigmoid_loss", "similarity", "to_space", "train",
 ]
 
 
@@ -29,4 +31,8 @@ def __getattr__(name):
         from topoclip.evaluation.run import evaluate
 
         return evaluate
+    if name in ("load", "Pretrained"):
+        from topoclip import inference
+
+        return getattr(inference, name)
     raise AttributeError(f"module 'topoclip' has no attribute {name!r}")

@@ -8,7 +8,9 @@ for training, the optimizer/scheduler/RNG/data state (torch.save, loaded with we
       training_state.pt     optimizer, scheduler, step, RNG states, data position (resume only)
 
 A checkpoint is written to a temporary sibling folder and renamed into place, so a killed run
-never leaves a half-written checkpoint under its final name.
+never leaves a half-written checkpoint under its final name; a full disk removes the temporary
+folder and raises DiskFullError. Weights with an inf/NaN are never written (NonFiniteError).
+Reading a checkpoint that is malformed or does not fit its model raises CheckpointError.
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from topoclip.config import Config, from_dict, to_dict, validate
+from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
+from topoclip.errors import CheckpointError, DiskFullError, NonFiniteError, is_disk_full
 from topoclip.model import CLIP
 
 WEIGHTS = "model.safetensors"
@@ -33,23 +37,60 @@ STEP_PREFIX = "step-"
 
 def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
                     training_state: Optional[dict] = None) -> Path:
-    """Write a checkpoint folder atomically (temporary folder + rename). Returns `path`."""
+    """Write a checkpoint folder atomically (temporary folder + rename). Returns `path`.
+
+    Raises NonFiniteError (nothing written) when a weight holds inf/NaN, and DiskFullError (the
+    temporary folder removed, any earlier checkpoint untouched) when the disk fills up.
+    """
     path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
     # safetensors refuses shared storage; clone to contiguous, independent tensors.
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
-    save_file(state, temporary / WEIGHTS, metadata={"format": "pt", "topoclip": "1"})
-    (temporary / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
-    if tokenizer is not None:
-        tokenizer.save(temporary / TOKENIZER)
-    if training_state is not None:
-        torch.save(training_state, temporary / TRAINING_STATE)
+    broken = [name for name, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if broken:
+        raise NonFiniteError(f"not writing checkpoint {path}: {len(broken)} of {len(state)} tensors hold inf/NaN "
+                             f"({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''})")
+    temporary = path.with_name(path.name + ".tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    try:
+        temporary.mkdir(parents=True)
+        save_file(state, temporary / WEIGHTS, metadata={"format": "pt", "topoclip": "1"})
+        (temporary / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
+        if tokenizer is not None:
+            tokenizer.save(temporary / TOKENIZER)
+        if training_state is not None:
+            with open(temporary / TRAINING_STATE, "wb", buffering=0) as handle:
+                torch.save(training_state, _WholeWrites(handle))
+    except (OSError, RuntimeError, SafetensorError) as error:
+        shutil.rmtree(temporary, ignore_errors=True)  # frees the space the partial files took
+        if is_disk_full(error):
+            raise DiskFullError(f"no space left on {path.parent} while writing checkpoint {path.name}",
+                                path.parent) from error
+        raise
     if path.exists():  # re-saving the same step: replace it
         shutil.rmtree(path)
     os.replace(temporary, path)
     return path
+
+
+class _WholeWrites:
+    """A file object for torch.save whose write() writes everything or raises the OSError.
+
+    torch.save on a path turns a full disk into "RuntimeError: ... unexpected pos"; writing
+    through this unbuffered writer keeps the OSError (errno ENOSPC) that says what happened.
+    """
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        size = len(view)
+        while view:
+            view = view[self.handle.write(view):]
+        return size
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def step_checkpoints(folder: Path) -> list[Path]:
@@ -78,17 +119,62 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def load_config_from(path: Path) -> Config:
-    config = from_dict(Config, json.loads((Path(path) / CONFIG).read_text()))
-    validate(config)
+    """The validated Config of a checkpoint or run folder; CheckpointError when config.json is unreadable."""
+    file = Path(path) / CONFIG
+    try:
+        values = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{file} is not valid JSON ({error}); it should be the config the run wrote") from None
+    if not isinstance(values, dict):
+        raise CheckpointError(f"{file} is not a config (a JSON object of sections); it holds {type(values).__name__}")
+    try:
+        config = from_dict(Config, values)
+        validate(config)
+    except ConfigError as error:
+        raise CheckpointError(f"{file}: {error}") from None
     return config
 
 
+def _shape_mismatches(weights: dict, model: CLIP) -> list[str]:
+    expected = model.state_dict()
+    return [f"{name} {tuple(tensor.shape)} in the file, {tuple(expected[name].shape)} in the model"
+            for name, tensor in weights.items() if name in expected and tensor.shape != expected[name].shape]
+
+
 def load_weights(model: CLIP, folder: Path) -> None:
-    """Load a checkpoint folder's safetensors weights into `model` (on the model's device)."""
+    """Load a checkpoint folder's safetensors weights into `model` (on the model's device).
+
+    CheckpointError when the file cannot be read or does not fit the model (shapes, missing or extra tensors).
+    """
+    file = Path(folder) / WEIGHTS
     device = str(next(model.parameters()).device)
-    missing, unexpected = model.load_state_dict(load_file(Path(folder) / WEIGHTS, device=device), strict=False)
+    try:
+        weights = load_file(file, device=device)
+    except (SafetensorError, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise CheckpointError(f"{file} cannot be read as safetensors ({error}); the checkpoint is damaged") from None
+    mismatched = _shape_mismatches(weights, model)
+    if mismatched:
+        raise CheckpointError(f"{file} does not fit the model its config.json describes: {len(mismatched)} tensors differ "
+                              f"in shape ({'; '.join(mismatched[:2])}{'; ...' if len(mismatched) > 2 else ''})")
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
-        raise ValueError(f"checkpoint {folder} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(f"{file} does not fit the model its config.json describes: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+
+
+def load_tokenizer_from(folder: Path):
+    """The Tokenizer saved in a checkpoint folder, or None; CheckpointError when tokenizer.json is malformed."""
+    file = Path(folder) / TOKENIZER
+    if not file.is_file():
+        return None
+    from topoclip.tokenizer import Tokenizer
+
+    try:
+        return Tokenizer.load(file)
+    except ValueError as error:  # the tokenizer's messages name the file and what is wrong
+        raise CheckpointError(str(error)) from None
 
 
 def load_checkpoint(path, map_location: str = "cpu"):
@@ -97,17 +183,22 @@ def load_checkpoint(path, map_location: str = "cpu"):
     config = load_config_from(folder)
     model = CLIP(config.model).to(map_location)
     load_weights(model, folder)
-    tokenizer = None
-    if (folder / TOKENIZER).is_file():
-        from topoclip.tokenizer import Tokenizer
-
-        tokenizer = Tokenizer.load(folder / TOKENIZER)
-    return model, tokenizer, config
+    return model, load_tokenizer_from(folder), config
 
 
 def load_training_state(path: Path) -> dict:
-    """The resume state; weights_only=True, so nothing in the file is executed."""
-    return torch.load(Path(path) / TRAINING_STATE, map_location="cpu", weights_only=True)
+    """The resume state; weights_only=True, so nothing in the file is executed.
+
+    CheckpointError when the file is damaged (the checkpoint before it can be resumed instead).
+    """
+    file = Path(path) / TRAINING_STATE
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{Path(path)} has no {TRAINING_STATE}; it holds weights only and cannot be resumed") from None
+    except Exception as error:  # a damaged zip or a payload weights_only refuses: never executed
+        raise CheckpointError(f"{file} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+                              f"move this checkpoint folder away to resume from the one before") from None
 
 
 def prune_checkpoints(folder: Path, keep: int) -> None:

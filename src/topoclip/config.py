@@ -3,11 +3,14 @@
 A run is described by :class:`Config` (model, train, data, evaluate sections). Presets live in
 ``topoclip/preset_data/*.json``; a preset may name a ``"base"`` preset whose values it overrides.
 ``--set section.field=value`` overrides are parsed and type-checked against the dataclasses;
-unknown keys are refused with the list of valid ones. Nothing here executes code from a config.
+an unknown key is refused with the nearest valid ones ("did you mean"). Every number is then
+range-checked (finite, and in the range NUMERIC_RANGES gives its field) before anything is built.
+Nothing here executes code from a config.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import types
@@ -18,10 +21,11 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from topoclip.data.scenes import SceneConfig
+from topoclip.errors import UserError
 from topoclip.geometry import TOPOLOGIES
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration that cannot work; the message names the field and the fix."""
 
 
@@ -61,6 +65,10 @@ class TextConfig:
     # The m class tokens are this id repeated m times; the tokenizer's [CLS] ([CLS] = 101 in BERT
     # vocabularies, 2 in vocabularies topoclip trains).
     cls_token_id: int = 101
+    # OpenAI CLIP's text tower is "causal" (each token attends to itself and earlier ones) and
+    # pooled at its end-of-text token; see topoclip.pooling for the two layouts of the m tokens.
+    attention: Literal["bidirectional", "causal"] = "bidirectional"
+    pooling: Literal["class_tokens", "end_of_text"] = "class_tokens"
 
 
 @dataclass
@@ -133,6 +141,9 @@ class TrainConfig:
     eval_every: int = 0  # steps between evaluations; 0 = only at the end
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
+    # A checkpoint whose weights and tokenizer start the run (`topoclip train --init-from`); its model
+    # must match this one (topoclip.training.init_from). "" = random initialisation.
+    init_from: str = ""
 
 
 # --------------------------------------------------------------------------- data
@@ -151,6 +162,9 @@ class DataConfig:
     csv_image_key: str = "filepath"
     csv_caption_key: str = "title"
     csv_separator: str = ""  # "" = tab for .tsv, comma otherwise
+    # CSV image paths must lie inside the CSV's folder; true also reads absolute paths and "../" ones
+    # (refused by default and counted as path_outside_root: a table should not reach other files).
+    csv_allow_outside_paths: bool = False
     resampled: bool = False  # shards drawn with replacement (endless stream; needs samples_per_epoch)
     samples_per_epoch: int = 0  # shards: fixed epoch length (0 = one pass over the shards)
     shuffle_buffer: int = 1000
@@ -191,15 +205,151 @@ class Config:
 # --------------------------------------------------------------------------- validation
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts; every number must also be finite (no NaN, no ±Infinity)."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+    note: str = ""  # what a boundary value means, e.g. "0 turns it off"
+
+    def __contains__(self, value: float) -> bool:
+        above = value >= self.low if self.low_inclusive else value > self.low
+        below = value <= self.high if self.high_inclusive else value < self.high
+        return math.isfinite(value) and above and below
+
+    def describe(self) -> str:
+        """'≥ 1', '> 0', 'in [0, 1)', ... (empty when any finite number will do)."""
+        if self.low > -math.inf and self.high < math.inf:
+            return f"in {'[' if self.low_inclusive else '('}{self.low:g}, {self.high:g}{']' if self.high_inclusive else ')'}"
+        if self.low > -math.inf:
+            return f"{'≥' if self.low_inclusive else '>'} {self.low:g}"
+        if self.high < math.inf:
+            return f"{'≤' if self.high_inclusive else '<'} {self.high:g}"
+        return ""
+
+
+FINITE = Range()
+POSITIVE = Range(0, low_inclusive=False)
+AT_LEAST_ONE = Range(1)
+NON_NEGATIVE = Range(0)
+FRACTION = Range(0, 1)
+OFF_AT_ZERO = Range(0, note="0 turns it off")
+
+# Every numeric field of Config (a list or tuple: each item), by its dotted key. A field missing here
+# is only checked to be finite; tests/test_config.py checks the table covers every numeric field.
+# data.scenes.* repeat SceneConfig's own checks so every range is read in one place.
+NUMERIC_RANGES: dict[str, Range] = {
+    "model.vision.image_size": AT_LEAST_ONE,
+    "model.vision.patch_size": AT_LEAST_ONE,
+    "model.vision.width": AT_LEAST_ONE,
+    "model.vision.layers": AT_LEAST_ONE,
+    "model.vision.heads": AT_LEAST_ONE,
+    "model.vision.mlp_ratio": POSITIVE,
+    "model.vision.mean": FINITE,
+    "model.vision.std": POSITIVE,
+    "model.text.vocab_size": AT_LEAST_ONE,
+    "model.text.context_length": Range(2, note="room for [CLS] and [SEP]"),
+    "model.text.width": AT_LEAST_ONE,
+    "model.text.layers": AT_LEAST_ONE,
+    "model.text.heads": AT_LEAST_ONE,
+    "model.text.mlp_ratio": POSITIVE,
+    "model.text.cls_token_id": NON_NEGATIVE,
+    "model.temperature.init": FINITE,
+    "model.temperature.max_scale": POSITIVE,
+    "model.temperature.bias_init": FINITE,
+    "model.class_tokens": AT_LEAST_ONE,
+    "model.embed_dim": AT_LEAST_ONE,
+    "model.spheres": Range(0, note="0 = one sphere per class token"),
+    "train.batch_size": AT_LEAST_ONE,
+    "train.steps": AT_LEAST_ONE,
+    "train.lr": POSITIVE,
+    "train.weight_decay": OFF_AT_ZERO,
+    "train.warmup_steps": Range(0, note="0 = no warm-up"),
+    "train.betas": Range(0, 1, high_inclusive=False),
+    "train.eps": POSITIVE,
+    "train.grad_clip": Range(0, note="0 turns clipping off"),
+    "train.seed": NON_NEGATIVE,
+    "train.threads": Range(0, note="0 keeps torch's default"),
+    "train.accumulation_steps": AT_LEAST_ONE,
+    "train.num_workers": Range(0, note="0 reads data in the main process"),
+    "train.log_every": AT_LEAST_ONE,
+    "train.eval_every": Range(0, note="0 = only at the end"),
+    "train.checkpoint_every": Range(0, note="0 = only at the end"),
+    "train.keep_checkpoints": AT_LEAST_ONE,
+    "data.scenes.image_size": Range(16),
+    "data.scenes.min_objects": AT_LEAST_ONE,
+    "data.scenes.max_objects": Range(1, 9, note="one object per 3x3 grid cell"),
+    "data.scenes.seed": NON_NEGATIVE,
+    "data.scenes.train_size": NON_NEGATIVE,
+    "data.scenes.val_size": NON_NEGATIVE,
+    "data.scenes.test_size": NON_NEGATIVE,
+    "data.scenes.noise": FRACTION,
+    "data.weights": NON_NEGATIVE,
+    "data.samples_per_epoch": Range(0, note="0 = one pass over the shards"),
+    "data.shuffle_buffer": Range(0, note="0 or 1 = no shuffling"),
+    "data.max_bad_fraction": FRACTION,
+    "data.augment_scale": Range(0, 1, low_inclusive=False),
+    "evaluate.size": AT_LEAST_ONE,
+    "evaluate.validation_size": AT_LEAST_ONE,
+    "evaluate.captions_per_image": AT_LEAST_ONE,
+    "evaluate.batch_size": AT_LEAST_ONE,
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def numeric_fields(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every number, or list/tuple of numbers, in a (nested) config dataclass."""
+    found = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            found += numeric_fields(value, prefix + f.name + ".")
+        elif _is_number(value) or (isinstance(value, (list, tuple)) and value and all(map(_is_number, value))):
+            found.append((prefix + f.name, value))
+    return found
+
+
+def _default_of(key: str) -> Any:
+    """The dataclass default of a dotted key (for the fix a message suggests)."""
+    value: Any = Config()
+    for part in key.split("."):
+        value = getattr(value, part)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def validate_numbers(config: "Config") -> None:
+    """Refuse a non-finite number, or one outside its field's range, naming the field, value and a fix."""
+    for key, value in numeric_fields(config):
+        allowed = NUMERIC_RANGES.get(key, FINITE)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if all(item in allowed for item in items):
+            continue
+        shown = json.dumps(list(value) if isinstance(value, tuple) else value)  # NaN / Infinity as typed
+        integer = all(isinstance(item, int) for item in items)
+        what = ("integers" if integer else "finite numbers") if isinstance(value, (list, tuple)) else \
+            ("an integer" if integer else "a finite number")
+        rule = " ".join(part for part in (what, allowed.describe()) if part)
+        note = f" ({allowed.note})" if allowed.note else ""
+        default = _default_of(key)
+        if default is None:
+            fix = f"; or {key}=null (the default)"
+        elif default == []:
+            fix = ""
+        else:
+            fix = f"; e.g. {key}={json.dumps(default)} (the default)"
+        raise ConfigError(f"{key}={shown} must be {rule}{note}{fix}")
+
+
 def validate_model(config: ModelConfig) -> None:
-    """Refuse a model that cannot work, naming the field and the fix."""
+    """Refuse a model that cannot work, naming the field and the fix (numbers are range-checked first)."""
     if config.topology not in TOPOLOGIES:
         raise ConfigError(f"model.topology={config.topology!r} is unknown; choose one of {sorted(TOPOLOGIES)}")
-    for name, value in [("class_tokens", config.class_tokens), ("embed_dim", config.embed_dim)]:
-        if value < 1:
-            raise ConfigError(f"model.{name}={value} must be ≥ 1")
-    if config.spheres < 0:
-        raise ConfigError(f"model.spheres={config.spheres} must be ≥ 0 (0 = one sphere per class token)")
     total = config.class_tokens * config.embed_dim
     if config.spheres and not config.topology.startswith("ps-") and config.spheres != 1:
         raise ConfigError(f"model.spheres={config.spheres} only applies to product-sphere topologies; "
@@ -208,38 +358,23 @@ def validate_model(config: ModelConfig) -> None:
         raise ConfigError(f"class_tokens·embed_dim = {config.class_tokens}·{config.embed_dim} = {total} is not divisible "
                           f"by model.spheres={config.spheres}; choose spheres dividing {total}")
     for tower, sub in [("vision", config.vision), ("text", config.text)]:
-        for name in ("width", "layers", "heads"):
-            if getattr(sub, name) < 1:
-                raise ConfigError(f"model.{tower}.{name}={getattr(sub, name)} must be ≥ 1")
         if sub.width % sub.heads:
             raise ConfigError(f"model.{tower}.width={sub.width} is not divisible by model.{tower}.heads={sub.heads}; "
                               f"pick heads dividing {sub.width}")
     vision = config.vision
     if vision.image_size % vision.patch_size:
         raise ConfigError(f"model.vision.image_size={vision.image_size} is not a multiple of "
-                          f"model.vision.patch_size={vision.patch_size}")
-    if config.text.context_length < 2:
-        raise ConfigError(f"model.text.context_length={config.text.context_length} must be ≥ 2 ([CLS] and [SEP])")
-    if not 0 <= config.text.cls_token_id < config.text.vocab_size:
+                          f"model.vision.patch_size={vision.patch_size}; pick a patch size dividing it")
+    if not config.text.cls_token_id < config.text.vocab_size:
         raise ConfigError(f"model.text.cls_token_id={config.text.cls_token_id} is outside the vocabulary "
                           f"(vocab_size={config.text.vocab_size})")
-    temperature = config.temperature
-    if temperature.max_scale <= 0 or not math.isfinite(temperature.max_scale):
-        raise ConfigError(f"model.temperature.max_scale={temperature.max_scale} must be a positive number")
+    if config.text.attention == "causal" and config.text.pooling == "class_tokens":
+        raise ConfigError("model.text.attention=causal with pooling=class_tokens: class tokens at the start would "
+                          "see only themselves; set model.text.pooling=end_of_text (OpenAI CLIP's layout)")
 
 
 def validate_train(config: TrainConfig) -> None:
-    """Refuse an optimisation recipe that cannot work."""
-    positive = ["batch_size", "steps", "accumulation_steps", "log_every", "keep_checkpoints"]
-    for name in positive:
-        if getattr(config, name) < 1:
-            raise ConfigError(f"train.{name}={getattr(config, name)} must be ≥ 1")
-    for name in ["lr", "weight_decay", "warmup_steps", "grad_clip", "eps", "eval_every", "checkpoint_every",
-                 "num_workers", "threads"]:
-        if getattr(config, name) < 0:
-            raise ConfigError(f"train.{name}={getattr(config, name)} must be ≥ 0")
-    if not all(0 <= beta < 1 for beta in config.betas):
-        raise ConfigError(f"train.betas={config.betas} must lie in [0, 1)")
+    """Refuse an optimisation recipe that cannot work (numbers are range-checked first)."""
     if config.batch_size % config.accumulation_steps:
         raise ConfigError(f"train.batch_size={config.batch_size} is not divisible by "
                           f"train.accumulation_steps={config.accumulation_steps}")
@@ -326,13 +461,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def from_dict(cls: type, values: dict, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a (partial) dict; unknown keys raise ConfigError listing valid ones."""
+    """Build dataclass `cls` from a (partial) dict; an unknown key raises ConfigError with the nearest ones."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]}; valid keys under {prefix or 'the top level'}: "
-                          + ", ".join(prefix + n for n in names))
+        raise ConfigError(unknown_key_message(prefix + unknown[0]))
     kwargs = {name: coerce(value, hints[name], prefix + name) for name, value in values.items()}
     try:
         return cls(**kwargs)
@@ -365,6 +499,38 @@ def valid_keys(cls: type = None, prefix: str = "") -> list[str]:
     return keys
 
 
+def unknown_key_message(key: str) -> str:
+    """'unknown key K; did you mean A or B? (keys under S: ...)': close matches and one section's keys."""
+    keys = valid_keys()
+    leaves = {k: k.rsplit(".", 1)[-1] for k in keys}
+    # Close to the whole key ("train.lrr" -> train.lr; only those nearly as close as the best), or
+    # the same field name under a section ("lr" -> train.lr).
+    scored = sorted(((difflib.SequenceMatcher(None, key, k).ratio(), k) for k in keys), reverse=True)
+    close = [k for score, k in scored[:3] if score >= max(0.6, scored[0][0] - 0.1)]
+    near_leaves = difflib.get_close_matches(key.rsplit(".", 1)[-1], sorted(set(leaves.values())), n=2, cutoff=0.8)
+    same_field = [k for leaf in near_leaves for k in keys if leaves[k] == leaf]
+    suggestions = list(dict.fromkeys(close + same_field))[:3]
+    message = f"unknown key {key!r}"
+    if suggestions:
+        message += "; did you mean " + " or ".join(suggestions) + "?"
+    section = _nearest_section(suggestions[0] if suggestions else key, keys)
+    # The section's own fields; its subsections shown once each, as "model.vision.…".
+    rests = [k[len(section):] for k in keys if k.startswith(section)]
+    children = dict.fromkeys(section + rest.split(".", 1)[0] + (".…" if "." in rest else "") for rest in rests)
+    where = f"keys under {section}" if section else "sections"
+    return message + f" ({where}: {', '.join(children)})"
+
+
+def _nearest_section(key: str, keys: list[str]) -> str:
+    """The longest "a.b." prefix of `key` that is a section of Config ("" for the top level)."""
+    sections = {k[: i + 1] for k in keys for i, char in enumerate(k) if char == "."}
+    parts = key.split(".")[:-1]
+    for length in range(len(parts), 0, -1):
+        if ".".join(parts[:length]) + "." in sections:
+            return ".".join(parts[:length]) + "."
+    return ""
+
+
 # --------------------------------------------------------------------------- overrides
 
 
@@ -386,7 +552,7 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
         key, text = item.split("=", 1)
         key = key.strip()
         if key not in keys:
-            raise ConfigError(f"unknown key {key!r}; valid keys: " + ", ".join(keys))
+            raise ConfigError(unknown_key_message(key))
         update: Any = parse_value(text)
         for part in reversed(key.split(".")):
             update = {part: update}
@@ -418,7 +584,10 @@ def preset_dict(name: str) -> dict:
     elif Path(name).is_file():
         values = json.loads(Path(name).read_text())
     else:
-        raise ConfigError(f"unknown preset {name!r}; `topoclip presets` lists them: {', '.join(sorted(files))}")
+        close = difflib.get_close_matches(name, presets(), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown preset {name!r}; {hint}presets: {', '.join(presets())} "
+                          f"(`topoclip presets` describes them; a path to a preset JSON file also works)")
     values.pop("description", None)
     own_name = values.get("name", Path(name).stem)
     base = values.pop("base", None)
@@ -450,28 +619,46 @@ def validate_data(config: DataConfig) -> None:
         raise ConfigError(f"data.source={config.source!r} needs data.train_data (a CSV path or a shard pattern)")
     if config.weights and not config.resampled:
         raise ConfigError("data.weights need data.resampled=true (without resampling every shard is read once per epoch)")
+    if config.weights and not any(weight > 0 for weight in config.weights):
+        raise ConfigError(f"data.weights={config.weights} has no positive weight; give each source a weight ≥ 0, "
+                          f"at least one > 0")
     if config.resampled and config.samples_per_epoch < 1:
         raise ConfigError("data.resampled=true draws shards endlessly: set data.samples_per_epoch")
-    if not 0 <= config.max_bad_fraction <= 1:
-        raise ConfigError(f"data.max_bad_fraction={config.max_bad_fraction} must be a fraction in [0, 1]")
     low, high = config.augment_scale
-    if not 0 < low <= high <= 1:
-        raise ConfigError(f"data.augment_scale={config.augment_scale} must satisfy 0 < low ≤ high ≤ 1")
+    if low > high:
+        raise ConfigError(f"data.augment_scale={list(config.augment_scale)} must satisfy low ≤ high, "
+                          f"e.g. data.augment_scale=[0.8, 1.0]")
+
+
+def validate_scenes(config: "Config") -> None:
+    """The built-in scenes must hold a training batch and the evaluations' images (when they are the data)."""
+    scenes, train = config.data.scenes, config.train
+    if config.data.source != "scenes":
+        return
+    if scenes.train_size < train.batch_size:
+        raise ConfigError(f"data.scenes.train_size={scenes.train_size} is smaller than train.batch_size={train.batch_size}; "
+                          f"raise data.scenes.train_size or lower train.batch_size")
+    if scenes.test_size < 1:
+        raise ConfigError("data.scenes.test_size=0 leaves the final evaluation no image; set data.scenes.test_size ≥ 1 "
+                          "(e.g. 2000, the default)")
+    if train.eval_every and scenes.val_size < 1:
+        raise ConfigError(f"data.scenes.val_size=0 leaves the evaluations every {train.eval_every} steps no image; "
+                          f"set data.scenes.val_size ≥ 1 or train.eval_every=0")
 
 
 def validate_evaluate(config: EvaluateConfig) -> None:
     for mode in config.template_modes:
         if mode not in ("distance", "embedding"):
             raise ConfigError(f"evaluate.template_modes has {mode!r}; use \"distance\" (the paper's) and/or \"embedding\" (CLIP's)")
-    if min(config.size, config.validation_size, config.batch_size) < 1:
-        raise ConfigError("evaluate.size, evaluate.validation_size and evaluate.batch_size must be ≥ 1")
 
 
 def validate(config: Config) -> None:
     """Validate every section; raises ConfigError before anything is built."""
+    validate_numbers(config)
     validate_model(config.model)
     validate_train(config.train)
     validate_data(config.data)
+    validate_scenes(config)
     validate_evaluate(config.evaluate)
     if config.train.loss == "infonce" and config.model.temperature.bias_init is not None:
         raise ConfigError("model.temperature.bias_init is the sigmoid loss's β; InfoNCE has no bias "

@@ -39,10 +39,20 @@ NORM_EPSILON = 1e-12
 # by at most arccos(1 − ε) ≈ 1.4e-3 rad per sphere.
 ARCCOS_CLAMP_EPSILON = 1e-6
 
-# ‖u − v‖ = sqrt(‖u‖² + ‖v‖² − 2uᵀv). The sqrt has an infinite slope at 0 (u = v) and rounding can
-# make the squared distance slightly negative; it is clamped from below by this value
-# (distances under 1e-6 read as 1e-6, and their gradient is 0 rather than infinite).
+# ‖u − v‖ = sqrt(‖u − v‖²). The sqrt has an infinite slope at 0 (u = v, which a matching pair can
+# reach): the squared distance is clamped from below by this value, so distances under 1e-6 read as
+# 1e-6 and their gradient is 0 rather than infinite (or NaN).
 SQUARED_DISTANCE_MIN = 1e-12
+
+# The euclidean score expands ‖u − v‖² = ‖u‖² + ‖v‖² − 2uᵀv (one matmul, no (Bu, Bv, d) tensor). In
+# fp32 that sum's rounding error is a few ulps of ‖u‖² + ‖v‖², so a pair much closer than its norms
+# loses every digit (‖u‖ = 10, d = 1e-3: 99.9 % off). Two remedies keep the error relative to d:
+# both sets are first centred on one point (distances are translation-invariant), which removes a
+# shared offset; a pair whose expanded ‖u − v‖² is still below this fraction of ‖u‖² + ‖v‖² (centred)
+# is recomputed as the direct difference u − v, which is exact in fp32 for nearby values. At 1e-3 the
+# expansion's relative error on the pairs it keeps is at most ~1e-4 (a few × 6e-8 / 1e-3), and only
+# the pairs closer than ~3 % of their (centred) norms, usually the matching ones, are recomputed.
+NEAR_PAIR_FRACTION = 1e-3
 
 # Default memory budget, in fp32 elements, for one chunk's (rows, Bv, m) intermediate: 2^25
 # elements = 128 MiB. A 16k × 16k geodesic score with m = 16 then runs in chunks of 128 rows.
@@ -76,10 +86,41 @@ def inner_product(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def negative_euclidean(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """s = −‖u − v‖₂ over the flattened vectors, without a (Bu, Bv, d) difference tensor."""
+    """s = −‖u − v‖₂ over the flattened vectors, without a (Bu, Bv, d) difference tensor.
+
+    Accurate relative to the distance itself, also for pairs much closer than their norms (see
+    NEAR_PAIR_FRACTION); the gradient is finite everywhere, 0 at u = v (see SQUARED_DISTANCE_MIN).
+    """
     u, v = u.flatten(1), v.flatten(1)  # (Bu, d), (Bv, d)
-    squared = (u * u).sum(-1, keepdim=True) + (v * v).sum(-1)[None, :] - 2.0 * (u @ v.T)
+    # One centre for both sets: the midpoint of their means (image and text clouds may sit apart).
+    # A constant shift does not change the distances, so no gradient flows through it.
+    centre = (u.detach().mean(0) + v.detach().mean(0)) / 2  # (d,)
+    centred_u, centred_v = u - centre, v - centre
+    u_squared = centred_u.square().sum(-1, keepdim=True)  # (Bu, 1)
+    v_squared = centred_v.square().sum(-1)[None, :]  # (1, Bv)
+    squared = u_squared + v_squared - 2.0 * (centred_u @ centred_v.T)  # (Bu, Bv)
+    with torch.no_grad():  # (k,) indices of the near pairs (one host sync for k)
+        rows, columns = torch.nonzero(squared < NEAR_PAIR_FRACTION * (u_squared + v_squared), as_tuple=True)
+    if rows.numel():  # usually a few matching pairs
+        squared = squared.index_put((rows, columns), _pair_squared_distances(u, v, rows, columns))
     return -squared.clamp_min(SQUARED_DISTANCE_MIN).sqrt()
+
+
+def _pair_squared_distances(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """‖u_r − v_c‖² by direct difference for k index pairs: (Bu, d), (Bv, d), (k,), (k,) -> (k,).
+
+    At most CHUNK_ELEMENTS difference elements are held at a time (checkpointed when gradients are
+    needed), so even a batch whose pairs are all near stays within the memory budget.
+    """
+    def block(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return (u[r] - v[c]).square().sum(-1)
+
+    pairs = max(1, CHUNK_ELEMENTS // u.shape[1])
+    if rows.numel() <= pairs:
+        return block(rows, columns)
+    needs_grad = torch.is_grad_enabled() and (u.requires_grad or v.requires_grad)
+    return torch.cat([checkpoint(block, r, c, use_reentrant=False) if needs_grad else block(r, c)
+                      for r, c in zip(rows.split(pairs), columns.split(pairs))])
 
 
 def negative_geodesic(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

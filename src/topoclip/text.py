@@ -4,6 +4,8 @@ The m class tokens are the [CLS] id repeated m times, told apart only by their p
 input ``[CLS] w1 … [SEP] [PAD]…`` of length L becomes ``[CLS]×m w1 … [SEP] [PAD]…`` of length
 L + m − 1. Keys match the reference release (``token_embedding``, ``positional_embedding``,
 ``ln_embedding``, ``transformer``, ``ln_final``, ``text_projection``) up to the block key map.
+OpenAI CLIP's tower is the same with ``attention="causal"`` and ``pooling="end_of_text"``
+(topoclip.pooling), no embedding LayerNorm and pre-norm blocks.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 from torch import nn
 
 from topoclip.config import TextConfig
+from topoclip.pooling import POOLINGS
 from topoclip.transformer import Transformer, projection
 
 
@@ -27,15 +30,17 @@ class TextTransformer(nn.Module):
         self.token_embedding = nn.Embedding(config.vocab_size, width)
         self.positional_embedding = nn.Parameter(torch.empty(config.context_length + class_tokens - 1, width))
         self.ln_embedding = nn.LayerNorm(width) if config.embedding_norm else nn.Identity()
+        self.causal = config.attention == "causal"
         self.transformer = Transformer(width, config.layers, config.heads, config.mlp_ratio,
-                                       config.activation, config.norm_first)
+                                       config.activation, config.norm_first, self.causal)
+        self.pooling = POOLINGS[config.pooling](class_tokens, config.cls_token_id)
         self.ln_final = nn.LayerNorm(width)
         self.text_projection = projection(width, embed_dim)
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.positional_embedding, std=0.01)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        batch, length = input_ids.shape
+        length = input_ids.shape[1]
         if length > self.config.context_length:
             raise ValueError(f"text has {length} tokens; the model's context is {self.config.context_length} "
                              f"(tokenize with context_length={self.config.context_length})")
@@ -43,16 +48,21 @@ class TextTransformer(nn.Module):
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
         attention_mask = attention_mask.bool()
         # Padding after the longest text in the batch is never attended and never read: drop it.
-        # Exact, since attention is bidirectional with a key mask and only positions < m are read.
+        # Exact: padding is masked as a key (or follows every read token in a causal tower).
         used = max(int(attention_mask.sum(1).max()), 1)
         input_ids, attention_mask = input_ids[:, :used], attention_mask[:, :used]
-        m = self.class_tokens
-        cls = torch.full((batch, m - 1), self.config.cls_token_id, dtype=input_ids.dtype, device=input_ids.device)
-        ids = torch.cat([cls, input_ids], dim=1)  # (B, L' + m − 1): [CLS]×m w1 …
-        mask = torch.cat([attention_mask.new_ones(batch, m - 1), attention_mask], dim=1)
-        x = self.token_embedding(ids) + self.positional_embedding[: ids.shape[1]]  # (B, L' + m − 1, w)
-        x = self.ln_embedding(x)
         # No mask when nothing is padded: SDPA then takes its fastest kernel.
-        x = self.transformer(x, None if bool(mask.all()) else mask, output_tokens=m)  # (B, m, w)
-        x = self.ln_final(x)
+        return self.encode_tokens(input_ids, attention_mask, padded=not bool(attention_mask.all()))
+
+    def encode_tokens(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        """ids (B, L), mask (B, L) bool as given -> (B, m, embed_dim); no branch on values (traceable).
+
+        padded=False promises that the mask is all True (no key mask is applied).
+        """
+        ids, mask = self.pooling.insert(input_ids, attention_mask)  # (B, L + m − 1)
+        x = self.token_embedding(ids) + self.positional_embedding[: ids.shape[1]]  # (B, L + m − 1, w)
+        x = self.ln_embedding(x)
+        key_mask = mask if padded and not self.causal else None
+        x = self.transformer(x, key_mask, output_tokens=self.pooling.output_tokens)  # (B, m or L + m − 1, w)
+        x = self.ln_final(self.pooling.select(x, ids))  # (B, m, w)
         return x @ self.text_projection  # (B, m, embed_dim)

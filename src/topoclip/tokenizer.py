@@ -32,6 +32,9 @@ CONTINUATION_PREFIX = "##"  # WordPiece marker for a piece that continues a word
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # a loaded vocabulary must have these
 SAVED_FILE_NAME = "tokenizer.json"  # `save(directory)` writes this file inside the directory
+# OpenAI CLIP's byte-level BPE vocabulary (topoclip.convert.openai) frames a text with these instead
+# of [CLS]/[SEP], pads with id 0 and has no unknown token (every byte is a token).
+OPENAI_START, OPENAI_END = "<|startoftext|>", "<|endoftext|>"
 
 
 @dataclass
@@ -83,21 +86,26 @@ class Tokenizer:
         `context_length`; prefer the constructors `from_vocab`, `train` and `load`.
         """
         self.context_length = _check_context_length(context_length)
-        missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
-        if missing:
-            raise ValueError(
-                f"the vocabulary has no {', '.join(missing)} token(s); a BERT-style vocabulary needs "
-                f"{', '.join(REQUIRED_TOKENS)} (add them as lines of vocab.txt)"
-            )
-        self.pad_id = backend.token_to_id("[PAD]")
-        self.unk_id = backend.token_to_id("[UNK]")
-        self.cls_id = backend.token_to_id("[CLS]")
-        self.sep_id = backend.token_to_id("[SEP]")
+        start, end = "[CLS]", "[SEP]"
+        if backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
+            start, end = OPENAI_START, OPENAI_END
+            self.pad_id, self.unk_id = 0, None
+        else:
+            missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
+            if missing:
+                raise ValueError(
+                    f"the vocabulary has no {', '.join(missing)} token(s); a BERT-style vocabulary needs "
+                    f"{', '.join(REQUIRED_TOKENS)} (add them as lines of vocab.txt)"
+                )
+            self.pad_id = backend.token_to_id("[PAD]")
+            self.unk_id = backend.token_to_id("[UNK]")
+        self.cls_id = backend.token_to_id(start)
+        self.sep_id = backend.token_to_id(end)
         mask_id = backend.token_to_id("[MASK]")
         # Ids that `decode` drops; [UNK] stays visible because it says something was lost.
         self._control_ids = {self.pad_id, self.cls_id, self.sep_id} | ({mask_id} if mask_id is not None else set())
         backend.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", self.cls_id), ("[SEP]", self.sep_id)]
+            single=f"{start} $A {end}", special_tokens=[(start, self.cls_id), (end, self.sep_id)]
         )
         if backend.decoder is None:
             backend.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)

@@ -25,11 +25,16 @@ ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU}
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention on `F.scaled_dot_product_attention`, with a key-padding mask."""
+    """Multi-head self-attention on `F.scaled_dot_product_attention`, with a key-padding mask.
 
-    def __init__(self, width: int, heads: int):
+    causal: position i attends to positions ≤ i only (OpenAI CLIP's text tower); then there is no
+    key mask: padding follows every real token, so no real token can attend to it.
+    """
+
+    def __init__(self, width: int, heads: int, causal: bool = False):
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.in_proj_weight = nn.Parameter(torch.empty(3 * width, width))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * width))
         self.out_proj = nn.Linear(width, width)
@@ -51,7 +56,8 @@ class Attention(nn.Module):
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, L, 3w)
             q, k, v = qkv.view(batch, length, 3, self.heads, head_width).permute(2, 0, 3, 1, 4)  # 3 × (B, h, L, w/h)
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, L) broadcast over heads, queries
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, Q or L, w/h)
+        # is_causal keeps query i to keys ≤ i (top-left aligned, so also right for the first Q queries).
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)  # (B, h, Q or L, w/h)
         return self.out_proj(y.transpose(1, 2).reshape(batch, -1, width))
 
 
@@ -69,11 +75,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Residual block: pre-norm x + f(ln(x)) (ViT) or post-norm ln(x + f(x)) (BERT)."""
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, norm_first: bool):
+    def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, norm_first: bool,
+                 causal: bool = False):
         super().__init__()
         self.norm_first = norm_first
         self.ln_1 = nn.LayerNorm(width)
-        self.attn = Attention(width, heads)
+        self.attn = Attention(width, heads, causal)
         self.ln_2 = nn.LayerNorm(width)
         self.mlp = MLP(width, int(width * mlp_ratio), activation)
 
@@ -91,9 +98,10 @@ class Transformer(nn.Module):
     """A stack of blocks; `gradient_checkpointing` recomputes each block in backward."""
 
     def __init__(self, width: int, layers: int, heads: int, mlp_ratio: float = 4.0,
-                 activation: str = "gelu", norm_first: bool = True):
+                 activation: str = "gelu", norm_first: bool = True, causal: bool = False):
         super().__init__()
-        self.resblocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, norm_first) for _ in range(layers))
+        self.resblocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, norm_first, causal)
+                                       for _ in range(layers))
         self.gradient_checkpointing = False
         self.init_weights(width, layers)
 

@@ -242,6 +242,37 @@ class Compose:
         return "Compose(" + ", ".join(repr(t) for t in self.transforms) + ")"
 
 
+def resized_crops(
+    images: torch.Tensor,
+    boxes: torch.Tensor,
+    size: int,
+    mean: Sequence[float] = OPENAI_MEAN,
+    std: Sequence[float] = OPENAI_STD,
+) -> torch.Tensor:
+    """Crop each image to its box and resize to `size`, in one batched call; then scale and normalize.
+
+    images: (B, 3, H, W) uint8; boxes: (B, 4) (top, left, box_height, box_width) as
+    `RandomResizedCrop.get_params` draws them. Returns (B, 3, size, size) float32. Bilinear sampling at the
+    output pixels' centres (`grid_sample`, align_corners=False), so a full-image box at the same size is
+    the identity. The built-in scenes train through this (one call per batch instead of a PIL resize per
+    image); user images go through `train_transform`.
+    """
+    batch, _, height, width = images.shape
+    top, left, box_height, box_width = boxes.to(torch.float32).unbind(1)  # (B,) each
+    theta = torch.zeros(batch, 2, 3)
+    # Output coordinate u in [-1, 1] reads input coordinate centre + half-extent * u (normalised to [-1, 1]).
+    theta[:, 0, 0] = box_width / width
+    theta[:, 0, 2] = (2 * left + box_width) / width - 1
+    theta[:, 1, 1] = box_height / height
+    theta[:, 1, 2] = (2 * top + box_height) / height - 1
+    grid = torch.nn.functional.affine_grid(theta, [batch, 3, size, size], align_corners=False)
+    pixels = torch.nn.functional.grid_sample(images.to(torch.float32), grid, mode="bilinear",
+                                             padding_mode="border", align_corners=False)  # (B, 3, size, size)
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
+    std_t = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+    return (pixels - mean_t) / std_t
+
+
 def train_transform(
     image_size: int,
     mean: Sequence[float] = OPENAI_MEAN,

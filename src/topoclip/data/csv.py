@@ -1,7 +1,9 @@
 """CSV / TSV of image path + caption, read as a stream of RawBatches (OpenCLIP's `--csv-img-key` layout).
 
 The table is read once (header row, then one row per sample); the samples are decoded lazily while
-iterating. Relative image paths resolve against the table's folder (or `image_root`). Rows are split over
+iterating. Image paths resolve against the table's folder (or `image_root`) and must stay inside it: an
+absolute path or one leading out with ".." is skipped and counted as "path_outside_root" unless
+`allow_outside_paths` (setting data.csv_allow_outside_paths) is set. Rows are split over
 distributed ranks and then over DataLoader workers, and reshuffled every epoch from (seed, epoch).
 A row whose image is missing or broken, or whose caption is empty or not UTF-8, is skipped and counted.
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
@@ -19,7 +20,7 @@ import torch
 import torch.utils.data
 
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, worker_position
-from topoclip.data.images import DecodeSettings, clean_caption, decode_image
+from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample
 
 logger = logging.getLogger(__name__)
@@ -75,12 +76,6 @@ def read_caption_table(
     return rows
 
 
-def resolve_image_path(written: str, root: Path) -> Path:
-    """An image path as written in a table, made absolute against `root` when relative."""
-    path = Path(os.path.expanduser(written.strip()))
-    return path if path.is_absolute() else root / path
-
-
 class CsvDataset(torch.utils.data.IterableDataset):
     """Image-caption pairs listed in a CSV / TSV; yields RawBatch (use DataLoader(batch_size=None)).
 
@@ -106,9 +101,11 @@ class CsvDataset(torch.utils.data.IterableDataset):
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         decode: DecodeSettings = DecodeSettings(),
+        allow_outside_paths: bool = False,
     ):
         super().__init__()
         self.path = Path(path)
+        self.allow_outside_paths = allow_outside_paths  # absolute / ".." image paths (else path_outside_root)
         self.rows = read_caption_table(self.path, image_key, caption_key, separator)
         if not self.rows:
             raise ValueError(f"{self.path} has a header but no rows")
@@ -147,7 +144,8 @@ class CsvDataset(torch.utils.data.IterableDataset):
             caption = clean_caption(raw_caption)
             if not written.strip():
                 raise BadSample("missing_file", f"data row {index + 1} of {self.path} has no image path")
-            image = decode_image(resolve_image_path(written, self.image_root), **dataclasses.asdict(self.decode))
+            path = resolve_image_path(written, self.image_root, self.allow_outside_paths)
+            image = decode_image(path, **dataclasses.asdict(self.decode))
         except BadSample as bad:
             logger.debug("skipped data row %d of %s: %s", index + 1, self.path, bad)
             return bad

@@ -16,7 +16,8 @@ from typing import Optional, Union
 
 import torch
 
-from topoclip.data.images import DecodeSettings, check_image_header, clean_caption, decode_image, image_files
+from topoclip.data.images import (DecodeSettings, check_image_header, clean_caption, decode_image, image_files,
+                                  resolve_image_path)
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.data.types import ClassificationSet, RetrievalSet
 
@@ -157,15 +158,18 @@ def load_karpathy_captions(
 ) -> RetrievalSet:
     """RetrievalSet from a Karpathy-split JSON: {"images": [{"filename", "filepath"?, "split", "sentences"}]}.
 
-    An image's file is image_root/filepath/filename (filepath, as in COCO's "val2014", is optional).
-    Captions are each sentence's "raw" text (else its "tokens" joined). Empty captions are skipped and
-    counted; an image left with no caption, or whose file is missing or unreadable, is dropped.
+    An image's file is image_root/filepath/filename (filepath, as in COCO's "val2014", is optional); a
+    path that is absolute or leads out of image_root ("../outside/x.png") is never opened: the image is
+    dropped and counted as "path_outside_root". Captions are each sentence's "raw" text (else its
+    "tokens" joined). Empty captions are skipped and counted; an image left with no caption, or whose
+    file is missing or unreadable, is dropped.
     """
     json_path, image_root = Path(json_path), Path(image_root)
     data = json.loads(json_path.read_text(encoding="utf-8"))
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{json_path} is not a Karpathy caption file: expected {{'images': [...]}}")
+    entries = [entry for entry in entries if isinstance(entry, dict)]
     chosen = [entry for entry in entries if entry.get("split") == split]
     if not chosen:
         splits = sorted({str(entry.get("split")) for entry in entries})
@@ -174,17 +178,27 @@ def load_karpathy_captions(
     paths, captions, caption_image = [], [], []
     counter = BadSampleCounter()
     for entry in chosen:
-        path = image_root / entry.get("filepath", "") / entry["filename"]
         texts = []
-        for sentence in entry.get("sentences", []):
-            raw = sentence.get("raw")
-            if raw is None and sentence.get("tokens"):
-                raw = " ".join(sentence["tokens"])
+        sentences = entry.get("sentences", [])
+        for sentence in sentences if isinstance(sentences, list) else []:
+            raw = sentence.get("raw") if isinstance(sentence, dict) else None
+            if raw is None and isinstance(sentence, dict) and isinstance(sentence.get("tokens"), list):
+                raw = " ".join(map(str, sentence["tokens"]))
             try:
                 texts.append(clean_caption(raw))
             except BadSample as bad:
                 counter.add(bad.kind)
-        if not texts or (verify and not _usable(path, decode, counter)):
+        if not texts:
+            continue
+        folder, filename = entry.get("filepath", ""), entry.get("filename")
+        try:
+            if not isinstance(folder, str) or not isinstance(filename, str) or not filename.strip():
+                raise BadSample("missing_file", f"entry {entry.get('imgid', '?')} has no file name")
+            path = resolve_image_path(str(Path(folder) / filename), image_root)
+        except BadSample as bad:
+            counter.add(bad.kind)
+            continue
+        if verify and not _usable(path, decode, counter):
             continue
         captions.extend(texts)
         caption_image.extend([len(paths)] * len(texts))

@@ -209,3 +209,24 @@ def image_files(folder: Union[str, Path]) -> list[Path]:
     return sorted(
         path for path in folder.rglob("*") if path.is_file() and path.suffix[1:].lower() in IMAGE_EXTENSIONS
     )
+
+
+def resolve_image_path(written: str, root: Union[str, Path], allow_outside: bool = False) -> Path:
+    """An image path as written in a table or caption file, joined to `root` (an absolute one replaces it).
+
+    Unless `allow_outside`, the path must stay inside `root`: one that is absolute elsewhere, starts
+    with "~" or climbs out with ".." raises BadSample("path_outside_root"), so a data or caption file
+    cannot make topoclip read files elsewhere (e.g. "../../../../etc/passwd"). The check is on the path
+    as written (normalised, not resolved): symbolic links inside `root` are followed when the file is
+    opened, since they are the dataset owner's choice, not the listing file's.
+    """
+    text = written.strip()
+    if "\x00" in text:
+        raise BadSample("missing_file", f"image path {text!r} contains a NUL character")
+    joined = os.path.join(root, os.path.expanduser(text))
+    if allow_outside:
+        return Path(joined)
+    base = os.path.abspath(root)
+    if os.path.commonpath([base, os.path.abspath(joined)]) != base:  # abspath normalises ".." lexically
+        raise BadSample("path_outside_root", f"image path {text!r} leads outside {str(root)!r}")
+    return Path(os.path.normpath(joined))  # the path checked is the path opened ("a/../b" is root/b)

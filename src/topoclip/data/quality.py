@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping, Union
 
+from topoclip.errors import UserError
+
 # Every kind of bad sample a loader can skip, and what it means.
 BAD_SAMPLE_KINDS = {
     "corrupt_image": "the image bytes could not be decoded (truncated, not an image, or an unsupported format)",
@@ -17,7 +19,9 @@ BAD_SAMPLE_KINDS = {
     "empty_caption": "the caption is missing, empty or only whitespace",
     "bad_encoding": "the caption bytes are not valid UTF-8",
     "unpaired_member": "a tar member has no image or no caption with the same key next to it",
-    "corrupt_shard": "a tar shard could not be opened or read to its end (counted once per failure)",
+    "corrupt_shard": "a tar shard could not be opened or read to its end (counted once each time a shard fails)",
+    "path_outside_root": "the image path is absolute or leads out of the data's folder (refused; for a CSV, "
+                         "data.csv_allow_outside_paths=true allows it)",
 }
 
 
@@ -36,7 +40,7 @@ class BadSample(Exception):
         return BadSample, (self.kind, self.detail)
 
 
-class DataQualityError(RuntimeError):
+class DataQualityError(UserError, RuntimeError):
     """Too large a fraction of the samples read so far were bad."""
 
 
@@ -116,8 +120,12 @@ def check_bad_fraction(counter: BadSampleCounter, threshold: float, min_seen: in
     fraction = counter.bad_total / seen
     if fraction > threshold:
         by_kind = ", ".join(f"{kind} {count}" for kind, count in sorted(counter.bad.items(), key=lambda kv: -kv[1]))
+        hint = ""
+        if counter.bad.get("path_outside_root"):
+            hint = (" Image paths must lie inside the data's folder; for a CSV you trust, "
+                    "data.csv_allow_outside_paths=true allows absolute and '..' paths.")
         raise DataQualityError(
             f"{counter.bad_total} of {seen} samples ({fraction:.1%}) were bad, more than "
             f"data.max_bad_fraction = {threshold:g}: {by_kind}. Fix or filter the data, or raise "
-            f"data.max_bad_fraction if this many bad samples is expected."
+            f"data.max_bad_fraction if this many bad samples is expected.{hint}"
         )

@@ -32,8 +32,8 @@ import webdataset as wds
 from PIL import Image
 
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
-from topoclip.data.csv import read_caption_table, resolve_image_path
-from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image
+from topoclip.data.csv import read_caption_table
+from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter, DataQualityError
 
 logger = logging.getLogger(__name__)
@@ -188,10 +188,23 @@ class ShardDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[RawBatch]:
         rank, world_size, worker, num_workers = worker_position(self.rank, self.world_size)
         shard_errors: list[BaseException] = []
+        reads = counted_read = 0  # shards handed to webdataset so far; the read whose error was counted
+
+        def shard_stream() -> Iterator[dict]:
+            nonlocal reads
+            for source in self._shard_stream(rank, world_size, worker, num_workers):
+                reads += 1  # webdataset pulls the next shard only once it is done with this one
+                yield source
 
         def count_and_continue(error: BaseException) -> bool:
             # webdataset's handler for a shard that cannot be opened or read, or a duplicate member name.
+            # One failing read is one corrupt shard: a member cut short by truncation reaches this handler
+            # twice (from reading the member, then from the tar stream failing on its next header).
+            nonlocal counted_read
             logger.debug("shard error: %s", error)
+            if counted_read == reads:
+                return True
+            counted_read = reads
             shard_errors.append(error)
             if len(shard_errors) >= MAX_SHARD_ERRORS_IN_A_ROW:  # no sample in between: never ends otherwise
                 raise DataQualityError(
@@ -200,9 +213,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                 )
             return True
 
-        samples: Iterable[dict] = wds.tarfile_to_samples(handler=count_and_continue)(
-            self._shard_stream(rank, world_size, worker, num_workers)
-        )
+        samples: Iterable[dict] = wds.tarfile_to_samples(handler=count_and_continue)(shard_stream())
         if self.shuffle_buffer > 1:
             rng = random.Random(derived_seed(self.seed, self.epoch, rank, worker, 1))
             samples = wds.shuffle(self.shuffle_buffer, self.shuffle_initial, rng=rng)(samples)
@@ -359,10 +370,12 @@ def csv_to_shards(
     image_size: Optional[int] = None,
     quality: int = 95,
     decode: DecodeSettings = DecodeSettings(),
+    allow_outside_paths: bool = False,
 ) -> tuple[list[Path], BadSampleCounter]:
     """Convert a CSV / TSV of image path + caption into tar shards, skipping and counting bad rows.
 
-    Every image is decoded to check it. With `image_size`, images whose shorter side is larger are
+    Image paths must stay inside the CSV's folder (or `image_root`) unless `allow_outside_paths`
+    (as CsvDataset; else "path_outside_root"). Every image is decoded to check it. With `image_size`, images whose shorter side is larger are
     downscaled to it and re-encoded as `image_format`; without, JPEG / PNG / WebP files are copied
     byte for byte and other formats re-encoded. Returns (shard paths, counter of kept and skipped rows).
     """
@@ -378,7 +391,7 @@ def csv_to_shards(
                 caption = clean_caption(raw_caption)
                 if not written.strip():
                     raise BadSample("missing_file", f"data row {number} has no image path")
-                path = resolve_image_path(written, root)
+                path = resolve_image_path(written, root, allow_outside_paths)
                 try:
                     data = path.read_bytes()
                 except OSError as error:

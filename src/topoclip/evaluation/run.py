@@ -14,6 +14,7 @@ from typing import Optional
 
 from topoclip.config import Config
 from topoclip.data.types import ClassificationSet, RetrievalSet
+from topoclip.errors import EvaluationSetError
 from topoclip.evaluation.retrieval import evaluate_retrieval
 from topoclip.evaluation.zeroshot import evaluate_classification, record
 from topoclip.transforms import eval_transform
@@ -32,6 +33,7 @@ def evaluation_sets(config: Config, split: str = "test") -> tuple[list[Classific
     classification: list[ClassificationSet] = []
     retrieval: list[RetrievalSet] = []
     settings = config.evaluate
+    user_classification, user_retrieval = user_evaluation_sets(config, split)  # first: a broken one fails fast
     if config.data.source == "scenes":
         from topoclip.data.scenes import classification_sets, retrieval_set
 
@@ -41,26 +43,60 @@ def evaluation_sets(config: Config, split: str = "test") -> tuple[list[Classific
         size = min(wanted, scenes.size_of(split))  # retrieval reads the split's own images
         retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image))
         retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image, style="out-of-domain"))
-    if settings.classification or settings.retrieval:
-        from topoclip.data.folders import load_class_folders, load_karpathy_captions
+    return classification + user_classification, retrieval + user_retrieval
 
-        for root in map(Path, settings.classification):
-            # Optional files next to the class folders: names to prompt with, and prompt templates.
-            names, templates = root / CLASSNAMES_FILE, root / TEMPLATES_FILE
-            classification.append(load_class_folders(root, names if names.is_file() else None,
-                                                     templates if templates.is_file() else None))
-        retrieval += [load_karpathy_captions(path, Path(path).parent, split) for path in settings.retrieval]
+
+def user_evaluation_sets(config: Config, split: str = "test") -> tuple[list[ClassificationSet], list[RetrievalSet]]:
+    """The sets named by evaluate.classification / evaluate.retrieval (cheap: files are listed, not decoded).
+
+    EvaluationSetError (one line) for a set that cannot be scored: no class folders, no readable
+    image, a malformed caption file, or a single class (which would score 100 % trivially).
+    """
+    settings = config.evaluate
+    classification: list[ClassificationSet] = []
+    retrieval: list[RetrievalSet] = []
+    if not (settings.classification or settings.retrieval):
+        return classification, retrieval
+    from topoclip.data.folders import load_class_folders, load_karpathy_captions
+
+    for root in map(Path, settings.classification):
+        # Optional files next to the class folders: names to prompt with, and prompt templates.
+        names, templates = root / CLASSNAMES_FILE, root / TEMPLATES_FILE
+        try:
+            dataset = load_class_folders(root, names if names.is_file() else None,
+                                         templates if templates.is_file() else None)
+        except ValueError as error:  # the loaders' messages name the file and what is wrong
+            raise EvaluationSetError(f"evaluate.classification: {error}") from None
+        if len(dataset.classnames) < 2:
+            raise EvaluationSetError(f"evaluate.classification: {root} has one class ({dataset.classnames[0]!r}); "
+                                     f"zero-shot classification needs at least 2 class folders (one class scores "
+                                     f"100 % whatever the model)")
+        classification.append(dataset)
+    for path in settings.retrieval:
+        try:
+            retrieval.append(load_karpathy_captions(path, Path(path).parent, split))
+        except ValueError as error:
+            raise EvaluationSetError(f"evaluate.retrieval: {error}") from None
     return classification, retrieval
 
 
+def no_evaluation_sets(config: Config) -> str:
+    """Why `config` has nothing to evaluate on, and how to add a set (one line)."""
+    return (f"no evaluation sets: data.source={config.data.source} has no built-in ones and evaluate.classification / "
+            f"evaluate.retrieval name none; add one, e.g. --set evaluate.classification='[\"path/to/class/folders\"]'")
+
+
 def evaluate(model, tokenizer, config: Config, split: str = "test", device="cpu",
-             model_name: Optional[str] = None) -> list[dict]:
-    """Every evaluation record of `config` for `model` (already on `device`)."""
+             model_name: Optional[str] = None, sets: Optional[tuple[list, list]] = None) -> list[dict]:
+    """Every evaluation record of `config` for `model` (already on `device`).
+
+    sets: (classification, retrieval) from `evaluation_sets(config, split)`, when already built.
+    """
     vision = model.config.vision
     transform = eval_transform(vision.image_size, vision.mean, vision.std)
     name = model_name or config.name or "topoclip"
     batch_size = config.evaluate.batch_size
-    classification, retrieval = evaluation_sets(config, split)
+    classification, retrieval = sets if sets is not None else evaluation_sets(config, split)
     records = []
     for dataset in classification:
         for mode in config.evaluate.template_modes:

@@ -64,7 +64,7 @@ def image_embedding_batches(
     Call inside :func:`evaluating`.
     """
     total = len(images)
-    with tqdm(total=total, desc="images", unit="image", disable=None) as progress:
+    with tqdm(total=total, desc="images", unit="image", disable=None, leave=False) as progress:
         for start in range(0, total, batch_size):
             stop = min(start + batch_size, total)
             pixels = torch.stack([image_transform(images[i]) for i in range(start, stop)])  # (B, 3, H, W)
@@ -82,7 +82,7 @@ def embed_images(model, images: Sequence, image_transform, batch_size: int = 256
 def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256, device="cpu") -> torch.Tensor:
     """All texts -> (T, m, n) on `device`, tokenized and encoded `batch_size` at a time."""
     blocks = []
-    with evaluating(model), tqdm(total=len(texts), desc="texts", unit="text", disable=None) as progress:
+    with evaluating(model), tqdm(total=len(texts), desc="texts", unit="text", disable=None, leave=False) as progress:
         for start in range(0, len(texts), batch_size):
             chunk = list(texts[start : start + batch_size])
             blocks.append(model.encode_text(tokenizer(chunk).to(device)))

@@ -1,34 +1,89 @@
-"""Training logs: metrics.jsonl (always), TensorBoard (if installed), PNG plots at the end."""
+"""Training logs: metrics.jsonl (always), TensorBoard (if installed), PNG plots at the end.
+
+metrics.jsonl holds one JSON object per line, each flushed as it is logged. A run killed while
+writing (or on a full disk) can leave a torn last line; readers skip it, and a resumed run cuts the
+file back to its complete records up to the step it resumes from (with a warning).
+"""
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from pathlib import Path
 from typing import Optional
 
 METRICS = "metrics.jsonl"
 
 
+def _parse_lines(path: Path) -> tuple[list[dict], list[str]]:
+    """(records, problems): the complete JSON lines of `path`, and one note per line left out."""
+    records, problems = [], []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    # The text after the last newline is a record still being written, or torn by a kill / full disk.
+    complete, tail = lines[:-1], lines[-1]
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            problems.append(f"line {number} is not JSON ({line[:40]!r})")
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            problems.append(f"line {number} is not a JSON object")
+    if tail.strip():
+        problems.append(f"the last line is incomplete ({len(tail)} characters, no newline: {tail[:40]!r})")
+    return records, problems
+
+
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl, in order ([] when there is none yet)."""
+    """The complete records of a metrics.jsonl, in order ([] when there is none yet).
+
+    A torn or unreadable line (a run killed mid-write) is left out rather than failing the reader.
+    """
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _parse_lines(path)[0]
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep only the complete records with step <= `step` (resuming from `step`); replaced atomically.
+
+    Records logged after the checkpoint a run resumes from are about to be logged again, and a torn
+    last line would corrupt the next one appended: both are dropped, the torn line with a warning.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return
+    records, problems = _parse_lines(path)
+    if problems:
+        warnings.warn(f"{path}: dropped {'; '.join(problems)}; kept {len(records)} complete records", stacklevel=2)
+    kept = [r for r in records if r.get("step", 0) <= step]
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(temporary, path)
 
 
 class MetricsLogger:
-    """Appends one JSON object per call to run_dir/metrics.jsonl; mirrors scalars to TensorBoard."""
+    """Appends one JSON object per call to run_dir/metrics.jsonl (flushed per line); mirrors scalars to TensorBoard.
+
+    resume_step: cut the file back to the records up to this step first (see `truncate_metrics`).
+    """
 
     def __init__(self, run_dir: Path, enabled: bool = True, resume_step: Optional[int] = None):
         self.enabled = enabled
         self.path = Path(run_dir) / METRICS
         self.writer = None
+        self.handle = None
         if not enabled:
             return
-        if resume_step is not None and self.path.is_file():
-            # Lines logged after the checkpoint we resume from are about to be logged again: drop them.
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if resume_step is not None:
+            truncate_metrics(self.path, resume_step)
+        self.handle = self.path.open("a", encoding="utf-8")
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -39,8 +94,9 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        # One write of the whole line, then flush: a crash loses at most the line being written.
+        self.handle.write(json.dumps(record) + "\n")
+        self.handle.flush()
         if self.writer is not None:
             step = record.get("step", 0)
             for key, value in flatten(record).items():
@@ -54,8 +110,12 @@ class MetricsLogger:
         return plot_metrics(self.path, self.path.parent / "plots")
 
     def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
 
 
 def flatten(record: dict, prefix: str = "") -> dict:
@@ -104,16 +164,59 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
         figure("temperature", {"τ = exp(t)": (x, [r["scale"] for r in steps])}, "τ")
         figure("learning_rate", {"lr": (x, [r["lr"] for r in steps])}, "learning rate")
     if evals:
-        series: dict[str, tuple[list, list]] = {}
-        for r in evals:
-            for key, value in r["eval"].items():
-                if "/embedding/" in key:  # one template mode per set keeps the figure readable
-                    continue
-                # Periodic evaluations read the validation split, the final one the test split:
-                # one curve per set either way.
-                key = key.replace("-val", "").replace("-test", "").replace("/distance/", "/")
-                series.setdefault(key, ([], []))
-                series[key][0].append(r["step"])
-                series[key][1].append(value)
-        figure("evaluation", series, "percent")
+        from matplotlib.lines import Line2D
+
+        # Validation (periodic, evaluate.validation_size images per set) and test (final,
+        # evaluate.size images) are different sets: one colour per metric, a line for validation and
+        # a star for the final test value, never one line through both.
+        fig, axis = plt.subplots(figsize=(9, 4), dpi=100)
+        metric_handles = []
+        for index, (metric, splits) in enumerate(evaluation_series(evals).items()):
+            colour = f"C{index % 10}"
+            if "validation" in splits:
+                x, y = splits["validation"]
+                axis.plot(x, y, color=colour, marker="o" if len(x) < 20 else None, markersize=4)
+            if "test" in splits:
+                x, y = splits["test"]
+                axis.plot(x, y, color=colour, marker="*", markersize=12, linestyle="none")
+            metric_handles.append(Line2D([], [], color=colour, label=metric))
+        split_handles = [Line2D([], [], color="grey", marker="o", markersize=4, label="validation (during training)"),
+                         Line2D([], [], color="grey", marker="*", markersize=12, linestyle="none",
+                                label="test (final evaluation)")]
+        axis.set_xlabel("step")
+        axis.set_ylabel("percent")
+        splits_legend = axis.legend(handles=split_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        axis.add_artist(splits_legend)  # beside the axes, where they hide no curve
+        axis.legend(handles=metric_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 0.82))
+        axis.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / "evaluation.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
     return written
+
+
+def evaluation_series(evals: list[dict]) -> dict[str, dict[str, tuple[list, list]]]:
+    """{metric: {"validation" | "test": (steps, values)}} from the evaluation records of metrics.jsonl.
+
+    A record with "final": true is the test split, every other one the validation split. The split
+    suffix of a set's name ("-val" / "-test") is dropped so both splits share a metric name; of the
+    template modes, "distance" is kept when a set has both (one per set keeps the figure readable).
+    """
+    series: dict[str, dict[str, tuple[list, list]]] = {}
+    for record in evals:
+        split = "test" if record.get("final") else "validation"
+        values = record["eval"]
+        for key, value in values.items():
+            if "/embedding/" in key and key.replace("/embedding/", "/distance/") in values:
+                continue
+            dataset, _, metric = key.partition("/")
+            for suffix in ("-val", "-test"):
+                dataset = dataset.removesuffix(suffix)
+            metric = metric.removeprefix("distance/").replace("embedding/", "embedding ")
+            name = f"{dataset}/{metric}"
+            steps, numbers = series.setdefault(name, {}).setdefault(split, ([], []))
+            steps.append(record["step"])
+            numbers.append(value)
+    return series

@@ -7,49 +7,89 @@
       eval.json           the final evaluation records (CLIP_benchmark-style)
       checkpoints/step-NNNNNN/   (see topoclip.checkpoint)
       plots/*.png         loss, temperature, learning rate, evaluation metrics over training
+      .lock               while a process trains in it (see topoclip.training.run_folder)
 
 Only rank 0 writes; every rank resumes from the same checkpoint. The data stream of the built-in
 scenes is a function of the step, so an interrupted and resumed CPU fp32 run reproduces the
 losses of an uninterrupted one.
+
+A run folder is never reused silently: a fresh run needs a new or empty folder, and one process at
+a time holds a folder. A resume continues the saved config and may change only RESUMABLE_SETTINGS
+(how long and how fast it trains, how often it logs, evaluates and saves, where it computes, what
+it is evaluated on); any other change is refused before anything is written, and config.json is
+replaced (atomically) only once the checkpoint has loaded. Resuming a finished run says so and
+changes nothing.
+
+Non-finite values: a step whose loss is inf/NaN is skipped (no update; its batch and its learning-
+rate step still pass), as mixed-precision trainers skip overflowing steps; MAX_SKIPPED_STEPS such
+steps in a row stop the run. Parameters are checked after every update: weights that became
+inf/NaN stop the run at once, so no checkpoint is ever written from them. Either stop names the
+step, the last good checkpoint and what to change (a lower train.lr, most often).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, load_training_state, load_weights,
+from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, load_config_from, load_training_state, load_weights,
                                  prune_checkpoints, save_checkpoint, step_checkpoints)
 from topoclip.config import Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
-from topoclip.distributed import DistributedInfo, barrier, cleanup, init_distributed, sum_across_ranks
+from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, init_distributed,
+                                  sum_across_ranks)
+from topoclip.errors import DiskFullError, NonFiniteError, RunFolderError, UserError, require_device
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 from topoclip.training.data import training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
+from topoclip.training.run_folder import claim_run_folder, write_text_atomic
 from topoclip.training.step import forward_backward, optimizer_step
 
 # Captions read to train a vocabulary when the config names none.
 TOKENIZER_TRAINING_CAPTIONS = 20_000
 # Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).
 BAD_FRACTION_MIN_SEEN = 1000
+# Steps with a non-finite loss skipped in a row before the run stops.
+MAX_SKIPPED_STEPS = 5
+# What a resume may change ("section.*": every key of the section). The rest (the model's shape, the
+# data and its order, the batch, the seed, the loss, the optimiser's betas/eps) is fixed by the checkpoint.
+RESUMABLE_SETTINGS = ("name", "train.steps", "train.lr", "train.warmup_steps", "train.weight_decay",
+                      "train.grad_clip", "train.log_every", "train.eval_every", "train.checkpoint_every",
+                      "train.keep_checkpoints", "train.device", "train.threads", "train.num_workers",
+                      "train.precision", "train.compile", "train.gradient_checkpointing", "train.accumulation_steps",
+                      "model.temperature.max_scale", "data.max_bad_fraction", "evaluate.*")
 
 
 def build_tokenizer(config: Config, saved: Optional[Path] = None) -> Tokenizer:
-    """The run's tokenizer: `saved` (a resumed run's), else data.tokenizer, else trained on the captions."""
+    """The run's tokenizer: `saved` (a resumed run's), else data.tokenizer, else trained on the captions.
+
+    A malformed vocabulary or tokenizer file is a UserError naming the file.
+    """
     context = config.model.text.context_length
-    if saved is not None:
-        return Tokenizer.load(saved, context_length=context)
-    if config.data.tokenizer:
-        return Tokenizer.from_vocab(config.data.tokenizer, context_length=context)
-    return Tokenizer.train(training_captions(config), vocab_size=config.model.text.vocab_size, context_length=context)
+    try:
+        if saved is not None:
+            return Tokenizer.load(saved, context_length=context)
+        if config.train.init_from and not config.data.tokenizer:  # the starting checkpoint's vocabulary
+            from topoclip.training.init_from import initial_tokenizer
+
+            return Tokenizer.load(initial_tokenizer(config), context_length=context)
+        if config.data.tokenizer:
+            return Tokenizer.from_vocab(config.data.tokenizer, context_length=context)
+        return Tokenizer.train(training_captions(config), vocab_size=config.model.text.vocab_size, context_length=context)
+    except ValueError as error:  # the tokenizer's messages name the file or the captions and the fix
+        where = "the run's tokenizer" if saved is not None else ("data.tokenizer" if config.data.tokenizer else "tokenizer")
+        raise UserError(f"{where}: {error}") from None
 
 
 def training_captions(config: Config) -> list[str]:
@@ -90,6 +130,20 @@ def check_tokenizer(tokenizer: Tokenizer, config: Config) -> None:
                           f"set model.text.cls_token_id={tokenizer.cls_id}")
 
 
+def fit_to_trained_tokenizer(config: Config, tokenizer: Tokenizer) -> Config:
+    """A vocabulary topoclip trains (data.tokenizer "") sets model.text.cls_token_id to its own [CLS] id.
+
+    So a paper preset (cls_token_id 101, BERT's) runs on one's own captions as it is; the resolved
+    config (config.json) records the id used. model.text.vocab_size stays: the trained vocabulary has
+    at most that many tokens, the text tower keeps that many rows (unused ones cost only memory) and
+    the model's shape stays the preset's. A given vocabulary (data.tokenizer set) is checked instead.
+    """
+    if config.data.tokenizer or tokenizer.cls_id == config.model.text.cls_token_id:
+        return config
+    text = dataclasses.replace(config.model.text, cls_token_id=tokenizer.cls_id)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, text=text))
+
+
 def resolve_device(name: str, info: DistributedInfo) -> torch.device:
     if info.world_size > 1 or name == "auto":
         return info.device
@@ -101,21 +155,99 @@ def new_run_dir(config: Config) -> Path:
     return Path("runs") / f"{config.name or 'run'}-{stamp}"
 
 
+def flat_settings(config: Config) -> dict[str, Any]:
+    """{"train.lr": 0.0005, "model.vision.width": 768, ...}: every leaf setting by its dotted key."""
+    def walk(values: dict, prefix: str) -> dict[str, Any]:
+        flat = {}
+        for key, value in values.items():
+            if isinstance(value, dict):
+                flat.update(walk(value, f"{prefix}{key}."))
+            else:
+                flat[prefix + key] = value
+        return flat
+
+    return walk(to_dict(config), "")
+
+
+def resumable(key: str) -> bool:
+    """Whether a resume may change the setting `key` (see RESUMABLE_SETTINGS)."""
+    return any(key == allowed or (allowed.endswith(".*") and key.startswith(allowed[:-1]))
+               for allowed in RESUMABLE_SETTINGS)
+
+
+def resume_config(run_dir, config: Optional[Config] = None) -> Config:
+    """The config a resume of `run_dir` trains with: its saved config, or `config` if it changes only
+    RESUMABLE_SETTINGS of it. RunFolderError / CheckpointError / ConfigError otherwise, before anything is written.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG).is_file():
+        raise RunFolderError(f"cannot resume {run_dir}: no {CONFIG} there; give the run folder of an earlier run")
+    saved = load_config_from(run_dir)
+    if config is None:
+        return saved
+    before, after = flat_settings(saved), flat_settings(config)
+    changed = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    refused = [key for key in changed if not resumable(key)]
+    if refused:
+        shown = "; ".join(f"{key} {before.get(key)!r} -> {after.get(key)!r}" for key in refused[:3])
+        raise ConfigError(f"--resume cannot change {shown}{'; ...' if len(refused) > 3 else ''}: the checkpoint's "
+                          f"weights, optimiser state or data order depend on it (start a new run with --out for that); "
+                          f"a resume may change only {', '.join(RESUMABLE_SETTINGS)}")
+    return config
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step of a checkpoint folder `step-NNNNNN`."""
+    return int(Path(folder).name[len(STEP_PREFIX):])
+
+
+def finished(run_dir: Path, config: Config) -> Optional[str]:
+    """A one-line note when the run in `run_dir` has trained all train.steps and was evaluated, else None.
+
+    ConfigError when train.steps is below the newest checkpoint's step (nothing could be trained).
+    """
+    found = step_checkpoints(run_dir / "checkpoints")
+    if not found:
+        return None
+    newest, steps = checkpoint_step(found[-1]), config.train.steps
+    if newest > steps:
+        raise ConfigError(f"train.steps={steps} is below step {newest} of the newest checkpoint in {run_dir}; "
+                          f"to train it longer set train.steps above {newest}")
+    if newest == steps and (run_dir / "eval.json").is_file():
+        return (f"run {run_dir} is complete: it trained all {steps} steps and was evaluated (eval.json); nothing to do. "
+                f"To train it longer: topoclip train --resume {run_dir} --set train.steps=N (N > {steps})")
+    return None
+
+
 def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: bool = True) -> Path:
     """Train `config` (default: the `cpu-multi` preset); returns the run folder.
 
-    `resume`: a run folder; training continues from its newest checkpoint with its saved config
-    (a `config` given too overrides it, e.g. to train for more steps).
+    out_dir: a new or empty folder (default runs/NAME-TIMESTAMP); a folder holding files is refused.
+    resume: a run folder; training continues from its newest checkpoint with its saved config (a
+        `config` given too may change RESUMABLE_SETTINGS of it, e.g. train.steps to train longer).
+        A finished run is left as it is.
+    Raises a UserError (one line: what, where, the fix) for anything the user can fix.
     """
     if resume is not None:
+        if out_dir is not None:
+            raise ConfigError("give out_dir (a new run) or resume (an existing run), not both")
         run_dir = Path(resume)
-        if not (run_dir / CONFIG).is_file():
-            raise FileNotFoundError(f"cannot resume {run_dir}: no {CONFIG} there (is it a run folder?)")
-        config = config or load_config(values=json.loads((run_dir / CONFIG).read_text()))
+        config = resume_config(run_dir, config)
     else:
         config = config or load_config("cpu-multi")
         run_dir = Path(out_dir) if out_dir else new_run_dir(config)
     validate(config)
+    require_device(config.train.device, "train.device")
+    if config.train.init_from and resume is None:
+        from topoclip.training.init_from import check_initial_checkpoint
+
+        check_initial_checkpoint(config)
+    if resume is not None:
+        note = finished(run_dir, config)
+        if note is not None:
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(note)
+            return run_dir
     train_config = config.train
     info = init_distributed(train_config.device)
     try:
@@ -124,34 +256,63 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
         cleanup()
 
 
+def on_main(main: bool, action: Callable[[], Any]) -> Any:
+    """`action()` on rank 0; a UserError it raises is raised on every rank, so none waits for rank 0 forever."""
+    result, failure = None, None
+    if main:
+        try:
+            result = action()
+        except UserError as error:
+            failure = error
+    failure = broadcast_object(failure)
+    if failure is not None:
+        raise failure
+    return result
+
+
 def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
     settings = config.train
-    main = info.rank == 0
-    device = resolve_device(settings.device, info)
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
     if settings.batch_size % info.world_size:
         raise ConfigError(f"train.batch_size={settings.batch_size} (the global batch) is not divisible by the "
                           f"{info.world_size} processes; pick a multiple of {info.world_size}")
     if (settings.batch_size // info.world_size) % settings.accumulation_steps:
         raise ConfigError(f"the per-process batch {settings.batch_size // info.world_size} is not divisible by "
                           f"train.accumulation_steps={settings.accumulation_steps}")
+    # The user's evaluation sets are listed now, not found broken after hours of training.
+    on_main(info.rank == 0, lambda: check_evaluation_sets(config))
+    lock = on_main(info.rank == 0, lambda: claim_run_folder(run_dir, resuming))
+    try:
+        return _train_in_folder(config, run_dir, resuming, info, progress)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
+    settings = config.train
+    main = info.rank == 0
+    device = resolve_device(settings.device, info)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    if main:
+        print(f"run folder: {run_dir.resolve()}", flush=True)
 
     torch.manual_seed(settings.seed)
-    # Decided on every rank before rank 0 writes anything: every rank then builds the same tokenizer
-    # (training one is deterministic) and none reads a file while it is being written.
-    saved_tokenizer = run_dir / TOKENIZER if (run_dir / TOKENIZER).is_file() else None
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier()
+    # A fresh run's folder is empty; a resumed run keeps its tokenizer. Every rank builds the same one
+    # (training one is deterministic) and none reads a file rank 0 writes.
+    saved_tokenizer = run_dir / TOKENIZER if resuming and (run_dir / TOKENIZER).is_file() else None
     tokenizer = build_tokenizer(config, saved_tokenizer)
+    config = fit_to_trained_tokenizer(config, tokenizer)
     check_tokenizer(tokenizer, config)
-    if main:
-        (run_dir / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
-        if saved_tokenizer is None:
-            tokenizer.save(run_dir / TOKENIZER)
+    if main and not resuming:
+        write_text_atomic(run_dir / CONFIG, json.dumps(to_dict(config), indent=2))
+        tokenizer.save(run_dir / TOKENIZER)
 
     model = CLIP(config.model).to(device)
+    if settings.init_from and not (resuming and step_checkpoints(run_dir / "checkpoints")):
+        from topoclip.training.init_from import load_initial_weights
+
+        load_initial_weights(model, config)
     if settings.gradient_checkpointing:
         model.set_gradient_checkpointing(True)
     optimizer = build_optimizer(model, settings)
@@ -161,8 +322,16 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     start_step = 0
     counter = BadSampleCounter()
     checkpoints_dir = run_dir / "checkpoints"
-    if resuming and step_checkpoints(checkpoints_dir):
-        start_step = resume_from(step_checkpoints(checkpoints_dir)[-1], model, optimizer, scheduler, scaler, counter)
+    if resuming:
+        found = step_checkpoints(checkpoints_dir)
+        if found:
+            start_step = resume_from(found[-1], model, optimizer, scheduler, scaler, counter)
+        if main:
+            print(f"resuming from {found[-1].name}" if found else "no checkpoint yet: starting from step 0", flush=True)
+            # Only now that the checkpoint has loaded does the saved config take the resume's changes.
+            text = json.dumps(to_dict(config), indent=2)
+            if (run_dir / CONFIG).read_text(encoding="utf-8") != text:
+                write_text_atomic(run_dir / CONFIG, text)
 
     trained = model
     if info.world_size > 1:
@@ -177,8 +346,14 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
     loss_value = float("nan")
+    skipped_in_row = skipped = 0
+    # A checkpoint due at step N is written during step N + 1, once N's weights have given a finite
+    # loss (before N + 1's update, so weights and optimiser state are still N's): a checkpoint never
+    # holds weights that give a non-finite loss. The last step's is written at once.
+    pending: Optional[dict] = None
     for step in bar:
         batch = next(batches)
+        done = step + 1
         # Every rank judges (and rank 0 logs) the counts of all ranks, so all stop together.
         counter += global_counts(batch, device)
         check_bad_fraction(counter, config.data.max_bad_fraction, BAD_FRACTION_MIN_SEEN)
@@ -187,13 +362,30 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
         model.train()
         loss_value = forward_backward(trained, images, text, settings.loss, accumulation_steps=settings.accumulation_steps,
                                       precision=settings.precision, scaler=scaler)
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"loss became {loss_value} at step {step}; lower train.lr, or use "
-                                     f"train.precision=fp32 / a lower model.temperature.max_scale")
-        grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip)
+        # Decided over all ranks (their gradients are averaged): a non-finite loss anywhere skips the step.
+        finite = sum_across_ranks([0.0 if math.isfinite(loss_value) else 1.0], device)[0] == 0
+        if pending is not None and finite:
+            on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
+                                                           scheduler, scaler, **pending))
+        pending = None  # (not saved when these weights gave a non-finite loss)
+        if not finite:
+            optimizer.zero_grad(set_to_none=True)
+            grad_norm = float("nan")
+            skipped_in_row, skipped = skipped_in_row + 1, skipped + 1
+            if skipped_in_row >= MAX_SKIPPED_STEPS:
+                raise NonFiniteError(stop_message(f"the loss was non-finite ({loss_value}) for {skipped_in_row} steps "
+                                                  f"in a row", done, checkpoints_dir, run_dir, config))
+            if main:
+                tqdm.write(f"topoclip: step {done}: the loss is {loss_value}; step skipped ({skipped_in_row} in a row; "
+                           f"the run stops at {MAX_SKIPPED_STEPS})", file=sys.stderr)
+        else:
+            skipped_in_row = 0
+            grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip)
+            if not parameters_finite(model):  # before any checkpoint is written from them
+                raise NonFiniteError(stop_message("the update made some weights inf/NaN", done, checkpoints_dir,
+                                                  run_dir, config))
         scheduler.step()
         window_images += settings.batch_size
-        done = step + 1
 
         if done % settings.log_every == 0 or done == settings.steps:
             elapsed = time.perf_counter() - window_start
@@ -201,28 +393,68 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
             loss_value = sum_across_ranks([loss_value], device)[0] / info.world_size  # the global batch's loss
             logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
                         "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                        "images_per_s": window_images / max(elapsed, 1e-9), "data": counter.as_dict()})
+                        "images_per_s": window_images / max(elapsed, 1e-9), "data": counter.as_dict(),
+                        **({"skipped_steps": skipped} if skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
         if settings.eval_every and done % settings.eval_every == 0 and done < settings.steps and main:
             logger.log({"step": done, "eval": run_evaluation(model, tokenizer, config, "val", device)})
-        if main and (done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)):
-            write_checkpoint(checkpoints_dir, done, model, config, tokenizer, optimizer, scheduler, scaler, counter)
-            prune_checkpoints(checkpoints_dir, settings.keep_checkpoints)
+        if done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0):
+            pending = {"step": done, "counter": BadSampleCounter(counter.kept, counter.bad), "rng": rng_states(),
+                       "keep": settings.keep_checkpoints}
+            if done == settings.steps:
+                on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
+                                                               scheduler, scaler, **pending))
         barrier()
     bar.close()
 
     if main:
-        from topoclip.evaluation.run import headline, summary_table
+        from topoclip.evaluation.run import headline, no_evaluation_sets, summary_table
 
         records = final_evaluation(model, tokenizer, config, device)
-        (run_dir / "eval.json").write_text(json.dumps(records, indent=2))
+        write_text_atomic(run_dir / "eval.json", json.dumps(records, indent=2))
         logger.log({"step": settings.steps, "eval": headline(records), "final": True})
         logger.plot()
-        print(summary_table(records))
+        print(summary_table(records) if records else no_evaluation_sets(config))
         print(f"\nrun folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     return run_dir
+
+
+def parameters_finite(model: torch.nn.Module) -> bool:
+    """True when every parameter is finite (one device sync for all of them).
+
+    Reads the sum of all weights: an inf or NaN anywhere makes it non-finite (NaN + x = NaN, inf - inf
+    = NaN). It is 6x cheaper on CPU than isfinite per element; only weights summing past 3e38, broken
+    anyway, would also count as non-finite.
+    """
+    with torch.no_grad():
+        sums = torch.stack([p.sum(dtype=torch.float32) for p in model.parameters()])
+        return bool(torch.isfinite(sums.sum()))
+
+
+def stop_message(what: str, step: int, checkpoints_dir: Path, run_dir: Path, config: Config) -> str:
+    """One line for a run stopped by non-finite values: the step, the last good checkpoint, what to change."""
+    settings = config.train
+    changes = f"lower train.lr (now {settings.lr:g})"
+    if settings.precision != "fp32":
+        changes += f", or use train.precision=fp32 (now {settings.precision})"
+    changes += f", or lower model.temperature.max_scale (now {config.model.temperature.max_scale:g})"
+    found = step_checkpoints(checkpoints_dir)
+    if found:
+        where = (f"nothing after {found[-1].name} was saved; the last good checkpoint is {found[-1]}; {changes}, then "
+                 f"continue from it with `topoclip train --resume {run_dir} --set train.lr=...`")
+    else:
+        where = f"no checkpoint was written; {changes} and start a new run"
+    return f"training stopped at step {step}: {what}; {where}"
+
+
+def check_evaluation_sets(config: Config) -> None:
+    """List the user's evaluation sets of every split training will use; EvaluationSetError when one is unusable."""
+    from topoclip.evaluation.run import user_evaluation_sets
+
+    for split in (["val"] if config.train.eval_every else []) + ["test"]:
+        user_evaluation_sets(config, split)
 
 
 def global_counts(batch, device) -> BadSampleCounter:
@@ -239,33 +471,66 @@ def run_evaluation(model, tokenizer, config: Config, split: str, device) -> dict
 
 
 def final_evaluation(model, tokenizer, config: Config, device) -> list[dict]:
-    from topoclip.evaluation.run import evaluate
+    """The test-split records; says first what it evaluates on (it can take a minute, silent when piped)."""
+    from topoclip.evaluation.run import evaluate, evaluation_sets
 
-    return evaluate(model, tokenizer, config, "test", device)
+    print("final evaluation: preparing the test sets...", flush=True)
+    sets = evaluation_sets(config, "test")
+    names = [dataset.name for group in sets for dataset in group]
+    if names:
+        print(f"evaluating on {len(names)} sets ({', '.join(names)})...", flush=True)
+    return evaluate(model, tokenizer, config, "test", device, sets=sets)
 
 
-def write_checkpoint(folder: Path, step: int, model, config, tokenizer, optimizer, scheduler, scaler, counter) -> None:
+def rng_states() -> dict:
+    """This process's torch RNG states (CPU and every CUDA device), as a checkpoint stores them."""
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def save_checkpoint_and_prune(folder: Path, model, config, tokenizer, optimizer, scheduler, scaler, *, step: int,
+                              counter: BadSampleCounter, rng: dict, keep: int) -> None:
+    """Write checkpoint `step`, then delete all but the newest `keep` (only once the new one is complete)."""
+    write_checkpoint(folder, step, model, config, tokenizer, optimizer, scheduler, scaler, counter, rng)
+    prune_checkpoints(folder, keep)
+
+
+def write_checkpoint(folder: Path, step: int, model, config, tokenizer, optimizer, scheduler, scaler, counter,
+                     rng: Optional[dict] = None) -> None:
+    """Save checkpoint `step` under `folder`; a full disk is a DiskFullError that says what is intact.
+
+    rng: the RNG states as of `step` (default: now); counter: the data counts as of `step`.
+    """
     state = {
         "step": step,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else {},
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "rng": rng if rng is not None else rng_states(),
         # The scenes stream is a function of the step; user streams restart their epoch.
         "data": {"step": step, **counter.as_dict()},
     }
-    save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", model, config, tokenizer, state)
+    try:
+        save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", model, config, tokenizer, state)
+    except DiskFullError as error:
+        earlier = [path for path in step_checkpoints(folder) if checkpoint_step(path) < step]
+        intact = (f"the previous checkpoint step {checkpoint_step(earlier[-1])} ({earlier[-1]}) is intact" if earlier
+                  else "there is no earlier checkpoint")
+        raise DiskFullError(f"no space left on {error.path} while writing checkpoint step {step}; {intact}; free space "
+                            f"and run `topoclip train --resume {folder.parent}`", error.path) from error
 
 
 def resume_from(folder: Path, model, optimizer, scheduler, scaler, counter: BadSampleCounter) -> int:
     """Load weights and training state from a checkpoint folder; returns the step to continue from."""
     load_weights(model, folder)
     state = load_training_state(folder)
+    # The hyperparameters follow the *current* config (a resume may change train.lr, weight decay,
+    # steps): keep the ones the optimizer was just built with, and recompute this step's lr.
+    current = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
     optimizer.load_state_dict(state["optimizer"])
+    for group, settings in zip(optimizer.param_groups, current):
+        group.update(settings)
     scheduler.load_state_dict(state["scheduler"])
-    # The schedule follows the *current* config (a resumed run may train for more steps): recompute
-    # this step's lr rather than trusting the one stored with the optimizer.
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
     for group, base, schedule in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * schedule(scheduler.last_epoch)
     if scaler is not None and state["scaler"]:

@@ -1,0 +1,133 @@
+"""What the analyses start from: a trained model, and the built-in evaluation pairs it encodes.
+
+- :func:`load_model` takes a run folder (its newest checkpoint), a checkpoint folder or a
+  ``model.safetensors`` file and returns the model in eval mode on the chosen device, with its
+  tokenizer, config and where it came from.
+- :func:`scene_pairs` / :func:`encode_pairs`: N images of the built-in scenes' test split, each with
+  its own clean caption (one caption per image), in-domain or in the out-of-domain rendering
+  style, and their embeddings (N, m, n). Text i is image i's positive; every other text is a
+  negative. The scenes settings come from the model's config (defaults when it trained on other data).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from topoclip.checkpoint import load_checkpoint, resolve_checkpoint
+from topoclip.config import Config, ConfigError
+from topoclip.data.types import RetrievalSet
+from topoclip.evaluation.zeroshot import embed_images, embed_texts
+from topoclip.transforms import eval_transform
+
+METRICS_FILE = "metrics.jsonl"
+STYLES = ("in-domain", "out-of-domain")
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """"auto" -> cuda when available, else cpu; anything else as torch names it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+
+
+@dataclass
+class LoadedModel:
+    """A trained model ready to analyse (eval mode, on `device`)."""
+
+    model: torch.nn.Module  # topoclip.model.CLIP
+    tokenizer: object  # topoclip.tokenizer.Tokenizer
+    config: Config
+    checkpoint: Path  # the checkpoint folder the weights came from
+    run_dir: Optional[Path]  # the run folder holding it (metrics.jsonl), when there is one
+    device: torch.device
+
+    @property
+    def name(self) -> str:
+        """A label for plots: the run folder's name, else the checkpoint's."""
+        return (self.run_dir or self.checkpoint).name
+
+    def image_transform(self):
+        """The evaluation transform of this model: image -> (3, S, S) normalised."""
+        vision = self.config.model.vision
+        return eval_transform(vision.image_size, vision.mean, vision.std)
+
+    def pixels(self, images) -> torch.Tensor:
+        """A list of images (uint8 (H, W, 3) arrays or PIL images) -> (B, 3, S, S) on the device."""
+        transform = self.image_transform()
+        return torch.stack([transform(image) for image in images]).to(self.device)
+
+
+def run_folder_of(checkpoint: Path) -> Optional[Path]:
+    """The run folder a checkpoint folder belongs to (…/RUN/checkpoints/step-N), or None."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / "config.json").is_file():
+        return checkpoint.parent.parent
+    return None
+
+
+def load_model(path, device: str = "auto") -> LoadedModel:
+    """A run folder, checkpoint folder or weights file -> LoadedModel (eval mode, on `device`)."""
+    folder = resolve_checkpoint(Path(path))  # FileNotFoundError with the expected layout when absent
+    model, tokenizer, config = load_checkpoint(folder)
+    if tokenizer is None:
+        raise ConfigError(f"{folder} has no tokenizer.json; the analyses need it to encode captions")
+    target = resolve_device(device)
+    model = model.to(target).eval()
+    return LoadedModel(model, tokenizer, config, folder, run_folder_of(folder), target)
+
+
+def find_run_folder(path) -> Path:
+    """A run folder (with metrics.jsonl) from itself or from one of its checkpoints."""
+    path = Path(path)
+    if (path / METRICS_FILE).is_file():
+        return path
+    if path.is_dir():
+        try:
+            owner = run_folder_of(resolve_checkpoint(path))
+        except FileNotFoundError:
+            owner = None
+        if owner is not None and (owner / METRICS_FILE).is_file():
+            return owner
+    raise FileNotFoundError(f"{path} is not a run folder: expected {METRICS_FILE} there (made by `topoclip train`)")
+
+
+# --------------------------------------------------------------------------- the built-in pairs
+
+
+def scene_pairs(config: Config, size: int, style: str = "in-domain", split: str = "test") -> RetrievalSet:
+    """`size` scenes of `split` with one clean caption each (caption i belongs to image i)."""
+    from topoclip.data.scenes import retrieval_set
+
+    if style not in STYLES:
+        raise ConfigError(f"style {style!r} is unknown; choose one of {list(STYLES)}")
+    scenes = config.data.scenes
+    available = scenes.size_of(split)
+    if not 1 <= size <= available:
+        raise ConfigError(f"--size {size}: the built-in {split} split has {available} scenes; pick 1 … {available}")
+    # The rendering style is relative to the config's own (a model trained out-of-domain has that as its domain).
+    rendering = scenes.style if style == "in-domain" else ("out-of-domain" if scenes.style == "in-domain" else "in-domain")
+    return retrieval_set(scenes, split, size, captions_per_image=1, style=rendering)
+
+
+@dataclass
+class EncodedPairs:
+    """N image–caption pairs of one domain and their embeddings on the model's space."""
+
+    domain: str  # "in-domain" or "out-of-domain"
+    pairs: RetrievalSet  # images, captions (caption i belongs to image i)
+    images: torch.Tensor  # (N, m, n) image embeddings
+    texts: torch.Tensor  # (N, m, n) caption embeddings; row i is image i's positive
+
+
+def encode_pairs(loaded: LoadedModel, size: int, style: str = "in-domain", batch_size: int = 256) -> EncodedPairs:
+    """Render and encode `size` test pairs of the built-in scenes in `style`."""
+    pairs = scene_pairs(loaded.config, size, style)
+    images = embed_images(loaded.model, pairs.images, loaded.image_transform(), batch_size, loaded.device)
+    texts = embed_texts(loaded.model, loaded.tokenizer, pairs.captions, batch_size, loaded.device)
+    return EncodedPairs(style, pairs, images, texts)

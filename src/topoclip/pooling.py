@@ -1,0 +1,78 @@
+"""Where the text tower's m output tokens sit in the sequence, and which positions it reads.
+
+Two layouts, chosen by ``model.text.pooling``:
+
+- ``"class_tokens"`` (BERT style, the paper's): the [CLS] id repeated m times at the start,
+  ``[CLS]×m w1 … [SEP] [PAD]…``; the outputs are positions 0 … m − 1. Nothing else is read, so the
+  last block computes only those rows.
+- ``"end_of_text"`` (OpenAI CLIP): the end-of-text token repeated m times where it stands,
+  ``<sot> w1 … <eot>×m [PAD]…``; the outputs are those m positions. The end-of-text token is the
+  largest id of the sequence (OpenAI's tokenizer numbers it last; their code pools at
+  ``argmax(ids)``). In a causal tower the first copy sees exactly what OpenAI's pooled token
+  sees, whatever m is, so a single-token OpenAI model upcycled to m tokens keeps its first output.
+
+Both lengthen a (B, L) sequence to L + m − 1: the positional table has context + m − 1 rows.
+Neither branches on values, so both trace (ONNX export).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ClassTokenPooling(nn.Module):
+    """[CLS]×m at the start; reads positions 0 … m − 1."""
+
+    def __init__(self, class_tokens: int, cls_token_id: int):
+        super().__init__()
+        self.class_tokens = class_tokens
+        self.cls_token_id = cls_token_id
+        self.output_tokens = class_tokens  # the last block may compute only these first rows
+
+    def insert(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, mask (B, L) starting with one [CLS] -> (B, L + m − 1) with m − 1 more [CLS] in front."""
+        extra = self.class_tokens - 1
+        if not extra:
+            return input_ids, attention_mask
+        cls = input_ids.new_full((input_ids.shape[0], extra), self.cls_token_id)
+        return torch.cat([cls, input_ids], dim=1), torch.cat([attention_mask.new_ones(cls.shape), attention_mask], dim=1)
+
+    def select(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, ≥ m, w) -> (B, m, w): the class tokens."""
+        return x[:, : self.class_tokens]
+
+
+class EndOfTextPooling(nn.Module):
+    """The end-of-text token (the largest id) ×m where it stands; reads those m positions."""
+
+    def __init__(self, class_tokens: int, cls_token_id: int = 0):
+        super().__init__()
+        self.class_tokens = class_tokens
+        self.output_tokens = 0  # the rows read differ per text: every row is computed
+
+    def insert(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, mask (B, L) -> (B, L + m − 1) with m − 1 more end-of-text tokens right after the first.
+
+        They overwrite padding (which follows the end of text) or extend the sequence.
+        """
+        extra = self.class_tokens - 1
+        if not extra:
+            return input_ids, attention_mask
+        batch = input_ids.shape[0]
+        end = input_ids.argmax(dim=1, keepdim=True)  # (B, 1) position of the end-of-text token
+        after = end + torch.arange(1, extra + 1, device=input_ids.device)  # (B, m − 1)
+        ids = torch.cat([input_ids, input_ids.new_zeros(batch, extra)], dim=1)
+        mask = torch.cat([attention_mask, attention_mask.new_zeros(batch, extra)], dim=1)
+        ids = ids.scatter(1, after, input_ids.gather(1, end).expand(-1, extra))
+        mask = mask.scatter(1, after, torch.ones_like(after, dtype=mask.dtype))
+        return ids, mask
+
+    def select(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L, w), ids (B, L) after `insert` -> (B, m, w): the m end-of-text positions."""
+        # argmax returns the first of equal maxima: the original end-of-text token.
+        start = input_ids.argmax(dim=1, keepdim=True)  # (B, 1)
+        rows = start + torch.arange(self.class_tokens, device=x.device)  # (B, m)
+        return x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
+
+
+POOLINGS = {"class_tokens": ClassTokenPooling, "end_of_text": EndOfTextPooling}

@@ -1,0 +1,144 @@
+"""Who owns a run folder: a fresh run starts only in an empty folder, one process at a time holds it.
+
+The owner holds an advisory lock on ``RUN_DIR/.lock`` (flock(2)); the file names its pid and host.
+The kernel drops the lock when its process ends, however it ends, so the lock file a `kill -9`'d
+run leaves behind is taken over by the next run (with a note), while a second process started
+beside a live one (a fresh run into the same `--out`, or a second `--resume`) stops with one line
+naming the holder. A run that ends normally removes the file.
+
+Files the trainer replaces in place (config.json) are written to a temporary sibling and renamed,
+so a reader or a crash sees the old file or the new one, never half of one.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+from topoclip.errors import RunFolderError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the run folder is then not locked
+    fcntl = None
+
+LOCK = ".lock"
+
+
+class RunFolderLock:
+    """This process's hold on a run folder; `release()` (or leaving the `with` block) gives it up.
+
+    previous_owner: "PID HOST" of a process that held the lock and ended without releasing it (None
+    when the lock file was new or released cleanly).
+    """
+
+    def __init__(self, run_dir: Path, descriptor: Optional[int], previous_owner: Optional[str] = None):
+        self.run_dir = Path(run_dir)
+        self.descriptor = descriptor
+        self.previous_owner = previous_owner
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / LOCK
+
+    def release(self) -> None:
+        if self.descriptor is None:
+            return
+        # Unlink while still holding the lock, then close (which unlocks): a process that opened the
+        # old file meanwhile sees that it was replaced and opens the path again (see `_lock`).
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self.descriptor).st_ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.descriptor)
+        self.descriptor = None
+
+    def __enter__(self) -> "RunFolderLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _owner(descriptor: int) -> str:
+    os.lseek(descriptor, 0, os.SEEK_SET)
+    return os.read(descriptor, 200).decode("utf-8", "replace").strip()
+
+
+def _lock(run_dir: Path) -> RunFolderLock:
+    """Take the run folder's lock without waiting; RunFolderError naming the holder when it is taken."""
+    path = run_dir / LOCK
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _owner(descriptor) or "another process"
+            os.close(descriptor)
+            pid, _, host = holder.partition(" ")
+            who = f"process {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
+            raise RunFolderError(f"run folder {run_dir} is in use by {who} (it holds {path}); wait for that run to "
+                                 f"end or stop it, or train into another --out") from None
+        except OSError:  # a file system without flock (some network mounts): run unlocked
+            print(f"topoclip: note: {run_dir} cannot be locked on this file system; make sure no other run uses it",
+                  file=sys.stderr)
+            os.close(descriptor)
+            return RunFolderLock(run_dir, None)
+        try:  # the holder may have released and unlinked the file between our open and flock
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(descriptor).st_ino:
+            break
+        os.close(descriptor)
+    previous = _owner(descriptor) or None
+    os.ftruncate(descriptor, 0)
+    os.lseek(descriptor, 0, os.SEEK_SET)
+    os.write(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    return RunFolderLock(run_dir, descriptor, previous)
+
+
+def claim_run_folder(run_dir, resuming: bool) -> RunFolderLock:
+    """Create (fresh run) or open (resume) `run_dir` and take its lock; RunFolderError when it cannot be used.
+
+    A fresh run refuses a folder that holds anything but a stale lock file: it would mix two runs'
+    metrics and checkpoints. Call on the process that writes (rank 0) only.
+    """
+    run_dir = Path(run_dir)
+    fix = "make it writable" if resuming else "choose a writable --out"
+    try:
+        if not resuming:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        elif not run_dir.is_dir():
+            raise RunFolderError(f"cannot resume {run_dir}: it is not a folder")
+        lock = _lock(run_dir) if fcntl is not None else RunFolderLock(run_dir, None)
+    except FileExistsError:
+        raise RunFolderError(f"--out {run_dir} is a file, not a folder; choose another --out") from None
+    except OSError as error:  # permission denied, read-only file system, ...
+        raise RunFolderError(f"cannot write to the run folder {run_dir} ({error.strerror or error}); {fix}") from None
+    if not resuming:
+        present = sorted(entry.name for entry in run_dir.iterdir() if entry.name != LOCK)
+        if present:
+            lock.release()
+            shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")
+            raise RunFolderError(f"run folder {run_dir} is not empty ({shown}); continue that run with "
+                                 f"`topoclip train --resume {run_dir}`, or start a new one with another --out")
+    if lock.previous_owner:
+        print(f"topoclip: note: took over the lock of {run_dir} left by process {lock.previous_owner.split()[0]}, "
+              f"which ended without releasing it", file=sys.stderr)
+    return lock
+
+
+def write_text_atomic(path, text: str) -> None:
+    """Replace `path` with `text` in one step (temporary sibling + rename)."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

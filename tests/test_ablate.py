@@ -1,0 +1,118 @@
+"""Ablation grids: every shipped grid resolves, cells are what the grid says, and `topoclip ablate`
+trains, tabulates and resumes (finished runs are not trained again, killed ones are resumed)."""
+import json
+import math
+import shutil
+
+import pytest
+
+from topoclip.analysis import ablation
+from topoclip.cli import main
+from topoclip.config import ConfigError
+
+# Tiny runs with small evaluation sets: what a smoke test of a grid looks like.
+FAST = ["--preset", "tiny", "--seeds", "2", "--steps", "3", "--probe-size", "16", "--set", "train.num_workers=0",
+        "--set", "train.batch_size=16", "--set", "train.log_every=1", "--set", "evaluate.size=8",
+        "--set", 'evaluate.template_modes=["distance"]', "--set", "data.scenes.train_size=256",
+        "--set", "data.scenes.val_size=16", "--set", "data.scenes.test_size=16"]
+
+
+def test_every_shipped_grid_resolves(tmp_path):
+    assert {"table3", "table4", "noise", "tau-range"} <= set(ablation.grid_names())
+    for name in ablation.grid_names():
+        grid = ablation.load_grid(name)
+        specs = ablation.plan(grid, tmp_path / name, seeds=2)
+        assert len(specs) == 2 * len(grid.cells()) and len({s.run_dir for s in specs}) == len(specs)
+        assert [s.config["train"]["seed"] for s in specs[:2]] == [0, 1]
+
+
+def test_table3_cells():
+    grid = ablation.load_grid("table3")
+    configs = {ablation.cell_name(levels): ablation.cell_config(grid, levels, [], seed=0) for levels in grid.cells()}
+    assert len(configs) == 16
+    fixed = configs["ps-geodesic_t-0-fixed"].model
+    assert fixed.topology == "ps-geodesic" and fixed.sphere_count == 8 and fixed.class_tokens == 1
+    assert fixed.temperature.init == 0.0 and not fixed.temperature.learnable
+    high = configs["sphere_t-5.31"].model.temperature
+    assert high.init == 5.31 and math.exp(high.init) < high.max_scale  # not clamped at construction
+
+
+def test_table4_shapes():
+    grid = ablation.load_grid("table4")
+    shapes = [ablation.describe_model(ablation.cell_config(grid, levels, [], 0).model) for levels in grid.cells()]
+    assert shapes == ["Sphere(128)", "PS(64,2)", "PS(16,8)", "PS(4,32)", "PS(2,64)", "Multi(16,8)", "Sphere(256)"]
+
+
+def test_tau_range_matches_logit_ranges():
+    grid = ablation.load_grid("tau-range")
+    configs = {levels[0].label: ablation.cell_config(grid, levels, [], 0).model for levels in grid.cells()}
+    m = configs["multi, default t"].sphere_count
+    assert m > 1
+    assert configs["multi, default t"].temperature.init == configs["sphere, default t"].temperature.init == 2.659
+    assert configs["multi, sphere's range"].temperature.init == pytest.approx(2.659 - math.log(m))
+    assert configs["sphere, multi's range"].temperature.init == pytest.approx(2.659 + math.log(m))
+    # The matched cells start with the same logit range τ · (s_max − s_min) / 2.
+    for matched, reference in [("multi, sphere's range", "sphere, default t"), ("sphere, multi's range", "multi, default t")]:
+        ranges = [math.exp(configs[c].temperature.init) * ablation.half_range(configs[c]) for c in (matched, reference)]
+        assert ranges[0] == pytest.approx(ranges[1])
+
+
+def test_unknown_grid_and_cells_are_user_errors(tmp_path, capsys):
+    with pytest.raises(ConfigError):
+        ablation.load_grid("no-such-grid")
+    assert main(["ablate", "--grid", "table3", "--cells", "nothing*", "--out", str(tmp_path)]) == 2
+    assert "matches no cell" in capsys.readouterr().err
+
+
+def read_runs(out):
+    return {(r["cell"], r["seed"]): r for r in json.loads((out / "ablation.json").read_text())["runs"]}
+
+
+def test_ablate_writes_table_and_resumes(tmp_path, capsys):
+    out = tmp_path / "table3"
+    cells = ["--cells", "sphere_t-2.659", "ps-inner_t-0-fixed"]
+    assert main(["ablate", "--grid", "table3", *FAST, *cells, "--out", str(out)]) == 0
+    table = (out / "table.md").read_text().splitlines()
+    rows = [line for line in table if line.startswith("| ") and "model" not in line]
+    assert len(rows) == 2 and "Sphere(16)" in rows[0] and "| no |" in rows[1] and "| fixed |" in rows[1]
+    assert all("—" not in row.split("|", 6)[-1] for row in rows)  # every metric column filled
+    assert all(" ± " in row for row in rows)  # two seeds
+    assert (out / "temperature.png").is_file()
+    result = json.loads((out / "ablation.json").read_text())
+    assert result["trained_now"] == 4 and len(result["rows"]) == 2
+    first = read_runs(out)
+    assert all(r["i2t_r1"] is not None and r["linear_probe_top1"] is not None for r in first.values())
+
+    # A run killed after its last checkpoint (no eval.json) and one never started (no folder):
+    # re-running trains exactly those two; the finished runs are untouched.
+    killed = out / "runs" / "sphere_t-2.659" / "seed-1"
+    (killed / "eval.json").unlink()
+    shutil.rmtree(out / "runs" / "ps-inner_t-0-fixed" / "seed-0")
+    untouched = out / "runs" / "sphere_t-2.659" / "seed-0" / "eval.json"
+    stamp = untouched.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["ablate", "--grid", "table3", *FAST, *cells, "--out", str(out)]) == 0
+    log = capsys.readouterr().out
+    assert "2 to run" in log and "sphere_t-2.659 seed 1: killed -> finished" in log
+    assert json.loads((out / "ablation.json").read_text())["trained_now"] == 2
+    assert untouched.stat().st_mtime_ns == stamp
+    again = read_runs(out)
+    assert again[("sphere_t-2.659", 0)]["i2t_r1"] == first[("sphere_t-2.659", 0)]["i2t_r1"]
+    # Resuming after the last checkpoint evaluates the same weights: the same numbers.
+    assert again[("sphere_t-2.659", 1)]["i2t_r1"] == first[("sphere_t-2.659", 1)]["i2t_r1"]
+
+    # Other settings in the same folder are refused, not mixed into the table.
+    assert main(["ablate", "--grid", "table3", *FAST, *cells, "--set", "train.lr=0.1", "--out", str(out)]) == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ablate_whole_table3_after_a_subset(tmp_path, capsys):
+    out = tmp_path / "table3"
+    # Half the grid first (as if the run had been killed half-way), then the whole grid.
+    assert main(["ablate", "--grid", "table3", *FAST, "--cells", "sphere_*", "euclidean_*", "--out", str(out)]) == 0
+    assert main(["ablate", "--grid", "table3", *FAST, "--out", str(out)]) == 0
+    result = json.loads((out / "ablation.json").read_text())
+    assert result["trained_now"] == 16 and len(result["rows"]) == 16 and len(result["runs"]) == 32
+    rows = [line for line in (out / "table.md").read_text().splitlines() if line.startswith("| ") and "model" not in line]
+    assert len(rows) == 16 and sum("| fixed |" in row for row in rows) == 4

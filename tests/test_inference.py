@@ -1,0 +1,120 @@
+"""Using a trained model: topoclip.load (folder or Hub cache), encode, classify, retrieve, `topoclip predict`."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import topoclip
+from topoclip.checkpoint import save_checkpoint
+from topoclip.cli import main
+from topoclip.config import load_config
+from topoclip.errors import UserError
+from topoclip.model import CLIP
+from topoclip.tokenizer import Tokenizer
+
+CAT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cat.jpeg"
+CAPTIONS = ["a photo of a cat", "a photo of a dog", "a red circle", "a blue square on the left", "a car"]
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny Multi(16, 4) model (random weights) with a small trained vocabulary."""
+    config = load_config("tiny")
+    tokenizer = Tokenizer.train(CAPTIONS, vocab_size=80, context_length=config.model.text.context_length)
+    config.model.text.cls_token_id = tokenizer.cls_id
+    torch.manual_seed(0)
+    return save_checkpoint(tmp_path_factory.mktemp("model") / "ckpt", CLIP(config.model), config, tokenizer)
+
+
+def images(count=3, seed=0):
+    generator = np.random.default_rng(seed)
+    return [generator.integers(0, 256, (40 + 8 * i, 48, 3), dtype=np.uint8) for i in range(count)]
+
+
+def test_load_encode_classify_retrieve(checkpoint):
+    clip = topoclip.load(checkpoint)
+    model, tokenizer, transform = clip  # also a plain 3-tuple
+    assert not model.training and isinstance(tokenizer, Tokenizer)
+    u, v = clip.encode_image(images()), clip.encode_text(CAPTIONS)
+    assert u.shape == (3, 4, 16) and v.shape == (5, 4, 16)
+    torch.testing.assert_close(u.norm(dim=-1), torch.ones(3, 4))  # on PS(16, 4): every row a unit vector
+    # The same pixels through the transform by hand give the same embeddings.
+    pixels = torch.stack([transform(image) for image in images()])
+    torch.testing.assert_close(clip.encode_image(pixels), u)
+
+    probabilities = clip.classify(images(), ["cat", "dog", "car"], templates=["a photo of a {}.", "a {}."])
+    assert probabilities.shape == (3, 3)
+    torch.testing.assert_close(probabilities.sum(dim=1), torch.ones(3))
+    classifier = clip.zero_shot_classifier(["cat", "dog", "car"], ["a photo of a {}.", "a {}."])
+    torch.testing.assert_close(clip.classify(images(), classifier), probabilities)
+
+    # A gallery holding the query itself ranks it first.
+    found = clip.retrieve(CAPTIONS[3], CAPTIONS, top_k=2)
+    assert found.indices.shape == (1, 2) and found.indices[0, 0] == 3
+    found = clip.retrieve(images(2), u, top_k=3)  # image queries against ready embeddings
+    assert found.indices[:, 0].tolist() == [0, 1]
+    with pytest.raises(TypeError, match="pathlib.Path"):
+        clip.encode_image("cat.jpeg")
+
+
+def test_predict_prints_the_top_labels(checkpoint, capsys):
+    if not CAT.is_file():
+        pytest.skip("../shared/reference/cat.jpeg is not here")
+    assert main(["predict", str(checkpoint), "--image", str(CAT), "--labels", "cat, dog,car", "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == str(CAT) and len(lines) == 3
+    shares = [float(line.split("%")[0]) for line in lines[1:]]
+    assert shares == sorted(shares, reverse=True) and all(0 <= share <= 100 for share in shares)
+    assert {line.split("%")[1].strip() for line in lines[1:]} <= {"cat", "dog", "car"}
+
+
+def test_predict_user_errors(checkpoint, tmp_path, capsys):
+    assert main(["predict", str(checkpoint), "--image", str(tmp_path / "none.jpg"), "--labels", "cat"]) == 2
+    assert "cannot read image" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "absent"), "--image", "x.jpg", "--labels", "cat"]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+
+
+def fake_hub_cache(root: Path, repo: str, files: dict) -> Path:
+    """The Hugging Face cache layout: models--ORG--NAME/{refs/main, snapshots/COMMIT/FILES}."""
+    folder = root / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(COMMIT)
+    snapshot = folder / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    for name, source in files.items():
+        shutil.copy(source, snapshot / name)
+    return root
+
+
+def test_hub_repo_loads_offline_from_the_cache(checkpoint, tmp_path):
+    pytest.importorskip("huggingface_hub")
+    names = ["model.safetensors", "config.json", "tokenizer.json"]
+    cache = fake_hub_cache(tmp_path / "hub", "someone/tiny-topoclip", {n: checkpoint / n for n in names})
+    fake_hub_cache(cache, "someone/no-weights", {"config.json": checkpoint / "config.json"})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "home")}
+    script = ("import topoclip, torch\n"
+              "clip = topoclip.load('someone/tiny-topoclip')\n"
+              "print(tuple(clip.encode_text(['a cat']).shape))\n"
+              "try:\n    topoclip.load('hf-hub:someone/no-weights')\n"
+              "except topoclip.errors.UserError as error:\n    print('ERROR', error)\n")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "(1, 4, 16)"
+    assert lines[1].startswith("ERROR someone/no-weights: model.safetensors is not in the local Hugging Face cache")
+
+
+def test_missing_tokenizer_is_a_clear_error(checkpoint, tmp_path):
+    shutil.copytree(checkpoint, tmp_path / "weights-only")
+    (tmp_path / "weights-only" / "tokenizer.json").unlink()
+    clip = topoclip.load(tmp_path / "weights-only")
+    assert clip.encode_image(images(1)).shape == (1, 4, 16)  # images need no tokenizer
+    with pytest.raises(UserError, match="no tokenizer.json"):
+        clip.encode_text("a cat")

@@ -1,0 +1,60 @@
+"""ONNX export of the image and text encoders: dynamic batch, same numbers as PyTorch under onnxruntime."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnx")
+onnxruntime = pytest.importorskip("onnxruntime")
+
+from topoclip.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from topoclip.cli import main  # noqa: E402
+from topoclip.config import load_config  # noqa: E402
+from topoclip.export_onnx import compare_with_pytorch, example_inputs, export_onnx  # noqa: E402
+from topoclip.model import CLIP  # noqa: E402
+from topoclip.tokenizer import Tokenizer  # noqa: E402
+
+OPENAI_LAYOUT = ["model.class_tokens=2", "model.embed_dim=32", "model.text.attention=causal",
+                 "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false",
+                 "model.vision.activation=quick_gelu", "model.text.activation=quick_gelu"]
+
+
+@pytest.mark.parametrize("overrides", [[], OPENAI_LAYOUT], ids=["multi-token", "openai-layout"])
+def test_exported_encoders_match_pytorch(tmp_path, overrides):
+    config = load_config("tiny", overrides)
+    model = CLIP(config.model).eval()
+    report = export_onnx(model, config, None, tmp_path / "onnx")
+    assert "max abs difference" in report
+    differences = compare_with_pytorch(model, config, tmp_path / "onnx", batch=5)  # exported with batch 2
+    assert differences["image"] < 1e-5 and differences["text"] < 1e-5, differences
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "text_encoder.onnx"), providers=["CPUExecutionProvider"])
+    inputs = example_inputs(config, 1)
+    (embeddings,) = session.run(None, {"input_ids": inputs["input_ids"].numpy(),
+                                       "attention_mask": inputs["attention_mask"].numpy()})
+    assert embeddings.shape == (1, *model.embedding_shape)
+
+
+def test_cli_export_writes_a_servable_folder(tmp_path, capsys):
+    config = load_config("tiny")
+    tokenizer = Tokenizer.train(["a red circle", "a blue square"], vocab_size=40, context_length=32)
+    config.model.text.cls_token_id = tokenizer.cls_id
+    checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer)
+    assert main(["export", str(checkpoint), "--onnx", str(tmp_path / "served"), "--weights", str(tmp_path / "clean")]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime vs PyTorch, max abs difference" in out
+    assert sorted(p.name for p in (tmp_path / "served").iterdir()) == ["config.json", "image_encoder.onnx",
+                                                                         "text_encoder.onnx", "tokenizer.json"]
+    assert json.loads((tmp_path / "served" / "config.json").read_text())["model"]["class_tokens"] == 4
+    assert sorted(p.name for p in (tmp_path / "clean").iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    # Serving without topoclip: the HF tokenizers library pads and truncates from tokenizer.json alone.
+    from tokenizers import Tokenizer as Backend
+
+    encoding = Backend.from_file(str(tmp_path / "served" / "tokenizer.json")).encode("a red circle")
+    assert len(encoding.ids) == 32 and encoding.ids[0] == tokenizer.cls_id
+    session = onnxruntime.InferenceSession(str(tmp_path / "served" / "text_encoder.onnx"), providers=["CPUExecutionProvider"])
+    (served,) = session.run(None, {"input_ids": np.array([encoding.ids]), "attention_mask": np.array([encoding.attention_mask])})
+    model, _, _ = load_checkpoint(checkpoint)
+    with torch.no_grad():
+        expected = model.eval().encode_text(tokenizer(["a red circle"]))
+    torch.testing.assert_close(torch.from_numpy(served), expected, atol=1e-5, rtol=0)
