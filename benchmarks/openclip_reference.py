@@ -1,11 +1,16 @@
-"""Side-by-side CPU training speed: topoclip's sphere model vs an OpenCLIP-architecture CLIP.
+"""Side-by-side CPU training speed: topoclip's `openclip-ref` sphere model vs OpenCLIP's own CLIP.
 
-open_clip itself cannot be imported here (it needs torchvision), so `OpenClipStyle` rebuilds its
-ViT-text CLIP from the same torch modules open_clip uses (nn.MultiheadAttention, pre-norm residual
-blocks, GELU MLPs, a causal text transformer pooled at the end-of-text token, cosine similarity).
-Both models run the `openclip-ref` configuration (image 64 px / patch 8, 192 × 6; text 192 × 4,
-context 32, vocab 1,024; embedding 128; batch 128) with AdamW on the same inputs, alternating,
-so a noisy machine affects both alike. Prints one JSON line per round and a summary line.
+Both run the `openclip-ref` configuration (image 64 px / patch 8, 192 × 6; text 192 × 4, context 32,
+vocab 1,024; embedding 128; batch 128) with AdamW on random inputs, alternating round by round, so a
+noisy machine affects both alike. Prints one JSON line per round and a summary line (median ratio
+and its range).
+
+The reference is the real `open_clip.CLIP` (built from these sizes with open_clip's own classes)
+whenever `import open_clip` works — e.g. in a venv with the CUDA build of torch, torchvision and
+open_clip_torch (README, Benchmarks). Only where it does not import does it fall back to
+`OpenClipStyle`, a REBUILD of open_clip's ViT-text CLIP from the same torch modules (pre-norm
+nn.MultiheadAttention blocks, GELU MLPs, a causal text tower pooled at the end-of-text token); the
+output then says `"reference": "rebuild"`.
 
     python benchmarks/openclip_reference.py --rounds 3 --threads 2
 """
@@ -13,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import statistics
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train_step import measure
+from mfu import openclip_available, openclip_step
+from train_step import time_steps, topoclip_step
 
 
 class Block(nn.Module):
@@ -37,6 +43,8 @@ class Block(nn.Module):
 
 
 class OpenClipStyle(nn.Module):
+    """The fallback REBUILD of open_clip's CLIP at the openclip-ref sizes (used only when open_clip does not import)."""
+
     def __init__(self, image=64, patch=8, width=192, layers=6, text_width=192, text_layers=4, context=32,
                  vocab=1024, embed=128):
         super().__init__()
@@ -72,23 +80,33 @@ class OpenClipStyle(nn.Module):
         return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
-def measure_reference(batch: int, steps: int, warmup: int) -> float:
+def rebuild_step(batch: int):
+    """FALLBACK reference (open_clip not importable): the rebuild's training step on random inputs."""
     torch.manual_seed(0)
     model = OpenClipStyle()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     images = torch.randn(batch, 3, 64, 64)
     ids = torch.randint(1, 1023, (batch, 32))
     ids[:, -1] = 1023  # end-of-text: the highest id, where open_clip pools
-    times = []
-    for index in range(warmup + steps):
-        start = time.perf_counter()
+
+    def step() -> None:
         loss = model(images, ids)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if index >= warmup:
-            times.append(time.perf_counter() - start)
-    return batch / sorted(times)[len(times) // 2]
+
+    return step
+
+
+def reference_step(batch: int):
+    """(step, label): open_clip's own CLIP at the openclip-ref sizes, or the rebuild where open_clip does not import."""
+    if openclip_available():
+        import open_clip
+
+        step, _, _ = openclip_step("custom", "openclip-ref", batch, device="cpu", precision="fp32", compile=False)
+        return step, f"open_clip {open_clip.__version__}"
+    return rebuild_step(batch), "rebuild"
 
 
 def main() -> None:
@@ -100,14 +118,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    reference, label = reference_step(args.batch)
+    ours, _, _ = topoclip_step("openclip-ref", args.batch)
     ratios = []
     for round_index in range(args.rounds):
-        reference = measure_reference(args.batch, args.steps, args.warmup)
-        ours = measure("openclip-ref", args.batch, threads=args.threads, steps=args.steps, warmup=args.warmup)
-        ratios.append(ours["median_images_per_s"] / reference)
-        print(json.dumps({"round": round_index, "openclip_style_images_per_s": round(reference, 1),
-                          "topoclip_images_per_s": ours["median_images_per_s"], "ratio": round(ratios[-1], 3)}), flush=True)
-    print(json.dumps({"benchmark": "openclip_reference", "median_ratio": round(sorted(ratios)[len(ratios) // 2], 3),
+        theirs = args.batch / statistics.median(time_steps(reference, "cpu", args.steps, args.warmup))
+        mine = args.batch / statistics.median(time_steps(ours, "cpu", args.steps, args.warmup))
+        ratios.append(mine / theirs)
+        print(json.dumps({"round": round_index, "reference": label, "reference_images_per_s": round(theirs, 1),
+                          "topoclip_images_per_s": round(mine, 1), "ratio": round(ratios[-1], 3)}), flush=True)
+    print(json.dumps({"benchmark": "openclip_reference", "reference": label, "torch": torch.__version__,
+                      "median_ratio": round(statistics.median(ratios), 3),
+                      "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
                       "threads": args.threads, "batch": args.batch}))
 
 

@@ -18,20 +18,22 @@ from topoclip.config import load_config
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.optim import build_optimizer
-from topoclip.training.step import forward_backward, optimizer_step
+from topoclip.training.step import forward_backward_loss, optimizer_step
 
 
-def measure(preset: str, batch: int, *, device: str = "cpu", precision: str = "fp32", threads: int = 0,
-            steps: int = 10, warmup: int = 3, text_length: int = 0, overrides: tuple = (), compile: bool = False) -> dict:
-    """Time `steps` training steps (after `warmup` untimed ones); returns the figures as a dict."""
-    if threads:
-        torch.set_num_threads(threads)
+def topoclip_step(preset: str, batch: int, *, device: str = "cpu", precision: str = "fp32", text_length: int = 0,
+                  overrides: tuple = (), compile: bool = False, compile_mode: str = "default"):
+    """A topoclip training step on random inputs: (step(), model, inputs) where inputs = (images, TextBatch).
+
+    step() runs forward + backward + clip + AdamW (the trainer's forward_backward_loss and
+    optimizer_step) and reads nothing on the host: synchronise before reading a clock on a GPU.
+    """
     torch.manual_seed(0)
     config = load_config(preset, list(overrides))
     model = CLIP(config.model).to(device).train()
     optimizer = build_optimizer(model, config.train)
     scaler = torch.amp.GradScaler(device) if precision == "fp16" else None
-    trained = torch.compile(model) if compile else model
+    trained = torch.compile(model, mode=compile_mode) if compile else model
     vision, text = config.model.vision, config.model.text
     images = torch.randn(batch, 3, vision.image_size, vision.image_size, device=device)
     length = text_length or text.context_length
@@ -41,30 +43,47 @@ def measure(preset: str, batch: int, *, device: str = "cpu", precision: str = "f
     tokens = TextBatch(ids.masked_fill(~mask, 0), mask)
 
     def step() -> None:
-        forward_backward(trained, images, tokens, config.train.loss, precision=precision, scaler=scaler)
+        forward_backward_loss(trained, images, tokens, config.train.loss, precision=precision, scaler=scaler)
         optimizer_step(model, optimizer, scaler, config.train.grad_clip)
 
-    def synchronize() -> None:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+    return step, model, (images, tokens)
 
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_steps(step, device: str, steps: int, warmup: int) -> list[float]:
+    """Seconds of each of `steps` calls of step() after `warmup` untimed ones (synchronised on a GPU)."""
     for _ in range(warmup):
         step()
-    synchronize()
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
+    synchronize(device)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        step()  # forward_backward reads the loss value, which waits for the GPU
-        synchronize()
+        step()
+        synchronize(device)
         times.append(time.perf_counter() - start)
+    return times
+
+
+def measure(preset: str, batch: int, *, device: str = "cpu", precision: str = "fp32", threads: int = 0,
+            steps: int = 10, warmup: int = 3, text_length: int = 0, overrides: tuple = (), compile: bool = False) -> dict:
+    """Time `steps` training steps (after `warmup` untimed ones); returns the figures as a dict."""
+    if threads:
+        torch.set_num_threads(threads)
+    step, model, (_, tokens) = topoclip_step(preset, batch, device=device, precision=precision, text_length=text_length,
+                                             overrides=overrides, compile=compile)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = time_steps(step, device, steps, warmup)
     seconds = sum(times)
     median = sorted(times)[len(times) // 2]  # robust to a noisy neighbour on a shared machine
     result = {
         "benchmark": "train_step", "preset": preset, "overrides": list(overrides), "batch": batch, "device": device,
-        "precision": precision, "threads": torch.get_num_threads(), "text_length": length, "steps": steps,
-        "compile": compile, "seconds_per_step": round(seconds / steps, 4),
+        "precision": precision, "threads": torch.get_num_threads(), "text_length": int(tokens.attention_mask[0].sum()),
+        "steps": steps, "compile": compile, "seconds_per_step": round(seconds / steps, 4),
         "images_per_s": round(batch * steps / seconds, 1), "median_images_per_s": round(batch / median, 1),
         "parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
     }

@@ -181,9 +181,10 @@ def test_gradcam_maps_are_finite_and_shaped(loaded, tmp_path):
     m = model.embedding_shape[0]
     pair = scene_pairs(loaded.config, 1)
     maps = gradcam.grad_cam(model, loaded.tokenizer, loaded.pixels(pair.images), pair.captions[0])
-    length = int(loaded.tokenizer(pair.captions).attention_mask.sum())
+    length = int(loaded.tokenizer(pair.captions).attention_mask.sum())  # [CLS] w₁ … [SEP]: the caption's own tokens
     assert maps.image_maps.shape == (1 + m, grid, grid) and maps.text_maps.shape == (1 + m, length)
-    assert len(maps.tokens) == length and maps.score_names[0] == "total"
+    assert len(maps.tokens) == length and maps.tokens[0] == "[CLS]" and maps.tokens[-1] == "[SEP]"
+    assert maps.score_names[0] == "total"
     for tensor in (maps.image_maps, maps.text_maps, maps.scores):
         assert torch.isfinite(tensor).all()
     assert (maps.image_maps >= 0).all() and (maps.text_maps >= 0).all()
@@ -212,7 +213,7 @@ def test_all_subspheres_equal_the_full_model(loaded, tmp_path):
     curve = result["sets"]["shape"]["subsets"]
     m = loaded.model.embedding_shape[0]
     assert [row["k"] for row in curve] == experts.subset_sizes(m)
-    assert curve[-1]["subsets"] == [tuple(range(m))] or curve[-1]["subsets"] == [list(range(m))]
+    assert [tuple(subset) for subset in curve[-1]["subsets"]] == [tuple(range(m))]
     assert curve[-1]["mean"] == full["top1"] == result["sets"]["shape"]["full_model_top1"]
 
 

@@ -85,3 +85,87 @@ def test_compiled_model_matches_eager():
     compiled = forward_backward(torch.compile(model), images, text)
     assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-4)
     torch.testing.assert_close(model.visual.conv1.weight.grad, eager_grad, atol=1e-4, rtol=1e-3)
+
+
+def text_of_lengths(config, lengths, device):
+    """Random ids with texts of the given real lengths, padded to the context."""
+    batch = batch_for(config, len(lengths), device)
+    mask = torch.arange(config.text.context_length, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+    return TextBatch(batch.input_ids.masked_fill(~mask, 0), mask)
+
+
+def test_compiled_bf16_step_has_no_graph_break_nor_recompilation_across_lengths():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from topoclip.training.step import autocast_context
+
+    config = load_config("tiny").model
+    model = CLIP(config).cuda()
+    images = torch.randn(4, 3, 32, 32, device="cuda")
+    with autocast_context("bf16", "cuda"):
+        explanation = torch._dynamo.explain(model)(images, text_of_lengths(config, [3, 9, 4, 5], "cuda"))
+    assert explanation.graph_break_count == 0
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter)
+    for lengths in ([3, 4, 6, 2], [17, 2, 9, 30], [5, 5, 5, 5]):
+        loss = forward_backward(compiled, images, text_of_lengths(config, lengths, "cuda"), precision="bf16")
+        assert loss == loss
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+def test_fused_optimizer_skips_a_non_finite_step_on_the_device():
+    from topoclip.training.optim import build_optimizer
+    from topoclip.training.step import forward_backward_loss, optimizer_step
+
+    config = load_config("tiny")
+    model = CLIP(config.model).cuda()
+    optimizer = build_optimizer(model, config.train)
+    assert optimizer.defaults.get("fused")
+    images, text = torch.randn(8, 3, 32, 32, device="cuda"), batch_for(config.model, 8, "cuda")
+    forward_backward_loss(model, images, text)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer_step(model, optimizer, None, 1.0, skip=torch.ones((), device="cuda"))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    forward_backward_loss(model, images, text)
+    optimizer_step(model, optimizer, None, 1.0, skip=torch.zeros((), device="cuda"))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    steps = {float(state["step"]) for state in optimizer.state.values()}
+    assert steps == {1.0}  # the skipped step is not counted in Adam's bias correction
+
+
+def test_a_raw_batch_pins_its_images_and_tokens():
+    from topoclip.data.batch import RawBatch
+
+    text = batch_for(load_config("tiny").model, 2, "cpu")
+    pinned = RawBatch(torch.zeros(2, 3, 8, 8), ["a", "b"], {}, text).pin_memory()
+    assert pinned.images.is_pinned() and pinned.text.input_ids.is_pinned() and pinned.text.attention_mask.is_pinned()
+
+
+def test_a_diverging_cuda_run_stops_in_one_line_without_saving_bad_weights(tmp_path, capsys):
+    """On CUDA the trainer reads values only at log/checkpoint steps; the non-finite policy must still hold."""
+    from topoclip.checkpoint import step_checkpoints
+    from topoclip.cli import main
+
+    run = tmp_path / "run"
+    settings = ["train.steps=40", "train.lr=1e30", "train.checkpoint_every=10", "train.log_every=5",
+                "train.device=cuda", "evaluate.size=32", "data.scenes.train_size=512", "data.scenes.test_size=64"]
+    assert main(["train", "--preset", "tiny", "--quiet", *[a for s in settings for a in ("--set", s)],
+                 "--out", str(run)]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert "training stopped at step" in line and "non-finite" in line
+    assert not step_checkpoints(run / "checkpoints")
+
+
+def test_batches_prefetched_to_the_gpu_arrive_whole_and_in_order():
+    from topoclip.data.batch import RawBatch
+    from topoclip.training.data import prefetch_to_device
+
+    config = load_config("tiny").model
+    sent = [RawBatch(torch.randn(64, 3, 32, 32).pin_memory(), ["x"] * 64, {}, batch_for(config, 64, "cpu").pin_memory())
+            for _ in range(4)]
+    for original, arrived in zip(sent, prefetch_to_device(iter(sent), torch.device("cuda"))):
+        assert arrived.images.is_cuda and arrived.text.input_ids.is_cuda
+        torch.testing.assert_close(arrived.images.cpu(), original.images)
+        assert torch.equal(arrived.text.input_ids.cpu(), original.text.input_ids)

@@ -265,10 +265,11 @@ def add_data(commands) -> None:
 
 
 def analysis_inputs(args):
-    """(LoadedModel, out folder) for an analysis of one trained model; the folder defaults to MODEL/analysis."""
+    """(LoadedModel, out folder) for an analysis of one trained model; the folder defaults to RUN/analysis."""
     from topoclip.analysis.inputs import load_model
 
-    return load_model(args.model, args.device), Path(args.out or Path(args.model) / "analysis")
+    loaded = load_model(args.model, args.device)
+    return loaded, Path(args.out or (loaded.run_dir or loaded.checkpoint) / "analysis")
 
 
 def analysis_written(name: str, result: dict, out: Path) -> int:
@@ -354,7 +355,7 @@ def add_analyze(commands) -> None:
         if model:
             sub.add_argument("model", help="a run folder (its newest checkpoint) or a checkpoint folder")
             sub.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda or cuda:N")
-        sub.add_argument("--out", help="output folder (default: MODEL/analysis)")
+        sub.add_argument("--out", help="output folder (default: RUN/analysis, or CHECKPOINT/analysis outside a run)")
         return sub
 
     sub = analysis("temperature", command_analyze_temperature, "τ and t over training and the convergence step, "

@@ -136,6 +136,11 @@ class TrainConfig:
     accumulation_steps: int = 1  # exact contrastive gradient accumulation (micro-batches per step)
     gradient_checkpointing: bool = False
     compile: bool = False
+    # fp32 matrix products on CUDA in TF32 (OpenCLIP's trainer does the same); false: bit-level fp32.
+    allow_tf32: bool = True
+    # torch's fused AdamW kernel where it exists (CUDA): one kernel for all weights, and a step skipped
+    # for a non-finite loss without the host waiting for the GPU. Ignored on CPU.
+    fused_optimizer: bool = True
     num_workers: int = 2
     log_every: int = 10
     eval_every: int = 0  # steps between evaluations; 0 = only at the end
@@ -287,6 +292,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "data.scenes.val_size": NON_NEGATIVE,
     "data.scenes.test_size": NON_NEGATIVE,
     "data.scenes.noise": FRACTION,
+    "data.scenes.object_scale": Range(0.5, 1.8, note="1.8 makes a large object 90 % of the image"),
     "data.weights": NON_NEGATIVE,
     "data.samples_per_epoch": Range(0, note="0 = one pass over the shards"),
     "data.shuffle_buffer": Range(0, note="0 or 1 = no shuffling"),

@@ -19,6 +19,21 @@ from topoclip.pooling import POOLINGS
 from topoclip.transformer import Transformer, projection
 
 
+# Eager forward passes keep the batch's longest text rounded up to a multiple of this many tokens:
+# a few shapes instead of one per batch (allocator reuse; aligned tensor-core tiles on a GPU).
+LENGTH_BUCKET = 8
+
+
+def trimmed_length(attention_mask: torch.Tensor, bucket: int = LENGTH_BUCKET) -> int:
+    """Columns of a (B, L) bool mask to keep: the longest text rounded up to a multiple of `bucket`, ≤ L.
+
+    The padding after it is never attended and never read, so dropping it is exact (padding is
+    masked as a key, or follows every read token in a causal tower). Reads the mask on the host.
+    """
+    longest = int(attention_mask.sum(1).max()) if attention_mask.numel() else 0
+    return min(attention_mask.shape[1], max(bucket, -(-longest // bucket) * bucket))
+
+
 class TextTransformer(nn.Module):
     """token ids (B, L) + attention mask (B, L) -> class-token embeddings (B, m, embed_dim)."""
 
@@ -47,9 +62,11 @@ class TextTransformer(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
         attention_mask = attention_mask.bool()
-        # Padding after the longest text in the batch is never attended and never read: drop it.
-        # Exact: padding is masked as a key (or follows every read token in a causal tower).
-        used = max(int(attention_mask.sum(1).max()), 1)
+        if torch.compiler.is_compiling():
+            # Under torch.compile the context stays fixed: reading the mask on the host would break
+            # the graph, and a length per batch would recompile it. Padding is masked: exact.
+            return self.encode_tokens(input_ids, attention_mask, padded=True)
+        used = trimmed_length(attention_mask)
         input_ids, attention_mask = input_ids[:, :used], attention_mask[:, :used]
         # No mask when nothing is padded: SDPA then takes its fastest kernel.
         return self.encode_tokens(input_ids, attention_mask, padded=not bool(attention_mask.all()))

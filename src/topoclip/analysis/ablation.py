@@ -289,7 +289,7 @@ def probe_run(run_dir: Path, train_size: int) -> dict:
     from topoclip.analysis.inputs import load_model
     from topoclip.analysis.probe import probe_task, task_sets
 
-    loaded = load_model(run_dir, device="cpu")
+    loaded = load_model(run_dir, device="auto")
     sets = task_sets(loaded, train_size, max(8, train_size // 4), max(8, train_size // 2))
     result = {"task": PROBE_TASK, **probe_task(loaded, PROBE_TASK, sets)}
     write_json(run_dir, "probe", result)

@@ -8,11 +8,14 @@ computes only the class tokens), the gradient G = ∂score/∂A, channel weights
 tokens of G, and the map ReLU(A·w) over the tokens:
 
 - image: over the grid² patch tokens -> (grid, grid), drawn over the image;
-- text: over the caption's own tokens ([CLS] w₁ … [SEP], the m − 1 extra class tokens left out) ->
-  (L,), drawn as coloured tokens (the paper's token-wise extension).
+- text: over the caption's tokens as the tower sees them (``model.text.pooling`` inserts the m − 1
+  extra class or end-of-text tokens; padding is left out, and so are the m − 1 extra leading
+  [CLS] copies of the class-token layout, identical to the caption's own [CLS]) -> (L,), drawn as
+  coloured tokens (the paper's token-wise extension).
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -66,6 +69,19 @@ def pair_scores(model, u: torch.Tensor, v: torch.Tensor) -> tuple[list[str], tor
     return ["total"] + [f"pair {k}" for k in range(per_pair.shape[0])], torch.cat([total[None], per_pair])
 
 
+def text_positions(model, batch, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids (T,) the text tower's blocks see for a one-caption batch, and the positions to explain.
+
+    T = `length`, the sequence the hook saw (the tower drops trailing padding). Positions: every
+    non-padding one, less the m − 1 extra leading [CLS] copies of the class-token layout.
+    """
+    ids, mask = model.text.pooling.insert(batch.input_ids, batch.attention_mask)  # (1, L + m − 1)
+    ids, mask = ids[0, :length].cpu(), mask[0, :length].cpu()
+    if model.config.text.pooling == "class_tokens":
+        mask[: model.text.class_tokens - 1] = False
+    return ids, mask.nonzero().squeeze(1)
+
+
 def grad_cam(model, tokenizer, pixels: torch.Tensor, caption: str, layer: int = -1) -> GradCAM:
     """Grad-CAM of every score of one pair. pixels: (1, 3, S, S) normalised, on the model's device."""
     blocks = [model.visual.transformer.resblocks, model.text.transformer.resblocks]
@@ -80,20 +96,19 @@ def grad_cam(model, tokenizer, pixels: torch.Tensor, caption: str, layer: int = 
             u = model.encode_image(pixels)
             v = model.encode_text(batch)
             names, scores = pair_scores(model, u, v)
-            image_tokens, text_tokens = image_input.value, text_input.value  # (1, m + grid², w), (1, L + m − 1, w)
+            image_tokens, text_tokens = image_input.value, text_input.value  # (1, m + grid², w), (1, T, w)
+            ids, positions = text_positions(model, batch, text_tokens.shape[1])
             image_maps, text_maps = [], []
             for p in range(len(names)):
                 image_grad, text_grad = torch.autograd.grad(scores[p], [image_tokens, text_tokens], retain_graph=True)
                 image_maps.append(cam(image_tokens[0, model.visual.class_tokens:].detach().float(),
                                       image_grad[0, model.visual.class_tokens:].float()))
-                first = model.text.class_tokens - 1  # the caption's own [CLS]
-                text_maps.append(cam(text_tokens[0, first:].detach().float(), text_grad[0, first:].float()))
+                text_maps.append(cam(text_tokens[0, positions].detach().float(), text_grad[0, positions].float()))
     finally:
         image_input.remove()
         text_input.remove()
     grid = model.config.vision.image_size // model.config.vision.patch_size
-    ids = batch.input_ids[0][batch.attention_mask[0]].tolist()
-    tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+    tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in ids[positions].tolist()]
     return GradCAM(caption, tokens, names, scores.detach().cpu(),
                    torch.stack(image_maps).view(len(names), grid, grid).cpu(), torch.stack(text_maps).cpu())
 
@@ -131,7 +146,7 @@ def plot_maps(results: Sequence[GradCAM], images: Sequence[np.ndarray], out_dir,
         axis.set_axis_off()
         caption_axis = figure.add_subplot(grid[2 * row + 1, 0])
         caption_axis.set_axis_off()
-        caption_axis.text(0, 0.9, result.caption, fontsize=7, va="top", wrap=True, transform=caption_axis.transAxes)
+        caption_axis.text(0, 0.9, textwrap.fill(result.caption, 30), fontsize=7, va="top", transform=caption_axis.transAxes)
         height, width = image.shape[:2]
         for column, index in enumerate(order, start=1):
             axis = figure.add_subplot(grid[2 * row, column])

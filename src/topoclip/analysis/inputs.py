@@ -19,6 +19,7 @@ import torch
 from topoclip.checkpoint import load_checkpoint, resolve_checkpoint
 from topoclip.config import Config, ConfigError
 from topoclip.data.types import RetrievalSet
+from topoclip.errors import require_device
 from topoclip.evaluation.zeroshot import embed_images, embed_texts
 from topoclip.transforms import eval_transform
 
@@ -27,13 +28,11 @@ STYLES = ("in-domain", "out-of-domain")
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else as torch names it."""
+    """"auto" -> cuda when available, else cpu; a device this machine lacks is a UserError (one line)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    require_device(name, "--device")
+    return torch.device(name)
 
 
 @dataclass

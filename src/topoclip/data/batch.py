@@ -6,8 +6,8 @@ exact totals by summing `batch.bad_samples` over all batches from all workers (`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -15,6 +15,9 @@ import torch.distributed
 import torch.utils.data
 
 from topoclip.data.quality import BadSample
+
+if TYPE_CHECKING:
+    from topoclip.tokenizer import TextBatch
 
 
 def derived_seed(*parts: int) -> int:
@@ -29,9 +32,15 @@ class RawBatch:
     images: torch.Tensor  # (B, 3, H, W) float; (0, 3, 0, 0) for a batch that only carries counts
     captions: list[str]  # B captions
     bad_samples: dict[str, int] = field(default_factory=dict)  # kind -> samples skipped since the last batch
+    text: Optional[TextBatch] = None  # the captions tokenized, when the loader worker did it
 
     def __len__(self) -> int:
         return len(self.captions)
+
+    def pin_memory(self) -> "RawBatch":
+        """Page-locked copy, so a DataLoader with pin_memory=True hands it over for a non-blocking copy."""
+        return replace(self, images=self.images.pin_memory(),
+                       text=None if self.text is None else self.text.pin_memory())
 
 
 # What a loader's per-sample step produces: a usable pair, or the reason the sample was skipped.

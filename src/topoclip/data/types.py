@@ -19,6 +19,9 @@ class ClassificationSet:
     labels: torch.Tensor  # (N,) int64 in [0, C)
     classnames: list[str]  # C names
     templates: list[str] = field(default_factory=lambda: ["a photo of a {}."])
+    # How the set relates to training: "in-domain", "out-of-domain", "held-out" (classes never in the
+    # training captions), "held-out, out-of-domain"; "" when unknown (the user's own sets).
+    domain: str = ""
 
 
 @dataclass
@@ -34,6 +37,7 @@ class RetrievalSet:
     captions: list[str]  # T captions
     caption_image: torch.Tensor  # (T,) int64: the image each caption belongs to
     relevance: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    domain: str = ""  # as ClassificationSet.domain
 
     def paired(self, image_index: torch.Tensor, caption_index: torch.Tensor) -> torch.Tensor:
         """(k, j) bool: caption j was written for image k."""

@@ -8,6 +8,7 @@ Karpathy caption files are added from `config.evaluate`.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +17,7 @@ from topoclip.config import Config
 from topoclip.data.types import ClassificationSet, RetrievalSet
 from topoclip.errors import EvaluationSetError
 from topoclip.evaluation.retrieval import evaluate_retrieval
-from topoclip.evaluation.zeroshot import evaluate_classification, record
+from topoclip.evaluation.zeroshot import evaluate_classification_modes, record
 from topoclip.transforms import eval_transform
 
 
@@ -98,30 +99,50 @@ def evaluate(model, tokenizer, config: Config, split: str = "test", device="cpu"
     batch_size = config.evaluate.batch_size
     classification, retrieval = sets if sets is not None else evaluation_sets(config, split)
     records = []
-    for dataset in classification:
-        for mode in config.evaluate.template_modes:
-            metrics = evaluate_classification(model, tokenizer, dataset, transform, mode, batch_size, device)
-            records.append(record(dataset.name, name, "zeroshot_classification", metrics))
+    for dataset in classification:  # the images are encoded once for every template mode
+        for metrics in evaluate_classification_modes(model, tokenizer, dataset, transform,
+                                                     config.evaluate.template_modes, batch_size, device):
+            metrics["classes"] = len(dataset.classnames)
+            records.append(record(dataset.name, name, "zeroshot_classification", metrics, dataset.domain))
     for dataset in retrieval:
         metrics = evaluate_retrieval(model, tokenizer, dataset, transform, batch_size, device=device)
-        records.append(record(dataset.name, name, "zeroshot_retrieval", metrics))
+        records.append(record(dataset.name, name, "zeroshot_retrieval", metrics, dataset.domain))
     return records
 
 
 def summary_table(records: list[dict]) -> str:
-    """A fixed-width text table of the headline numbers of each record."""
-    lines = [f"{'dataset':<28} {'task':<15} {'mode':<10} {'top1/R@1':>9} {'top5/R@5':>9} {'mean':>7}"]
+    """A fixed-width text table of each record's headline numbers, with its domain and chance level.
+
+    Classification: top-1 / top-5 / mean per-class recall, chance = 100 / classes (top-5: 500 / classes).
+    Retrieval: R@1 / R@5 averaged over both directions, and the mean recall (R@1, R@5, R@10 of both).
+    """
+    lines = [f"{'dataset':<28} {'domain':<24} {'task':<15} {'mode':<10} {'top1/R@1':>9} {'top5/R@5':>9} "
+             f"{'mean':>7} {'chance top1':>11}"]
     for item in records:
         metrics = item["metrics"]
         if item["task"] == "zeroshot_classification":
             row = (metrics.get("mode", ""), metrics["top1"], metrics["top5"], metrics["mean_per_class_recall"])
             task = "classification"
+            chance = f"{100 / metrics['classes']:.1f}" if metrics.get("classes") else ""
         else:
             r1 = (metrics["image_retrieval_recall@1"] + metrics["text_retrieval_recall@1"]) / 2
             r5 = (metrics["image_retrieval_recall@5"] + metrics["text_retrieval_recall@5"]) / 2
-            row, task = ("", r1, r5, metrics["mean_recall"]), "retrieval"
-        lines.append(f"{item['dataset']:<28} {task:<15} {row[0]:<10} {row[1]:>9.1f} {row[2]:>9.1f} {row[3]:>7.1f}")
+            row, task, chance = ("", r1, r5, metrics["mean_recall"]), "retrieval", ""
+        lines.append(f"{item['dataset']:<28} {item.get('domain') or 'user':<24} {task:<15} {row[0]:<10} "
+                     f"{row[1]:>9.1f} {row[2]:>9.1f} {row[3]:>7.1f} {chance:>11}")
     return "\n".join(lines)
+
+
+def temperature_summary(model) -> str:
+    """One line: final τ and t, and the effective logit range τ·(s_max − s_min)/2 of the model's topology."""
+    from topoclip.geometry import get_topology
+
+    low, high = get_topology(model.config.topology).similarity_range(model.config.sphere_count)
+    scale = float(model.temperature.scale.detach())
+    text = f"τ = {scale:.2f} (t = {float(model.temperature.t.detach()):.3f}); {model.config.topology} similarity in "
+    if math.isinf(low):
+        return text + f"({low:g}, {high:g}]: logits τ·s are unbounded below"
+    return text + f"[{low:.2f}, {high:.2f}], so logits τ·s span ±{scale * (high - low) / 2:.1f} around their middle"
 
 
 def headline(records: list[dict]) -> dict[str, float]:

@@ -154,19 +154,37 @@ def evaluate_classification(
     device="cpu",
 ) -> dict:
     """Zero-shot classification of `dataset` -> {"top1", "top5", "mean_per_class_recall"} (percent) + "mode"."""
-    classifier = zero_shot_classifier(model, tokenizer, dataset.classnames, dataset.templates, mode, batch_size, device)
+    return evaluate_classification_modes(model, tokenizer, dataset, image_transform, [mode], batch_size, device)[0]
+
+
+def evaluate_classification_modes(
+    model,
+    tokenizer,
+    dataset: ClassificationSet,
+    image_transform: Callable[[Any], torch.Tensor],
+    modes: Sequence[str] = MODES,
+    batch_size: int = 256,
+    device="cpu",
+) -> list[dict]:
+    """`evaluate_classification` for several template modes, encoding the images once: one dict per mode."""
+    classifiers = [zero_shot_classifier(model, tokenizer, dataset.classnames, dataset.templates, mode, batch_size, device)
+                   for mode in modes]
     labels = torch.as_tensor(dataset.labels, dtype=torch.int64)
     if labels.shape[0] != len(dataset.images):
         raise ValueError(f"{dataset.name}: {labels.shape[0]} labels for {len(dataset.images)} images")
-    accumulator = ClassificationAccumulator(classifier.num_classes)
+    accumulators = [ClassificationAccumulator(classifier.num_classes) for classifier in classifiers]
     with evaluating(model):
         for start, stop, embeddings in image_embedding_batches(model, dataset.images, image_transform, batch_size, device):
-            accumulator.update(classifier.scores(model, embeddings), labels[start:stop])
-    return {**accumulator.compute(), "mode": mode}
+            for classifier, accumulator in zip(classifiers, accumulators):
+                accumulator.update(classifier.scores(model, embeddings), labels[start:stop])
+    return [{**accumulator.compute(), "mode": mode} for mode, accumulator in zip(modes, accumulators)]
 
 
-def record(dataset_name: str, model_name: str, task: str, metrics: dict) -> dict:
-    """One result, CLIP_benchmark-style: {"dataset", "model", "task", "metrics"}."""
+def record(dataset_name: str, model_name: str, task: str, metrics: dict, domain: str = "") -> dict:
+    """One result, CLIP_benchmark-style: {"dataset", "model", "task", "metrics"} (+ "domain" when known)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
-    return {"dataset": dataset_name, "model": model_name, "task": task, "metrics": dict(metrics)}
+    result = {"dataset": dataset_name, "model": model_name, "task": task, "metrics": dict(metrics)}
+    if domain:
+        result["domain"] = domain
+    return result

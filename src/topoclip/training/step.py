@@ -86,7 +86,17 @@ def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> Non
 def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
                      accumulation_steps: int = 1, precision: str = "fp32",
                      scaler: Optional[torch.amp.GradScaler] = None) -> float:
-    """Forward + backward of the contrastive loss on this process's batch; returns the loss value.
+    """:func:`forward_backward_loss`, its loss read as a float (on a GPU: waits for the step to finish)."""
+    return float(forward_backward_loss(model, images, text, loss_name, accumulation_steps=accumulation_steps,
+                                       precision=precision, scaler=scaler))
+
+
+def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
+                          accumulation_steps: int = 1, precision: str = "fp32",
+                          scaler: Optional[torch.amp.GradScaler] = None) -> torch.Tensor:
+    """Forward + backward of the contrastive loss on this process's batch; returns the 0-d loss, unread.
+
+    Nothing here reads a device value, so on a GPU the host can queue the next step meanwhile.
 
     model: CLIP, DDP(CLIP) or a compiled wrapper; gradients are accumulated into `.grad` (the caller
         zeroes them). Under DDP they are all-reduced by the last backward.
@@ -96,7 +106,7 @@ def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, lo
         activation memory of one micro-batch.
     precision: "fp32", "bf16" or "fp16" (autocast for the towers; similarities and loss stay fp32).
     scaler: required for fp16 (the loss is scaled before backward); the caller unscales and steps.
-    Returns: the full local-batch loss (the same number for every k).
+    Returns: the full local-batch loss (the same number for every k), detached, on the model's device.
     """
     if precision == "fp16" and scaler is None:
         raise ValueError("precision fp16 needs a torch.amp.GradScaler (gradients underflow in fp16 otherwise)")
@@ -113,7 +123,7 @@ def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, lo
             out = model(images, text)
         loss = contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name, distributed)
         _backward(loss, scaler)
-        return loss.item()
+        return loss.detach()
 
     micro = batch // accumulation_steps
     bounds = [(j * micro, (j + 1) * micro) for j in range(accumulation_steps)]
@@ -140,24 +150,93 @@ def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, lo
             bias = out.bias if (last or out.bias is None) else out.bias.detach()
             loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed)
             _backward(loss, scaler)
-    return loss.item()
+    return loss.detach()
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler] = None,
-                   grad_clip: float = 0.0) -> float:
+                   grad_clip: float = 0.0, skip: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Clip (global norm; 0 = no clip), step (through the fp16 scaler if any), zero the gradients and clamp τ.
 
-    Returns the gradient norm before clipping (inf/nan when an fp16 step overflowed and was skipped).
+    skip: a 0-d device tensor, non-zero when this update must not happen (a non-finite loss). A
+        fused optimizer (CUDA) skips on the device — its found-inf input, as for fp16 overflow — so the
+        host never waits; any other optimizer, or an fp16 scaler, reads it on the host first.
+    Returns the gradient norm before clipping, a 0-d tensor not read here (inf/nan when an fp16 step
+    overflowed, nan when skipped on the host).
     """
+    if skip is not None and not (scaler is None and skips_on_device(optimizer)):
+        if bool(skip):
+            optimizer.zero_grad(set_to_none=True)
+            return torch.tensor(float("nan"))
+        skip = None
     if scaler is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     parameters = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, grad_clip if grad_clip > 0 else float("inf")))
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip if grad_clip > 0 else float("inf"))
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
+    elif skip is not None:
+        # The fused kernel leaves weights, moments and step counts untouched where found_inf is 1.
+        optimizer.found_inf = skip.to(torch.float32).reshape(())
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     unwrap(model).temperature.clamp_()  # τ ≤ max_scale after every step
-    return grad_norm
+    return grad_norm.detach()
+
+
+def nonfinite_anywhere(loss: torch.Tensor) -> torch.Tensor:
+    """0-d float32 on the loss's device: 1 when the loss is inf/NaN on this or any other rank, else 0.
+
+    The ranks' gradients are averaged, so one rank's non-finite loss skips the step on all. Nothing is
+    read on the host (the all-reduce of a GPU tensor is queued like a kernel).
+    """
+    flag = (~torch.isfinite(loss)).to(torch.float32).reshape(())
+    if is_initialized():
+        torch.distributed.all_reduce(flag)
+        flag = flag.clamp(max=1.0)
+    return flag
+
+
+class SkippedSteps:
+    """Steps skipped for a non-finite loss, counted on the device; the host reads the counts only when it checks.
+
+    `record` every step; `read` returns (in a row now, the longest run in a row since the last read,
+    total so far) as ints — the one host read, at the steps that read values anyway (logging,
+    checkpoints) on a GPU, or every step on a CPU, where a read costs nothing.
+    """
+
+    def __init__(self, device: torch.device):
+        self.in_row = torch.zeros((), device=device)
+        self.longest = torch.zeros((), device=device)
+        self.total = torch.zeros((), device=device)
+
+    def record(self, nonfinite: torch.Tensor) -> None:
+        """nonfinite: 0-d float, 1 = this step was skipped."""
+        self.in_row = (self.in_row + 1) * nonfinite
+        self.longest = torch.maximum(self.longest, self.in_row)
+        self.total = self.total + nonfinite
+
+    def read(self) -> tuple[int, int, int]:
+        in_row, longest, total = torch.stack([self.in_row, self.longest, self.total]).tolist()
+        self.longest = self.in_row.clone()
+        return int(in_row), int(longest), int(total)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` can skip an update on the device (torch's fused Adam/AdamW/SGD read `found_inf`)."""
+    return bool(optimizer.defaults.get("fused")) and getattr(optimizer, "_step_supports_amp_scaling", False)
+
+
+def set_tf32(allowed: bool) -> None:
+    """Let fp32 matrix products and convolutions on CUDA use TF32 tensor cores (train.allow_tf32).
+
+    TF32 keeps fp32's range with a 10-bit mantissa (as bf16 autocast keeps 7); it is what OpenCLIP's
+    trainer sets. No effect on CPU, nor on bf16/fp16 products.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    torch.backends.cudnn.allow_tf32 = allowed

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -50,11 +49,12 @@ from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cl
 from topoclip.errors import DiskFullError, NonFiniteError, RunFolderError, UserError, require_device
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
-from topoclip.training.data import training_batches
+from topoclip.training.data import prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.run_folder import claim_run_folder, write_text_atomic
-from topoclip.training.step import forward_backward, optimizer_step
+from topoclip.training.step import (SkippedSteps, forward_backward_loss, nonfinite_anywhere, optimizer_step,
+                                    set_tf32)
 
 # Captions read to train a vocabulary when the config names none.
 TOKENIZER_TRAINING_CAPTIONS = 20_000
@@ -68,6 +68,7 @@ RESUMABLE_SETTINGS = ("name", "train.steps", "train.lr", "train.warmup_steps", "
                       "train.grad_clip", "train.log_every", "train.eval_every", "train.checkpoint_every",
                       "train.keep_checkpoints", "train.device", "train.threads", "train.num_workers",
                       "train.precision", "train.compile", "train.gradient_checkpointing", "train.accumulation_steps",
+                      "train.allow_tf32", "train.fused_optimizer",
                       "model.temperature.max_scale", "data.max_bad_fraction", "evaluate.*")
 
 
@@ -294,6 +295,8 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     device = resolve_device(settings.device, info)
     if settings.threads:
         torch.set_num_threads(settings.threads)
+    if device.type == "cuda":
+        set_tf32(settings.allow_tf32)
     if main:
         print(f"run folder: {run_dir.resolve()}", flush=True)
 
@@ -341,7 +344,8 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         trained = torch.compile(trained)
 
     logger = MetricsLogger(run_dir, enabled=main, resume_step=start_step)
-    batches = training_batches(config, start_step, info.rank, info.world_size)
+    batches = prefetch_to_device(training_batches(config, start_step, info.rank, info.world_size, tokenizer=tokenizer,
+                                                  pin_memory=device.type == "cuda"), device)
     bar = tqdm(range(start_step, settings.steps), initial=start_step, total=settings.steps,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
@@ -351,6 +355,12 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     # loss (before N + 1's update, so weights and optimiser state are still N's): a checkpoint never
     # holds weights that give a non-finite loss. The last step's is written at once.
     pending: Optional[dict] = None
+    # On a GPU the host reads device values (the loss, the weights' finiteness) only at the steps that
+    # need them — logging, checkpoints, the last step — so it queues the next step meanwhile; in between,
+    # a non-finite loss skips the update on the device (fused AdamW) and is counted there. On a CPU a
+    # read costs nothing: every step is checked.
+    deferred = device.type == "cuda"
+    skips = SkippedSteps(device)
     for step in bar:
         batch = next(batches)
         done = step + 1
@@ -358,12 +368,35 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         counter += global_counts(batch, device)
         check_bad_fraction(counter, config.data.max_bad_fraction, BAD_FRACTION_MIN_SEEN)
         images = batch.images.to(device, non_blocking=True)
-        text = tokenizer(batch.captions).to(device)
+        text = (batch.text if batch.text is not None else tokenizer(batch.captions)).to(device, non_blocking=True)
         model.train()
-        loss_value = forward_backward(trained, images, text, settings.loss, accumulation_steps=settings.accumulation_steps,
-                                      precision=settings.precision, scaler=scaler)
+        loss = forward_backward_loss(trained, images, text, settings.loss, accumulation_steps=settings.accumulation_steps,
+                                     precision=settings.precision, scaler=scaler)
         # Decided over all ranks (their gradients are averaged): a non-finite loss anywhere skips the step.
-        finite = sum_across_ranks([0.0 if math.isfinite(loss_value) else 1.0], device)[0] == 0
+        nonfinite = nonfinite_anywhere(loss)
+        skips.record(nonfinite)
+        checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
+        evaluation_due = settings.eval_every and done % settings.eval_every == 0
+        if deferred and pending is None and not (checkpoint_due or evaluation_due) and done % settings.log_every:
+            grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip, skip=nonfinite)
+            scheduler.step()
+            window_images += settings.batch_size
+            barrier()
+            continue
+        if deferred and not parameters_finite(model):  # an update since the last check, before any checkpoint
+            raise NonFiniteError(stop_message("an update since the last check made some weights inf/NaN", done,
+                                              checkpoints_dir, run_dir, config))
+        loss_value = float(loss)
+        skipped_before = skipped
+        skipped_in_row, longest_in_row, skipped = skips.read()
+        finite = skipped_in_row == 0
+        if main and skipped - skipped_before > (0 if finite else 1):  # skipped on the device since the last check
+            tqdm.write(f"topoclip: {skipped - skipped_before - (0 if finite else 1)} step(s) before step {done} had a "
+                       f"non-finite loss and were skipped", file=sys.stderr)
+        if longest_in_row >= MAX_SKIPPED_STEPS:
+            shown = "" if finite else f" ({loss_value})"
+            raise NonFiniteError(stop_message(f"the loss was non-finite{shown} for {longest_in_row} steps in a row",
+                                              done, checkpoints_dir, run_dir, config))
         if pending is not None and finite:
             on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
                                                            scheduler, scaler, **pending))
@@ -371,15 +404,10 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         if not finite:
             optimizer.zero_grad(set_to_none=True)
             grad_norm = float("nan")
-            skipped_in_row, skipped = skipped_in_row + 1, skipped + 1
-            if skipped_in_row >= MAX_SKIPPED_STEPS:
-                raise NonFiniteError(stop_message(f"the loss was non-finite ({loss_value}) for {skipped_in_row} steps "
-                                                  f"in a row", done, checkpoints_dir, run_dir, config))
             if main:
                 tqdm.write(f"topoclip: step {done}: the loss is {loss_value}; step skipped ({skipped_in_row} in a row; "
                            f"the run stops at {MAX_SKIPPED_STEPS})", file=sys.stderr)
         else:
-            skipped_in_row = 0
             grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip)
             if not parameters_finite(model):  # before any checkpoint is written from them
                 raise NonFiniteError(stop_message("the update made some weights inf/NaN", done, checkpoints_dir,
@@ -392,14 +420,14 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
             scale = float(model.temperature.scale.detach())
             loss_value = sum_across_ranks([loss_value], device)[0] / info.world_size  # the global batch's loss
             logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
-                        "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                        "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                         "images_per_s": window_images / max(elapsed, 1e-9), "data": counter.as_dict(),
                         **({"skipped_steps": skipped} if skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
         if settings.eval_every and done % settings.eval_every == 0 and done < settings.steps and main:
             logger.log({"step": done, "eval": run_evaluation(model, tokenizer, config, "val", device)})
-        if done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0):
+        if checkpoint_due:
             pending = {"step": done, "counter": BadSampleCounter(counter.kept, counter.bad), "rng": rng_states(),
                        "keep": settings.keep_checkpoints}
             if done == settings.steps:
@@ -409,14 +437,16 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     bar.close()
 
     if main:
-        from topoclip.evaluation.run import headline, no_evaluation_sets, summary_table
+        from topoclip.evaluation.run import headline, no_evaluation_sets, summary_table, temperature_summary
 
         records = final_evaluation(model, tokenizer, config, device)
         write_text_atomic(run_dir / "eval.json", json.dumps(records, indent=2))
         logger.log({"step": settings.steps, "eval": headline(records), "final": True})
         logger.plot()
         print(summary_table(records) if records else no_evaluation_sets(config))
-        print(f"\nrun folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
+        print(f"\n{temperature_summary(model)}")
+        print(f"plots: {(run_dir / 'plots').resolve()}  (loss, temperature, learning rate, evaluation)")
+        print(f"run folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     return run_dir
 

@@ -53,7 +53,9 @@ def _classification_set(config: SceneConfig, split: str, name: str, style: str, 
         images.append(render_scene(scene, rng))
         labels.append(label)
     suffix = "-ood" if style != config.style else ""
-    return ClassificationSet(name + suffix, images, torch.tensor(labels, dtype=torch.int64), classnames, list(templates))
+    domain = ", ".join(["held-out"] * (name == "composition-held-out") + ["out-of-domain"] * bool(suffix)) or "in-domain"
+    return ClassificationSet(name + suffix, images, torch.tensor(labels, dtype=torch.int64), classnames, list(templates),
+                             domain)
 
 
 def classification_sets(

@@ -117,9 +117,9 @@ def _held_out_pairs(held_out: tuple[str, ...]) -> frozenset[tuple[int, int]]:
     return frozenset((COLOUR_NAMES.index(c), SHAPES.index(s)) for c, s in (item.split() for item in held_out))
 
 
-def _diameter(rng: np.random.Generator, size: str, image_size: int) -> float:
+def _diameter(rng: np.random.Generator, size: str, image_size: int, scale: float = 1.0) -> float:
     low, high = SIZE_DIAMETERS[size]
-    return (low + (high - low) * rng.random()) * image_size
+    return (low + (high - low) * rng.random()) * image_size * scale
 
 
 def _cell_centre(row: int, column: int, diameter: float, image_size: int) -> tuple[float, float]:
@@ -177,7 +177,7 @@ def sample_scene(
             if k == 0 and colour is not None and shape is not None:
                 raise ValueError(f"{colour} {shape} is held out; it cannot be drawn with exclude_held_out=True")
         size = SIZES[int(rng.random() * 2)]
-        kinds.append([c, s, size, _diameter(rng, size, size_px)])
+        kinds.append([c, s, size, _diameter(rng, size, size_px, config.object_scale)])
 
     # Where: distinct grid cells, far enough apart that objects do not overlap; shrink if needed.
     order = rng.permutation(9).tolist()
@@ -186,7 +186,7 @@ def sample_scene(
         chosen = _free_cell(order, placed, item[3], size_px)
         if chosen is None and item[2] == "large":
             item[2] = "small"
-            item[3] = _diameter(rng, "small", size_px)
+            item[3] = _diameter(rng, "small", size_px, config.object_scale)
             chosen = _free_cell(order, placed, item[3], size_px)
         if chosen is None:  # crowded: accept an overlap rather than fail
             taken = {(p[0], p[1]) for p in placed}

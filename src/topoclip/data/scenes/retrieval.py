@@ -138,5 +138,5 @@ def retrieval_set(
     name = f"scenes-{split}" + ("-ood" if style != config.style else "")
     return RetrievalSet(
         name, images, [c.text for c in captions], torch.tensor(owners, dtype=torch.int64),
-        relevance_function(scenes, captions),
+        relevance_function(scenes, captions), "out-of-domain" if style != config.style else "in-domain",
     )

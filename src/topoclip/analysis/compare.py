@@ -1,0 +1,100 @@
+"""`topoclip compare`: the default multi-token model against its sphere baseline, same recipe, N seeds.
+
+A two-cell ablation (grid ``compare``: cpu-multi and cpu-sphere), so it is resumable the same way
+(finished runs are skipped, killed ones resumed). For every headline metric of the final evaluation
+(zero-shot top-1 of each built-in set in "distance" mode, retrieval mean recall) and for the final τ,
+it reports mean ± std over the seeds of each model, the difference multi − sphere, and whether that
+difference exceeds the seed spread: |difference| > std(multi) + std(sphere) (sample standard
+deviations; a coarse rule, not a significance test — with 3 seeds nothing finer is honest).
+
+Writes OUT/compare.md, OUT/compare.json and OUT/compare.png (one bar pair per metric, error bars
+= std), besides the ablation's own table.md / ablation.json / temperature.png.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from topoclip.analysis.ablation import ablate, mean_std
+from topoclip.analysis.output import pyplot, save_figure, write_json
+
+GRID = "compare"
+MODELS = ("multi", "sphere")
+
+
+def metric_values(records: Sequence[dict]) -> dict[str, dict[str, list[float]]]:
+    """{metric: {model label: [value per seed]}} from the ablation's run records (distance mode, final τ)."""
+    table: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        numbers = {key.replace("/distance/top1", " top-1").replace("/mean_recall", " mean recall"): value
+                   for key, value in record["headline"].items() if "/embedding/" not in key}
+        numbers["final τ"] = math.exp(record["final_t"])
+        for metric, value in numbers.items():
+            table.setdefault(metric, {}).setdefault(record["label"], []).append(value)
+    return table
+
+
+def comparison_rows(values: dict[str, dict[str, list[float]]]) -> list[dict]:
+    """Per metric: mean ± std of each model, the difference multi − sphere, and whether it exceeds the spread."""
+    rows = []
+    for metric, per_model in values.items():
+        row = {"metric": metric}
+        for model in MODELS:
+            mean, std = mean_std(per_model[model])
+            row[model] = {"mean": mean, "std": std, "values": per_model[model]}
+        row["difference"] = row["multi"]["mean"] - row["sphere"]["mean"]
+        row["spread"] = row["multi"]["std"] + row["sphere"]["std"]
+        row["exceeds_spread"] = abs(row["difference"]) > row["spread"]
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: Sequence[dict], seeds: int, steps: int) -> str:
+    """The comparison as a markdown table (numbers in %, τ as is)."""
+    lines = [f"Mean ± std over {seeds} seeds (train.seed 0 … {seeds - 1}), {steps} steps each; "
+             "difference = multi − sphere; \"beyond spread\": |difference| > std(multi) + std(sphere).", "",
+             "| metric | multi (Multi(16, 8), ps-inner) | sphere (1 token, cosine) | difference | beyond spread |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        def cell(model: str) -> str:
+            return f"{row[model]['mean']:.1f} ± {row[model]['std']:.1f}"
+
+        lines.append(f"| {row['metric']} | {cell('multi')} | {cell('sphere')} | {row['difference']:+.1f} | "
+                     f"{'yes' if row['exceeds_spread'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict], out_dir: Path) -> Path:
+    """OUT/compare.png: a bar pair per metric with std error bars (τ left out: another scale)."""
+    plt = pyplot()
+    shown = [r for r in rows if r["metric"] != "final τ"]
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.9 * len(shown)), 4.0))
+    width = 0.4
+    for offset, model in zip((-width / 2, width / 2), MODELS):
+        axes.bar([i + offset for i in range(len(shown))], [r[model]["mean"] for r in shown], width,
+                 yerr=[r[model]["std"] for r in shown], capsize=3, label=model)
+    axes.set_xticks(range(len(shown)), [r["metric"] for r in shown], rotation=35, ha="right", fontsize=8)
+    axes.set_ylabel("%")
+    axes.set_title("multi-token product sphere vs sphere baseline (mean ± std over seeds)")
+    axes.legend()
+    return save_figure(figure, out_dir, "compare")
+
+
+def compare(out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (), jobs: int = 1,
+            preset: Optional[str] = None, command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+    """Train (or finish) both models for `seeds` seeds; write compare.md / .json / .png; returns the JSON."""
+    out_dir = Path(out_dir)
+    result = ablate(GRID, out_dir, seeds=seeds, steps=steps, overrides=overrides, jobs=jobs, preset=preset,
+                    probe_size=0, command=command, log=log)
+    rows = comparison_rows(metric_values(result["runs"]))
+    table = markdown(rows, seeds, result["steps"])
+    (out_dir / "compare.md").write_text(table)
+    picture = plot(rows, out_dir)
+    summary = {"analysis": "compare", "command": result["command"], "seeds": list(range(seeds)),
+               "steps": result["steps"], "machine": result["machine"], "wall_seconds": result["wall_seconds"],
+               "rows": rows, "table": table, "plots": [picture.name]}
+    write_json(out_dir, "compare", summary)
+    log(table)
+    log(f"wrote {out_dir / 'compare.md'}, {out_dir / 'compare.json'}, {picture}")
+    return summary

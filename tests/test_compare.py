@@ -1,0 +1,54 @@
+"""`topoclip compare`: both models × seeds, resumable, mean ± std equal to a hand computation."""
+import json
+import math
+import statistics
+
+import pytest
+
+from topoclip.analysis.compare import comparison_rows, compare
+
+SMALL = ["evaluate.size=24", "evaluate.validation_size=16", "evaluate.captions_per_image=2", "train.num_workers=0",
+         "data.scenes.train_size=256", "train.checkpoint_every=0"]
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    return out, compare(out, seeds=2, steps=3, preset="tiny", overrides=SMALL, log=lambda _: None)
+
+
+def test_compare_writes_its_table_json_and_plot(compared):
+    out, result = compared
+    for name in ("compare.md", "compare.json", "compare.png"):
+        assert (out / name).is_file()
+    assert "| shape top-1 |" in (out / "compare.md").read_text()
+    assert json.loads((out / "compare.json").read_text())["seeds"] == [0, 1]
+
+
+def test_mean_and_std_equal_a_hand_computation_from_the_per_seed_eval_files(compared):
+    out, result = compared
+    rows = {row["metric"]: row for row in result["rows"]}
+    for model in ("multi", "sphere"):
+        shape = []
+        for seed in (0, 1):
+            run = next(out.glob(f"runs/*{model}*/seed-{seed}"))
+            records = json.loads((run / "eval.json").read_text())
+            shape.append(next(r["metrics"]["top1"] for r in records if r["dataset"] == "shape"
+                              and r["metrics"]["mode"] == "distance"))
+        assert math.isclose(rows["shape top-1"][model]["mean"], statistics.mean(shape), abs_tol=1e-9)
+        assert math.isclose(rows["shape top-1"][model]["std"], statistics.stdev(shape), abs_tol=1e-9)
+    row = rows["shape top-1"]
+    assert math.isclose(row["difference"], row["multi"]["mean"] - row["sphere"]["mean"])
+
+
+def test_a_second_call_trains_nothing_again(compared):
+    out, first = compared
+    again = compare(out, seeds=2, steps=3, preset="tiny", overrides=SMALL, log=lambda _: None)
+    assert again["rows"] == first["rows"]
+
+
+def test_beyond_spread_is_the_difference_against_the_summed_stds():
+    rows = comparison_rows({"m": {"multi": [10.0, 12.0], "sphere": [1.0, 3.0]},
+                            "n": {"multi": [10.0, 12.0], "sphere": [9.0, 11.0]}})
+    assert rows[0]["exceeds_spread"] and not rows[1]["exceeds_spread"]
+    assert math.isclose(rows[0]["spread"], 2 * statistics.stdev([10.0, 12.0]))
