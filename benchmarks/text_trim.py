@@ -4,8 +4,9 @@
     python benchmarks/text_trim.py --preset sphere-vit-b16 --batch 256 --device cuda --precision bf16
 
 Captions get random lengths in [--shortest, --longest] tokens (CLIP-style alt-texts: most are short).
-Times, alternating round by round: `exact` (the batch's longest caption, bucket 1), `bucket8` (rounded
-up to a multiple of 8: eager topoclip), `full` (the whole context, masked: what torch.compile runs).
+Times, alternating round by round: `exact` (the batch's longest caption: eager topoclip on a CPU),
+`bucket8` (rounded up to a multiple of 8: eager topoclip on a GPU), `full` (the whole context,
+masked: what torch.compile runs).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 
 from topoclip.config import load_config
 from topoclip.model import CLIP
-from topoclip.text import trimmed_length
+from topoclip.text import LENGTH_BUCKET, trimmed_length
 from topoclip.training.step import autocast_context
 from train_step import time_steps
 
@@ -45,7 +46,7 @@ def main() -> None:
     mask = torch.arange(context, device=args.device)[None, :] < lengths[:, None]
     ids = torch.randint(5, config.text.vocab_size, (args.batch, context), device=args.device).masked_fill(~mask, 0)
     ids[:, 0] = config.text.cls_token_id
-    columns = {"exact": trimmed_length(mask, bucket=1), "bucket8": trimmed_length(mask), "full": context}
+    columns = {"exact": trimmed_length(mask, bucket=1), "bucket8": trimmed_length(mask, bucket=LENGTH_BUCKET), "full": context}
 
     def step_for(used: int):
         def step() -> None:

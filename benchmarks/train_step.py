@@ -39,7 +39,7 @@ def topoclip_step(preset: str, batch: int, *, device: str = "cpu", precision: st
     length = text_length or text.context_length
     ids = torch.randint(5, text.vocab_size, (batch, text.context_length), device=device)
     ids[:, 0] = text.cls_token_id
-    mask = (torch.arange(text.context_length, device=device)[None, :] < length).expand(batch, -1)
+    mask = (torch.arange(text.context_length, device=device)[None, :] < length).expand(batch, -1).contiguous()
     tokens = TextBatch(ids.masked_fill(~mask, 0), mask)
 
     def step() -> None:

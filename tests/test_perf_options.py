@@ -29,8 +29,8 @@ def captions_of_lengths(config, lengths: list[int]) -> TextBatch:
 def test_trimmed_length_rounds_up_to_a_bucket_within_the_context(longest, context, expected):
     mask = torch.zeros(3, context, dtype=torch.bool)
     mask[1, :longest] = True
-    assert trimmed_length(mask) == expected
-    assert LENGTH_BUCKET == 8
+    assert trimmed_length(mask, bucket=LENGTH_BUCKET) == expected
+    assert trimmed_length(mask) == max(1, longest)  # on a CPU: exact
 
 
 @pytest.mark.parametrize("pooling", ["class_tokens", "end_of_text"])
@@ -42,7 +42,7 @@ def test_the_bucketed_trim_equals_the_full_context_in_fp32(pooling):
     if pooling == "end_of_text":  # the end-of-text token is the largest id, at the text's last position
         text.input_ids[torch.arange(4), text.attention_mask.sum(1) - 1] = config.text.vocab_size - 1
     with torch.no_grad():
-        trimmed = model.text(text.input_ids, text.attention_mask)  # 16 of the context's columns
+        trimmed = model.text(text.input_ids, text.attention_mask)  # 11 of the context's columns
         full = model.text.encode_tokens(text.input_ids, text.attention_mask, padded=True)
     assert trimmed_length(text.attention_mask) < config.text.context_length
     torch.testing.assert_close(trimmed, full)
@@ -57,7 +57,7 @@ def test_compiled_text_tower_has_no_graph_break_and_one_graph_for_all_lengths():
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter)
     with torch.no_grad():
-        for lengths in ([3, 4], [17, 2], [9, 30], [5, 5]):  # buckets 8, 24, 32, 8 in eager mode
+        for lengths in ([3, 4], [17, 2], [9, 30], [5, 5]):  # 4, 17, 30, 5 columns in eager mode
             text = captions_of_lengths(config, lengths)
             got = compiled(text=text).text_embeds
             torch.testing.assert_close(got, model(text=text).text_embeds)

@@ -437,11 +437,31 @@ def add_ablate(commands) -> None:
     add_overrides(ablate)
 
 
+def command_compare(args) -> int:
+    from topoclip.analysis.compare import compare
+
+    compare(args.out, args.seeds, args.steps, args.overrides, args.jobs, args.preset,
+            command=" ".join(["topoclip"] + sys.argv[1:]))
+    return 0
+
+
+def add_compare(commands) -> None:
+    compare = add_command(commands, "compare", command_compare, "train the default multi-token model and its sphere "
+                          "baseline under the same recipe for N seeds (resumable) and compare them, mean ± std")
+    compare.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3)")
+    compare.add_argument("--steps", type=int, help="train.steps of every run (default: the presets')")
+    compare.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process")
+    compare.add_argument("--preset", help="replace both models' base preset (e.g. tiny for a smoke test)")
+    compare.add_argument("--out", default="compare", help="output folder (default ./compare); re-running it "
+                         "finishes what is missing")
+    add_overrides(compare)
+
+
 # --------------------------------------------------------------------------- the parser and main
 
 # Each entry registers one command's subparser; the order is the order of `topoclip --help`.
 COMMANDS = [add_train, add_eval, add_predict, add_convert, add_export, add_presets, add_data, add_analyze,
-            add_ablate]
+            add_ablate, add_compare]
 
 
 def add_command(commands, name: str, run, help: str) -> argparse.ArgumentParser:

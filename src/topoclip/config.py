@@ -491,6 +491,17 @@ def merge(base: dict, update: dict) -> dict:
     return out
 
 
+def flat_dict(values: dict, separator: str = ".", prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 5e-4}} -> {"train.lr": 5e-4}: every leaf of nested dicts by its joined key."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flat_dict(value, separator, f"{prefix}{key}{separator}"))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
 def valid_keys(cls: type = None, prefix: str = "") -> list[str]:
     """Every dotted key `--set` accepts (nested dataclasses expanded)."""
     cls = cls or Config

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from topoclip.checkpoint import TOKENIZER, load_config_from, load_weights, resolve_checkpoint
-from topoclip.config import Config, ConfigError, load_config, merge, to_dict
+from topoclip.config import Config, ConfigError, flat_dict, load_config, merge, to_dict
 from topoclip.model import CLIP
 
 # Settings that may differ between the run and its starting checkpoint (see the module text).
@@ -47,21 +47,11 @@ def initial_checkpoint(config: Config) -> Path:
         raise ConfigError(f"train.init_from: {error}") from None
 
 
-def _flat(values: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def check_initial_checkpoint(config: Config) -> None:
     """Refuse a run whose model differs from its init_from checkpoint's (before anything is written)."""
     folder = initial_checkpoint(config)
-    theirs = _flat(to_dict(load_config_from(folder).model))
-    ours = _flat(to_dict(config.model))
+    theirs = flat_dict(to_dict(load_config_from(folder).model))
+    ours = flat_dict(to_dict(config.model))
     for key, value in ours.items():
         if key.startswith(FREE_MODEL_SETTINGS) or theirs.get(key) == value:
             continue

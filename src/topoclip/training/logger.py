@@ -12,6 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from topoclip.config import flat_dict
+
 METRICS = "metrics.jsonl"
 
 
@@ -99,7 +101,7 @@ class MetricsLogger:
         self.handle.flush()
         if self.writer is not None:
             step = record.get("step", 0)
-            for key, value in flatten(record).items():
+            for key, value in flat_dict(record, "/").items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.writer.add_scalar(key, value, step)
 
@@ -118,14 +120,7 @@ class MetricsLogger:
             self.writer = None
 
 
-def flatten(record: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in record.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}/"))
-        else:
-            out[prefix + key] = value
-    return out
+
 
 
 def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:

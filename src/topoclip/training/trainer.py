@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, load_config_from, load_training_state, load_weights,
                                  prune_checkpoints, save_checkpoint, step_checkpoints)
-from topoclip.config import Config, ConfigError, load_config, to_dict, validate
+from topoclip.config import Config, ConfigError, flat_dict, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, init_distributed,
                                   sum_across_ranks)
@@ -158,16 +158,7 @@ def new_run_dir(config: Config) -> Path:
 
 def flat_settings(config: Config) -> dict[str, Any]:
     """{"train.lr": 0.0005, "model.vision.width": 768, ...}: every leaf setting by its dotted key."""
-    def walk(values: dict, prefix: str) -> dict[str, Any]:
-        flat = {}
-        for key, value in values.items():
-            if isinstance(value, dict):
-                flat.update(walk(value, f"{prefix}{key}."))
-            else:
-                flat[prefix + key] = value
-        return flat
-
-    return walk(to_dict(config), "")
+    return flat_dict(to_dict(config))
 
 
 def resumable(key: str) -> bool:
