@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from topoclip.training.step import set_tf32
 from train_step import synchronize, time_steps, topoclip_step
 
 # OpenCLIP's model for each topoclip preset (its name in open_clip, or "custom" for the same sizes).
@@ -116,10 +117,11 @@ def build_subjects(args) -> list[Subject]:
     subjects = []
     for preset in args.presets.split(","):
         step, model, inputs = topoclip_step(preset, args.batch, device=args.device, precision=args.precision,
-                                            text_length=args.text_length, compile=args.compile,
-                                            compile_mode=args.compile_mode)
+                                            text_length=args.text_length, overrides=tuple(args.overrides),
+                                            compile=args.compile, compile_mode=args.compile_mode)
         eager, _, _ = topoclip_step(preset, args.batch, device=args.device, precision=args.precision,
-                                    text_length=args.text_length) if args.compile else (step, None, None)
+                                    text_length=args.text_length, overrides=tuple(args.overrides),
+                                    ) if args.compile else (step, None, None)
         subjects.append(Subject("topoclip", preset, step, eager, model, args.batch))
         name = OPENCLIP_MODELS.get(preset)
         if name and openclip_available():
@@ -142,8 +144,8 @@ def summary(subject: Subject, peak: float, reference: Optional[Subject], args) -
     rate = statistics.median(subject.rates)
     result = {
         "benchmark": "mfu", "model": subject.label, "preset": subject.preset, "batch": subject.batch,
-        "device": args.device, "precision": args.precision, "compile": args.compile and args.compile_mode,
-        "threads": torch.get_num_threads(), "rounds": len(subject.rates), "median_images_per_s": round(rate, 1),
+        "overrides": args.overrides, "device": args.device, "precision": args.precision, "compile": args.compile and args.compile_mode,
+        "tf32": not args.no_tf32, "threads": torch.get_num_threads(), "rounds": len(subject.rates), "median_images_per_s": round(rate, 1),
         "images_per_s_range": [round(min(subject.rates), 1), round(max(subject.rates), 1)],
         "gflop_per_sample": round(subject.flops_per_sample / 1e9, 3), "parameters": subject.parameters,
         "peak_tflop_per_s": round(peak / 1e12, 2), "mfu": round(subject.flops_per_sample * rate / peak, 4),
@@ -175,6 +177,9 @@ def main() -> None:
                         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
                         help="torch.compile's mode (reduce-overhead: CUDA graphs of forward and backward)")
     parser.add_argument("--no-open-clip", action="store_true", help="time topoclip only")
+    parser.add_argument("--no-tf32", action="store_true", help="fp32 products in full fp32 (train.allow_tf32=false)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a topoclip setting, e.g. train.fused_optimizer=false")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -183,7 +188,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # train.allow_tf32's default
+        set_tf32(not args.no_tf32)  # train.allow_tf32 (default true)
     if args.no_open_clip:
         OPENCLIP_MODELS.clear()
     elif not openclip_available():

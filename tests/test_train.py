@@ -29,7 +29,9 @@ def test_run_folder_has_everything(tmp_path):
     assert [p.name for p in step_checkpoints(run / "checkpoints")] == ["step-000004"]  # kept the last 1
     records = json.loads((run / "eval.json").read_text())
     assert {r["task"] for r in records} == {"zeroshot_classification", "zeroshot_retrieval"}
-    assert all(set(r) == {"dataset", "model", "task", "metrics"} for r in records)
+    # CLIP_benchmark-style records; the built-in sets also say how they relate to training ("domain").
+    assert all(set(r) == {"dataset", "model", "task", "metrics", "domain"} for r in records)
+    assert {r["domain"] for r in records} == {"in-domain", "out-of-domain", "held-out", "held-out, out-of-domain"}
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     first = logged[0]
     assert {"loss", "scale", "t", "lr", "grad_norm", "images_per_s", "data"} <= set(first)
