@@ -20,7 +20,7 @@ from pathlib import Path
 
 from topoclip import __version__
 from topoclip.config import ConfigError, describe_preset, load_config, presets, to_dict
-from topoclip.errors import DISK_FULL_ERRNOS, EvaluationSetError, UserError, require_device
+from topoclip.errors import DISK_FULL_ERRNOS, EvaluationSetError, UserError, resolve_device
 
 DEFAULT_PRESET = "cpu-multi"
 USER_ERROR_STATUS = 2
@@ -78,20 +78,17 @@ def add_train(commands) -> None:
 
 
 def command_eval(args) -> int:
-    import torch
-
     from topoclip.checkpoint import load_checkpoint
     from topoclip.config import Config, apply_overrides, from_dict, validate
     from topoclip.evaluation.run import evaluate, no_evaluation_sets, summary_table
 
-    require_device(args.device, "--device")
+    device = resolve_device(args.device, "--device")
     model, tokenizer, config = load_checkpoint(args.checkpoint)
     if args.overrides:  # e.g. evaluate on other sets: --set evaluate.classification='["folder"]'
         config = from_dict(Config, apply_overrides(to_dict(config), args.overrides))
         validate(config)
     if tokenizer is None:
         raise ConfigError(f"{args.checkpoint} has no tokenizer.json; it cannot encode prompts")
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     records = evaluate(model.to(device), tokenizer, config, args.split, device, model_name=args.name or config.name)
     if not records:
         raise EvaluationSetError(no_evaluation_sets(config))

@@ -85,3 +85,13 @@ def require_device(name: str, setting: str = "train.device") -> None:
                             f"use cuda:0 ... cuda:{torch.cuda.device_count() - 1}")
     if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise UserError(f"{setting}={name!r} but Apple MPS is not available here; use {setting}=cpu")
+
+
+def resolve_device(name: str = "auto", setting: str = "device"):
+    """ "auto" -> cuda when available, else cpu; any other name checked by `require_device`. Returns a torch.device."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    require_device(name, setting)
+    return torch.device(name)

@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from topoclip.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
-from topoclip.errors import CheckpointError, UserError
+from topoclip.errors import CheckpointError, UserError, resolve_device
 from topoclip.evaluation.zeroshot import ZeroShotClassifier, evaluating, zero_shot_classifier
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
@@ -123,16 +123,6 @@ def _open(image):
         return decode_image(image)
     except BadSample as error:
         raise UserError(f"cannot read image {image}: {error}") from None
-
-
-def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else as torch names it."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from topoclip.errors import require_device
-
-    require_device(device, "device")
-    return torch.device(device)
 
 
 def checkpoint_folder(source: Union[str, Path], revision: Optional[str] = None,

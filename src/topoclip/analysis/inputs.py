@@ -19,20 +19,12 @@ import torch
 from topoclip.checkpoint import load_checkpoint, resolve_checkpoint
 from topoclip.config import Config, ConfigError
 from topoclip.data.types import RetrievalSet
-from topoclip.errors import require_device
+from topoclip.errors import resolve_device
 from topoclip.evaluation.zeroshot import embed_images, embed_texts
 from topoclip.transforms import eval_transform
 
 METRICS_FILE = "metrics.jsonl"
 STYLES = ("in-domain", "out-of-domain")
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """"auto" -> cuda when available, else cpu; a device this machine lacks is a UserError (one line)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    require_device(name, "--device")
-    return torch.device(name)
 
 
 @dataclass
@@ -76,7 +68,7 @@ def load_model(path, device: str = "auto") -> LoadedModel:
     model, tokenizer, config = load_checkpoint(folder)
     if tokenizer is None:
         raise ConfigError(f"{folder} has no tokenizer.json; the analyses need it to encode captions")
-    target = resolve_device(device)
+    target = resolve_device(device, "--device")
     model = model.to(target).eval()
     return LoadedModel(model, tokenizer, config, folder, run_folder_of(folder), target)
 
