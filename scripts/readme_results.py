@@ -1,25 +1,32 @@
-"""The README's figures, generated from committed results files (so they are what the code printed).
+"""The figures of README.md and docs/results/README.md, generated from committed results files.
 
     python scripts/readme_results.py record RUN_DIR --wall-seconds S   # docs/results/default-run.json from a run
-    python scripts/readme_results.py write                             # rewrite the README's generated blocks
-    python scripts/readme_results.py check                             # exit 1 when the README disagrees
+    python scripts/readme_results.py write                             # rewrite both documents' generated blocks
+    python scripts/readme_results.py check                             # exit 1 when a document disagrees
 
-The README holds generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``;
-NAME.json in docs/results/ is the source of each (``default-run``: `topoclip train`'s eval.json plus
-how it was run; ``compare``: what `topoclip compare` wrote). tests/test_readme_results.py runs `check`.
+The documents hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``.
+The source of each is in docs/results/: NAME.json (``default-run``: `topoclip train`'s eval.json plus
+how it was run; ``compare``: what `topoclip compare` wrote; ``claims``: the paper's claims, which
+cells measure each, and our verdict), or NAME/ablation.json (what `topoclip ablate` wrote), or
+NAME/*.json (``experts``, ``equilibrium``: that `topoclip analyze` command on each seed's run).
+tests/test_readme_results.py runs `check`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import re
 import sys
 from pathlib import Path
 
+from topoclip.analysis.ablation import load_grid, markdown_table, mean_std
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 README = ROOT / "README.md"
+DOCUMENTS = (README, RESULTS / "README.md")
 
 
 def default_run_table(results: dict) -> str:
@@ -43,21 +50,130 @@ def default_run_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def describe_machine(machine: dict) -> str:
+    """"Linux-…-x86_64, 2 CPU cores, no GPU, torch 2.13.0+cpu" from the machine record of an ablation."""
+    return (f"{machine['platform'].split('-with')[0]}, {machine['cpus']} CPU cores"
+            + (f", {machine['gpu']}" if machine.get("gpu") else ", no GPU") + f", torch {machine['torch']}")
+
+
 def compare_table(results: dict) -> str:
     """Markdown of `topoclip compare`'s JSON: the table it wrote, and how it was run."""
-    return (f"Measured: `{results['command']}` ({len(results['seeds'])} seeds) on {results['machine']}.\n\n"
+    return (f"Measured: `{results['command']}` ({len(results['seeds'])} seeds) on {describe_machine(results['machine'])}.\n\n"
             + results["table"])
 
 
-RENDERERS = {"default-run": default_run_table, "compare": compare_table}
+def ablation_table(results: dict) -> str:
+    """Markdown of `topoclip ablate`'s JSON: how it was run, then the table it wrote (its rows)."""
+    minutes = sorted(r["train_seconds"] / 60 for r in results["runs"])
+    reused = sum(r["reused_from"] is not None for r in results["runs"])
+    lines = [f"{len(results['runs'])} runs ({len(results['rows'])} cells × {results['seeds']} seeds, "
+             f"{results['steps']} steps each) on {describe_machine(results['machine'])}; one run "
+             f"took {minutes[0]:.1f}–{minutes[-1]:.1f} min (median {minutes[len(minutes) // 2]:.1f})"
+             + (f"; {reused} of them are the identical runs of another grid (`--reuse`)" if reused else "")
+             + f". Tabulated by `{results['command']}`.", ""]
+    table = markdown_table(load_grid(results["grid"]), results["rows"], results)
+    return "\n".join(lines + [line for line in table.splitlines() if line.startswith("|")])
+
+
+def experts_values(runs: list[dict]) -> dict[str, dict[int, list[float]]]:
+    """{set: {k: [each run's mean top-1 over its draws]}} from `topoclip analyze experts` JSONs."""
+    values: dict[str, dict[int, list[float]]] = {}
+    for run in runs:
+        for name, result in run["sets"].items():
+            for point in result["subsets"]:
+                values.setdefault(name, {}).setdefault(point["k"], []).append(point["mean"])
+    return values
+
+
+def experts_table(runs: list[dict]) -> str:
+    """Markdown: zero-shot top-1 from k of the m sub-spheres, mean ± std over the runs (each a mean over draws)."""
+    values = experts_values(runs)
+    sizes = sorted({k for per_k in values.values() for k in per_k})
+    lines = [f"{len(runs)} runs (seeds), {runs[0]['draws']} random subsets per k (every subset when fewer), "
+             f"{runs[0]['size']} test images per set, {runs[0]['mode']} mode.", "",
+             "| set | chance | " + " | ".join(f"k = {k}" for k in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
+    for name, per_k in values.items():
+        cells = [f"{m:.1f} ± {s:.1f}" for m, s in (mean_std(per_k[k]) for k in sizes)]
+        lines.append(f"| {name} | {100 / runs[0]['sets'][name]['classes']:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def equilibrium_table(runs: list[dict], batch_size: int = 128) -> str:
+    """Markdown: per group of runs (files GROUP-seed-K.json), the learned τ beside τ* (the τ minimising the loss
+    of the trained model's fixed embeddings) with p % of captions shuffled, mean ± std over the group's runs."""
+    fractions = sorted({c["fraction"] for c in runs[0]["curves"]})
+    lines = [f"Batches of {batch_size} built-in test pairs, {runs[0]['draws']} draws each; τ* is read on a grid of "
+             f"{len(runs[0]['scales'])} values from {runs[0]['scales'][0]:g} to {runs[0]['scales'][-1]:g} (×1.26 apart).",
+             "", "| runs | topology | seeds | learned τ | " + " | ".join(f"τ* at {p:.0%} shuffled" for p in fractions)
+             + " |", "|---|---|---|---|" + "---|" * len(fractions)]
+    for group in dict.fromkeys(run["file"].rsplit("-seed-", 1)[0] for run in runs):
+        chosen = [run for run in runs if run["file"].rsplit("-seed-", 1)[0] == group]
+        columns = [mean_std([run["model_scale"] for run in chosen])]
+        columns += [mean_std([c["best_scale"] for run in chosen for c in run["curves"]
+                              if c["fraction"] == p and c["batch_size"] == batch_size]) for p in fractions]
+        lines.append(f"| {group} | {chosen[0]['topology']} | {len(chosen)} | "
+                     + " | ".join(f"{m:.1f} ± {sd:.1f}" for m, sd in columns) + " |")
+    return "\n".join(lines)
+
+
+def measured(item: dict) -> str:
+    """"label mean ± std" of one measurement of a claim: a metric of one cell of an ablation in docs/results/.
+
+    metric: a Table 6 column of the ablation's rows (final_t, i2t_r1, t2i_r1, zero_shot_top1, linear_probe_top1,
+    convergence_step), "tau" (exp of each run's final t), or "headline:KEY" (a metric of each run's final evaluation).
+    """
+    results = load_results(item["source"])
+    metric = item["metric"]
+    if item["source"] == "experts":
+        values = experts_values(results)[item["set"]][int(item["cell"])]
+    else:
+        runs = [r for r in results["runs"] if r["cell"] == item["cell"]]
+        if not runs:
+            raise KeyError(f"{item['source']} has no cell {item['cell']!r}")
+        if metric == "tau":
+            values = [math.exp(r["final_t"]) for r in runs]
+        elif metric.startswith("headline:"):
+            values = [r["headline"][metric.split(":", 1)[1]] for r in runs]
+        else:
+            values = [r[metric] for r in runs]
+    mean, std = mean_std(values)
+    digits = item.get("digits", 1)
+    return f"{item['label']} {mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def claims_table(claims: dict) -> str:
+    """Markdown: each claim of the paper, our measurements (mean ± std over seeds), the verdict."""
+    lines = ["| the paper's claim | measured here (mean ± std over seeds) | verdict |", "|---|---|---|"]
+    for claim in claims["claims"]:
+        numbers = "; ".join(measured(item) for item in claim["measured"])
+        lines.append(f"| {claim['claim']} | {numbers} | **{claim['verdict']}**: {claim['why']} |")
+    return "\n".join(lines)
+
+
+RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table, "claims": claims_table,
+             "experts": experts_table, "equilibrium": equilibrium_table}
+
+
+def load_results(name: str):
+    """docs/results/NAME.json, NAME/ablation.json, or the list of NAME/*.json (one analysis per run, each with
+    its file's stem added as "file")."""
+    if (RESULTS / f"{name}.json").is_file():
+        return json.loads((RESULTS / f"{name}.json").read_text())
+    if (RESULTS / name / "ablation.json").is_file():
+        return json.loads((RESULTS / name / "ablation.json").read_text())
+    runs = sorted((RESULTS / name).glob("*.json"))
+    if not runs:
+        raise FileNotFoundError(f"no results for block {name!r} in {RESULTS}")
+    return [{**json.loads(path.read_text()), "file": path.stem} for path in runs]
 
 
 def render_blocks(readme: str) -> str:
-    """The README with every generated block rewritten from its results file."""
+    """The document with every generated block rewritten from its results file."""
     def replace(match: re.Match) -> str:
         name = match.group(1)
-        results = json.loads((RESULTS / f"{name}.json").read_text())
-        return f"<!-- results:{name} -->\n{RENDERERS[name](results)}\n<!-- /results:{name} -->"
+        results = load_results(name)
+        renderer = RENDERERS.get(name, ablation_table)
+        return f"<!-- results:{name} -->\n{renderer(results)}\n<!-- /results:{name} -->"
 
     return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, readme, flags=re.S)
 
@@ -91,13 +207,17 @@ def main() -> int:
     if args.command == "record":
         print(f"wrote {record(args.run_dir, args.wall_seconds, args.as_command)}")
         return 0
-    current = README.read_text()
-    wanted = render_blocks(current)
-    if args.command == "write":
-        README.write_text(wanted)
-        return 0
-    if wanted != current:
-        print("README.md's generated blocks differ from docs/results/*.json; run: python scripts/readme_results.py write")
+    stale = []
+    for document in DOCUMENTS:
+        current = document.read_text()
+        wanted = render_blocks(current)
+        if args.command == "write":
+            document.write_text(wanted)
+        elif wanted != current:
+            stale.append(document.relative_to(ROOT))
+    if stale:
+        print(f"{', '.join(map(str, stale))}: generated blocks differ from docs/results/; "
+              f"run: python scripts/readme_results.py write")
         return 1
     return 0
 

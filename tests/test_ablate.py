@@ -8,7 +8,7 @@ import pytest
 
 from topoclip.analysis import ablation
 from topoclip.cli import main
-from topoclip.config import ConfigError
+from topoclip.config import ConfigError, to_dict
 
 # Tiny runs with small evaluation sets: what a smoke test of a grid looks like.
 FAST = ["--preset", "tiny", "--seeds", "2", "--steps", "3", "--probe-size", "16", "--set", "train.num_workers=0",
@@ -55,6 +55,48 @@ def test_tau_range_matches_logit_ranges():
     for matched, reference in [("multi, sphere's range", "sphere, default t"), ("sphere, multi's range", "multi, default t")]:
         ranges = [math.exp(configs[c].temperature.init) * ablation.half_range(configs[c]) for c in (matched, reference)]
         assert ranges[0] == pytest.approx(ranges[1])
+
+
+def test_default_cells_of_every_grid_are_the_compare_runs():
+    """The cells that train the presets as they are resolve to the compare runs' configs (name aside), which is
+    what lets `--reuse` share those runs between grids; they would differ if a grid set τ's clamp for every cell."""
+    def configs(name):
+        grid = ablation.load_grid(name)
+        return {ablation.cell_name(levels): to_dict(ablation.cell_config(grid, levels, [], seed=1))
+                for levels in grid.cells()}
+
+    compare, table3, table4 = configs("compare"), configs("table3"), configs("table4")
+    tau_range, noise = configs("tau-range"), configs("noise")
+    same = [(compare["multi"], table4["multi"]), (compare["multi"], tau_range["multi-default-t"]),
+            (compare["multi"], noise["multi_0"]), (compare["sphere"], table4["sphere-128"]),
+            (compare["sphere"], table3["sphere_t-2.659"]), (compare["sphere"], tau_range["sphere-default-t"]),
+            (compare["sphere"], noise["sphere_0"]), (table3["ps-inner_t-2.659"], table4["ps-16x8"])]
+    for a, b in same:
+        assert a["name"] != b["name"] and ablation._differences(a, b) == []
+    assert ablation._differences(compare["sphere"], table3["sphere_t-5.31"]) != []
+    raised = tau_range["sphere-multi-s-range"]["model"]["temperature"]
+    assert math.exp(raised["init"]) < raised["max_scale"]  # starts at the multi-token range, not clamped
+
+
+def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
+    source = tmp_path / "compare"
+    assert main(["ablate", "--grid", "compare", *FAST, "--out", str(source)]) == 0
+    out = tmp_path / "table4"
+    args = ["ablate", "--grid", "table4", *FAST, "--cells", "multi", "ps-16x8", "--out", str(out)]
+    capsys.readouterr()
+    assert main([*args, "--reuse", str(source)]) == 0
+    assert capsys.readouterr().out.count("reused") == 2
+    result = json.loads((out / "ablation.json").read_text())
+    assert result["trained_now"] == 2 and result["reused_now"] == 2 and result["reused"] == 2  # ps-16x8 trained
+    for seed in (0, 1):
+        copy, original = out / "runs" / "multi" / f"seed-{seed}", source / "runs" / "multi" / f"seed-{seed}"
+        assert (copy / "eval.json").read_bytes() == (original / "eval.json").read_bytes()
+        assert (copy / "probe.json").is_file()  # probed at this grid's --probe-size
+    assert read_runs(out)[("multi", 0)]["reused_from"] == str((source / "runs" / "multi" / "seed-0").resolve())
+    assert "2 of the 4 runs are copies" in (out / "table.md").read_text()
+    # Nothing to reuse for a cell with another config; a folder without runs is refused.
+    assert main([*args, "--reuse", str(tmp_path / "nothing")]) == 2
+    assert "no finished run" in capsys.readouterr().err
 
 
 def test_unknown_grid_and_cells_are_user_errors(tmp_path, capsys):

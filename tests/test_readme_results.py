@@ -1,6 +1,8 @@
 """The README's figures are generated from docs/results/*.json (scripts/readme_results.py)."""
 import importlib.util
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,50 @@ def test_a_table_row_shows_the_number_in_its_record():
     assert "| shape | in-domain | 97.2 | 100.0 | 12.5 |" in table and "4.8 minutes" in table
 
 
-@pytest.mark.parametrize("name", sorted(readme_results.RENDERERS))
+def test_the_results_report_figures_equal_the_committed_results_files():
+    report = (ROOT / "docs" / "results" / "README.md").read_text()
+    assert "<!-- results:claims -->" in report
+    assert readme_results.render_blocks(report) == report, "run: python scripts/readme_results.py write"
+
+
+BLOCKS = sorted({name for document in readme_results.DOCUMENTS
+                 for name in re.findall(r"<!-- results:([\w-]+) -->", document.read_text())})
+
+
+@pytest.mark.parametrize("name", BLOCKS)
 def test_each_generated_block_has_a_results_file(name):
-    assert (ROOT / "docs" / "results" / f"{name}.json").is_file()
+    assert readme_results.load_results(name)
+
+
+def test_a_claim_shows_mean_and_std_of_its_cells_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    runs = [{"cell": "a", "final_t": math.log(2.0), "zero_shot_top1": 50.0, "headline": {"x/mean_recall": 10.0}},
+            {"cell": "a", "final_t": math.log(4.0), "zero_shot_top1": 70.0, "headline": {"x/mean_recall": 20.0}},
+            {"cell": "b", "final_t": 0.0, "zero_shot_top1": 0.0, "headline": {"x/mean_recall": 0.0}}]
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "ablation.json").write_text(json.dumps({"runs": runs}))
+    item = {"source": "grid", "cell": "a", "label": "a:"}
+    assert readme_results.measured({**item, "metric": "tau"}) == "a: 3.0 ± 1.4"  # τ = 2 and 4
+    assert readme_results.measured({**item, "metric": "zero_shot_top1"}) == "a: 60.0 ± 14.1"
+    assert readme_results.measured({**item, "metric": "headline:x/mean_recall", "digits": 2}) == "a: 15.00 ± 7.07"
+    with pytest.raises(KeyError):
+        readme_results.measured({**item, "cell": "c", "metric": "tau"})
+
+
+def test_experts_and_equilibrium_tables_average_over_runs():
+    def experts(k1, k2):
+        return {"draws": 10, "size": 500, "mode": "distance",
+                "sets": {"shape": {"classes": 8, "subsets": [{"k": 1, "mean": k1}, {"k": 2, "mean": k2}]}}}
+
+    table = readme_results.experts_table([experts(30.0, 80.0), experts(40.0, 80.0)])
+    assert "| shape | 12.5 | 35.0 ± 7.1 | 80.0 ± 0.0 |" in table
+
+    def equilibrium(learned, best):
+        return {"file": f"multi-seed-{learned}", "topology": "ps-inner", "model_scale": learned, "draws": 8,
+                "scales": [1.0, 10.0],
+                "curves": [{"batch_size": 128, "fraction": 0.0, "best_scale": best},
+                           {"batch_size": 128, "fraction": 0.5, "best_scale": 1.0},
+                           {"batch_size": 32, "fraction": 0.0, "best_scale": 99.0}]}
+
+    table = readme_results.equilibrium_table([equilibrium(9.0, 10.0), equilibrium(11.0, 10.0)])
+    assert "| multi | ps-inner | 2 | 10.0 ± 1.4 | 10.0 ± 0.0 | 1.0 ± 0.0 |" in table

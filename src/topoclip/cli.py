@@ -412,7 +412,7 @@ def command_ablate(args) -> int:
 
     out = Path(args.out or Path("ablations") / Path(args.grid).stem)
     ablate(args.grid, out, args.seeds, args.steps, args.overrides, args.jobs, args.preset, args.probe_size,
-           args.cells, command=" ".join(["topoclip"] + sys.argv[1:]))
+           args.cells, args.reuse or (), command=" ".join(["topoclip"] + sys.argv[1:]))
     return 0
 
 
@@ -431,6 +431,8 @@ def add_ablate(commands) -> None:
     ablate.add_argument("--probe-size", type=int, default=1000, help="training images of each run's linear probe "
                         "(0: no probe)")
     ablate.add_argument("--out", help="output folder (default ablations/GRID); re-running it finishes what is missing")
+    ablate.add_argument("--reuse", nargs="+", metavar="OUT", help="other ablation folders (e.g. a compare run's): "
+                        "their finished runs whose config equals a cell's (name aside) are copied instead of trained")
     add_overrides(ablate)
 
 

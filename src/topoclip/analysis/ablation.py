@@ -52,6 +52,8 @@ PROBE_TASK = "shape"
 RUNS = "runs"
 EVAL = "eval.json"
 PROBE = "probe.json"
+REUSED = "reused.json"  # in a run folder copied from another ablation: where from
+LABEL_KEYS = {"name"}  # top-level config keys that only label a run (its default folder name), never change it
 
 
 # --------------------------------------------------------------------------- grids as data
@@ -236,9 +238,33 @@ def check_existing(spec: RunSpec) -> None:
 
 def _differences(saved, wanted, prefix: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(wanted, dict):
-        keys = set(saved) | set(wanted)
+        keys = (set(saved) | set(wanted)) - (LABEL_KEYS if not prefix else set())
         return [d for key in keys for d in _differences(saved.get(key), wanted.get(key), f"{prefix}{key}.")]
     return [] if saved == wanted else [prefix.rstrip(".")]
+
+
+def reuse_runs(specs: Sequence[RunSpec], sources: Sequence, log: Callable[[str], None] = print) -> int:
+    """Copy in every run of `specs` not started yet that another ablation folder has finished with the same config.
+
+    sources: ablation output folders (their OUT/runs/*/seed-*/). A finished run (eval.json) whose config.json
+    equals the spec's config, the run's name aside, is copied whole, except its probe (re-run at this grid's
+    --probe-size), and gets RUN/reused.json naming its source. Returns the number of runs copied.
+    """
+    finished = [path.parent for source in sources for path in sorted(Path(source).glob(f"{RUNS}/*/seed-*/{EVAL}"))]
+    if sources and not finished:
+        raise ConfigError(f"--reuse {' '.join(map(str, sources))}: no finished run there (expected OUT/{RUNS}/CELL/seed-K/{EVAL})")
+    configs = {run: json.loads((run / "config.json").read_text()) for run in finished}
+    copied = 0
+    for spec in specs:
+        source = next((run for run, config in configs.items() if not _differences(config, spec.config)), None)
+        if source is None or run_state(spec) != "new" or Path(spec.run_dir).resolve() == source.resolve():
+            continue
+        shutil.rmtree(spec.run_dir, ignore_errors=True)  # a folder without config.json holds nothing to keep
+        shutil.copytree(source, spec.run_dir, ignore=shutil.ignore_patterns(PROBE, REUSED, "*.lock"))
+        write_json(spec.run_dir, Path(REUSED).stem, {"from": str(source.resolve())})
+        log(f"{spec.cell} seed {spec.seed}: reused {source} (same config)")
+        copied += 1
+    return copied
 
 
 # --------------------------------------------------------------------------- one run
@@ -315,7 +341,10 @@ def run_record(spec: RunSpec) -> dict:
             "final_t": curve.final_t, "convergence_step": curve.convergence_step, "window": curve.window,
             "i2t_r1": retrieval.get("text_retrieval_recall@1"), "t2i_r1": retrieval.get("image_retrieval_recall@1"),
             "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),
-            "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale}}
+            "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale},
+            # wall time from the (last) start, when config.json is written, to the final evaluation
+            "train_seconds": (run_dir / EVAL).stat().st_mtime - (run_dir / "config.json").stat().st_mtime,
+            "reused_from": json.loads((run_dir / REUSED).read_text())["from"] if (run_dir / REUSED).is_file() else None}
 
 
 # --------------------------------------------------------------------------- the table
@@ -364,6 +393,8 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
               f"zero-shot top-1 ({grid.zero_shot_set})", f"linear probe ({PROBE_TASK})"])
     lines = [f"# Ablation `{grid.name}`", "", grid.description, "",
              ("" if meta["cells"] == "all" else f"Reduced grid: the cells matching {' '.join(meta['cells'])}. ")
+             + (f"{meta['reused']} of the {len(rows) * meta['seeds']} runs are copies of runs of other ablations made "
+                f"with the same config (`--reuse`; `reused_from` in ablation.json). " if meta.get("reused") else "")
              + f"Mean ± std over {meta['seeds']} seed(s) (train.seed 0 … {meta['seeds'] - 1}); base preset "
              f"`{meta['preset']}`; {meta['steps']} steps; command `{meta['command']}`. "
              f"Retrieval: built-in scenes test split (in-domain), R@1 in %; zero-shot: the `{grid.zero_shot_set}` set, "
@@ -397,10 +428,11 @@ def plot_temperatures(records: Sequence[dict], out_dir) -> Path:
 
 def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (),
            jobs: int = 1, preset: Optional[str] = None, probe_size: int = 1000, cells: Optional[Sequence[str]] = None,
-           command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+           reuse: Sequence = (), command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
     """Train every missing run of the grid (J at a time), probe them, write table.md, ablation.json, temperature.png.
 
     cells: shell patterns of cell names to run and tabulate (a reduced grid); None for every cell.
+    reuse: other ablation folders whose finished runs with the same config are copied instead of trained.
     command: the command line to record with the results (the CLI passes its own).
     """
     if seeds < 1 or jobs < 1 or probe_size < 0:
@@ -410,9 +442,12 @@ def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None,
     overrides = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells)
     started = time.perf_counter()
+    reused = reuse_runs(specs, reuse, log)
     todo = [s for s in specs if run_state(s) != "finished" or (probe_size and not (Path(s.run_dir) / PROBE).is_file())]
+    to_train = sum(run_state(s) != "finished" for s in todo)  # the rest only need their probe
     log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds), "
-        f"{len(specs) - len(todo)} already done, {len(todo)} to run, {jobs} at a time; logs in {out_dir / 'logs'}")
+        f"{len(specs) - len(todo)} already done, {len(todo)} to run ({len(todo) - to_train} of them only to probe), "
+        f"{jobs} at a time; logs in {out_dir / 'logs'}")
     by_dir = {}
     for done, record in enumerate(_execute(todo, jobs), start=1):
         by_dir[record["run_dir"]] = record
@@ -425,7 +460,8 @@ def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None,
     meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "preset": preset or grid.preset,
             "steps": load_config(values=specs[0].config).train.steps,
             "command": command or f"ablate({grid_name!r}, seeds={seeds}, steps={steps}, jobs={jobs}, preset={preset!r})",
-            "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": len(todo),
+            "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": to_train, "reused_now": reused,
+            "reused": sum(r["reused_from"] is not None for r in records),
             "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                         "python": platform.python_version(), **_torch_info()}}
     (out_dir / "table.md").write_text(markdown_table(grid, rows, meta))
