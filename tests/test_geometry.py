@@ -7,6 +7,8 @@ import torch
 from topoclip import geometry
 from topoclip.geometry import TOPOLOGIES, similarity, to_space
 
+from _tolerance import gamma
+
 ALL = sorted(TOPOLOGIES)
 
 
@@ -34,21 +36,27 @@ def test_similarity_range(topology, m):
     s = similarity(topology, u, torch.cat([u[:8], -u[8:16], to_space(topology, torch.randn(48, m, 8))]))
     low, high = TOPOLOGIES[topology].similarity_range(m)
     assert s.shape == (64, 64)
-    assert (s >= low - 1e-4).all() and (s <= high + 1e-4).all()
+    # fp32: normalising and scoring 8·m coordinates is ~8·m + 8 roundings on values ≤ m (ps-inner's
+    # range; the sphere's is 1, the geodesic's √m·π on cosines ≤ 1): γ_(8m+8) · m bounds every order.
+    rounding = gamma(8 * m + 8) * m
+    assert (s >= low - rounding).all() and (s <= high + rounding).all()
     if topology != "euclidean":  # the diagonal of matching pairs reaches the top of the range
-        # (the geodesic only to within the arccos clamp, √m · arccos(1 − ε))
-        slack = math.sqrt(m) * math.acos(1 - geometry.ARCCOS_CLAMP_EPSILON) + 1e-4
+        # (the geodesic only to within the arccos clamp, √m · arccos(1 − ε), with 1 − ε itself rounded
+        # to fp32: at most one spacing below 1, 2⁻²⁴, further from 1)
+        slack = math.sqrt(m) * math.acos(1 - geometry.ARCCOS_CLAMP_EPSILON - 2.0**-24) + rounding
         torch.testing.assert_close(s.diagonal()[:8], torch.full((8,), high), atol=slack, rtol=0)
     if topology in ("sphere", "ps-inner"):  # antipodes reach the bottom
-        torch.testing.assert_close(s[8:16, 8:16].diagonal(), torch.full((8,), low), atol=1e-4, rtol=0)
+        torch.testing.assert_close(s[8:16, 8:16].diagonal(), torch.full((8,), low), atol=rounding, rtol=0)
 
 
 def test_ps_inner_is_the_flattened_matmul():
     u, v = random_points("ps-inner", 7), random_points("ps-inner", 5)
     expected = u.flatten(1) @ v.flatten(1).T
-    torch.testing.assert_close(similarity("ps-inner", u, v), expected.float())
+    # float64 in, float64 out: a sum of 32 products of unit-norm rows, |error| ≤ γ_32 (float64) ≈ 4e-15.
+    float64_bound = dict(atol=32 * 2.0**-53 * 4, rtol=0)  # Σ|u_i v_i| ≤ m = 4 (Cauchy-Schwarz per sphere)
+    torch.testing.assert_close(similarity("ps-inner", u, v), expected, **float64_bound)
     # = Σ_k u_kᵀ v_k per pair, i.e. tr(uᵀv)
-    torch.testing.assert_close(similarity("ps-inner", u[:1], v[:1])[0, 0], (u[0] * v[0]).sum().float())
+    torch.testing.assert_close(similarity("ps-inner", u[:1], v[:1])[0, 0], (u[0] * v[0]).sum(), **float64_bound)
 
 
 def test_geodesic_equals_its_arccos_formula():
@@ -57,13 +65,17 @@ def test_geodesic_equals_its_arccos_formula():
     for i in range(6):
         for j in range(5):
             angles = [math.acos(float(u[i, k] @ v[j, k])) for k in range(u.shape[1])]
-            assert s[i, j].item() == pytest.approx(-math.sqrt(sum(a * a for a in angles)), abs=1e-5)
+            # float64 throughout; the arccos clamp (1 − ε) moves an angle by at most arccos(1 − ε) ≈ 1.4e-3
+            # only for |cos| > 1 − ε, which random points on S^7 never reach; else float64 rounding only.
+            assert s[i, j].item() == pytest.approx(-math.sqrt(sum(a * a for a in angles)), abs=1e-12)
 
 
 def test_euclidean_equals_the_norm_of_the_difference():
-    u, v = torch.randn(6, 3, 5), torch.randn(4, 3, 5)
+    u, v = torch.randn(6, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
     expected = -(u[:, None] - v[None]).flatten(2).norm(dim=-1)
-    torch.testing.assert_close(similarity("euclidean", u, v), expected, atol=1e-5, rtol=1e-5)
+    # The similarity goes through ‖u‖² + ‖v‖² − 2uᵀv (15 terms each): float64 γ_45 of Σ of squares ≤ 100,
+    # then a square root, which halves the relative error.
+    torch.testing.assert_close(similarity("euclidean", u, v), expected, atol=math.sqrt(45 * 2.0**-53 * 100), rtol=0)
 
 
 def close_pairs(norm, distance, batch=8, dim=64, seed=0):
@@ -118,6 +130,9 @@ def test_euclidean_gradients_match_float64_for_close_pairs():
             s = similarity("euclidean", a, b)
         (s * weights).sum().backward()
         grads.append((a.grad.double(), b.grad.double()))
+    # The accuracy the centred form is built for (not a summation-order bound): a plain fp32
+    # ‖u‖² + ‖v‖² − 2uᵀv at norm 10 and distance 1e-2 loses all digits (γ_64 · 100 / 1e-4 ≫ 1); the
+    # centred difference keeps a relative error of about γ_64 ≈ 4e-6 of each gradient, far inside 1e-3.
     for got, expected in zip(*grads):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-3)
 
@@ -150,8 +165,8 @@ def test_chunked_equals_unchunked_in_values_and_gradients(topology):
         s = similarity(topology, to_space(topology, u), to_space(topology, v), chunk_size=chunk)
         (s * torch.linspace(-1, 1, s.numel()).view_as(s)).sum().backward()
         results.append((s.detach(), u.grad, v.grad))
-    for a, b in zip(*results):  # fp32 arithmetic in both: equal up to summation order
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    for a, b in zip(*results):  # float64 in both: equal up to summation order, γ_24 of float64 on values ≤ π√m
+        torch.testing.assert_close(a, b, atol=24 * 2.0**-53 * math.pi * 2 * 10, rtol=0)
 
 
 def test_geodesic_chunks_hold_no_full_intermediate(monkeypatch):

@@ -8,6 +8,8 @@ from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.step import forward_backward
 
+from _tolerance import fp32_pair, gamma, network_roundings
+
 pytestmark = pytest.mark.gpu
 
 
@@ -52,7 +54,8 @@ def test_cuda_matches_cpu_in_fp32():
     with torch.no_grad():
         cpu = model.encode_image(images)
         gpu = model.cuda().encode_image(images.cuda()).cpu()
-    torch.testing.assert_close(cpu, gpu, atol=1e-4, rtol=1e-4)
+    # Two fp32 computations of unit-norm rows (GPU matmuls may use other blockings): 2·γ_n of the tiny tower
+    torch.testing.assert_close(cpu, gpu, **fp32_pair(network_roundings(2, 64, 32, 1)))
 
 
 def test_geodesic_16k_by_16k_in_chunks_fits_memory():
@@ -83,8 +86,11 @@ def test_compiled_model_matches_eager():
     eager_grad = model.visual.conv1.weight.grad.clone()
     model.zero_grad(set_to_none=True)
     compiled = forward_backward(torch.compile(model), images, text)
-    assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-4)
-    torch.testing.assert_close(model.visual.conv1.weight.grad, eager_grad, atol=1e-4, rtol=1e-3)
+    # Inductor fuses and reorders the same fp32 reductions: both within γ_n of exact, normwise
+    n = network_roundings(2, 64, 32, 16)
+    assert compiled == pytest.approx(eager, abs=2 * gamma(n) * abs(eager))
+    torch.testing.assert_close(model.visual.conv1.weight.grad, eager_grad,
+                               **fp32_pair(n, float(eager_grad.abs().max())))
 
 
 def text_of_lengths(config, lengths, device):

@@ -9,6 +9,8 @@ from topoclip.losses import infonce_loss
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 
+from _tolerance import fp32_pair, network_roundings
+
 PRESETS = topoclip.presets()
 
 
@@ -92,8 +94,10 @@ def test_padding_does_not_change_the_text_embedding():
         garbage = batch.input_ids.masked_fill(~batch.attention_mask, 17)  # pads replaced by any token
         trimmed = model.encode_text(TextBatch(garbage, batch.attention_mask))
         alone = model.encode_text(batch[1:2])
-    torch.testing.assert_close(full, trimmed)
-    torch.testing.assert_close(full[1:2], alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full, trimmed, atol=0, rtol=0)  # masked positions are never read: exact
+    # A batch of one may take other BLAS kernels than a batch of four: two fp32 computations of
+    # unit-norm rows through the tiny tower, within 2·γ_n of each other on any CPU.
+    torch.testing.assert_close(full[1:2], alone, **fp32_pair(network_roundings(2, 64, 32, 1)))
 
 
 def test_images_of_the_wrong_size_are_refused():

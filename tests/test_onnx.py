@@ -15,6 +15,8 @@ from topoclip.export_onnx import compare_with_pytorch, example_inputs, export_on
 from topoclip.model import CLIP  # noqa: E402
 from topoclip.tokenizer import Tokenizer  # noqa: E402
 
+from _tolerance import fp32_pair, network_roundings
+
 OPENAI_LAYOUT = ["model.class_tokens=2", "model.embed_dim=32", "model.text.attention=causal",
                  "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false",
                  "model.vision.activation=quick_gelu", "model.text.activation=quick_gelu"]
@@ -57,4 +59,5 @@ def test_cli_export_writes_a_servable_folder(tmp_path, capsys):
     model, _, _ = load_checkpoint(checkpoint)
     with torch.no_grad():
         expected = model.eval().encode_text(tokenizer(["a red circle"]))
-    torch.testing.assert_close(torch.from_numpy(served), expected, atol=1e-5, rtol=0)
+    # onnxruntime and torch: two fp32 computations of unit-norm rows through the tiny text tower
+    torch.testing.assert_close(torch.from_numpy(served), expected, **fp32_pair(network_roundings(2, 64, 32, 1)))

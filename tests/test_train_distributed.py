@@ -16,6 +16,8 @@ from topoclip.config import load_config
 from topoclip.training.logger import read_metrics
 from topoclip.training.trainer import train
 
+from _tolerance import gamma, network_roundings
+
 WORLD = 2
 LAUNCH_TIMEOUT_S = 120
 SETTINGS = ["train.threads=1", "train.num_workers=0", "train.batch_size=8", "train.log_every=1",
@@ -97,9 +99,13 @@ def test_two_ranks_take_the_steps_of_one_process_on_the_global_batch(launches, t
     for step in range(1, 5):
         # The gradient after DDP's all-reduce is the one-process gradient of the mean loss: same clipped
         # norm, same update, so the same τ after every step (across the resume too).
-        assert distributed[step]["grad_norm"] == pytest.approx(one[step]["grad_norm"], rel=1e-4), step
-        assert distributed[step]["scale"] == pytest.approx(one[step]["scale"], rel=1e-5), step
-        assert distributed[step]["lr"] == pytest.approx(one[step]["lr"], rel=1e-9), step
+        # Two fp32 orders of the same sums (halves + all-reduce): the gradient within 2·γ_n normwise
+        # (tests/_tolerance.py), carried through ≤ 4 AdamW steps at lr 1e-3, whose update is the gradient's
+        # sign to first order; τ moves by ≤ lr per step, so its relative difference stays ≤ 4·lr·2·γ_n.
+        bound = 2 * gamma(network_roundings(2, 64, 32, 8))
+        assert distributed[step]["grad_norm"] == pytest.approx(one[step]["grad_norm"], rel=step * bound), step
+        assert distributed[step]["scale"] == pytest.approx(one[step]["scale"], rel=bound), step
+        assert distributed[step]["lr"] == one[step]["lr"], step  # a float64 function of the step alone
 
 
 def test_logged_sample_counts_cover_every_rank(launches):

@@ -62,6 +62,13 @@ CHUNK_ELEMENTS = 2**25
 # --------------------------------------------------------------------------- projections
 
 
+def fp32_or_wider(x: torch.Tensor) -> torch.Tensor:
+    """`x` in fp32, or unchanged when it is already wider (float64): the precision floor of similarities
+    and losses. Half-precision inputs (autocast) are raised to fp32; a float64 model (the tests' exact
+    reference) stays float64 end to end instead of being rounded to fp32 here."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def normalize_whole(x: torch.Tensor) -> torch.Tensor:
     """(B, m, n) -> (B, m, n) with the flattened (m·n)-vector of unit norm."""
     flat = F.normalize(x.flatten(1), dim=-1, eps=NORM_EPSILON)
@@ -169,7 +176,7 @@ def get_topology(name: str) -> Topology:
 def to_space(topology: str, x: torch.Tensor) -> torch.Tensor:
     """Map raw outputs (B, m, n) onto the topology's space -> (B, m, n), computed in fp32."""
     with torch.autocast(x.device.type, enabled=False):
-        return get_topology(topology).project(x.float())
+        return get_topology(topology).project(fp32_or_wider(x))
 
 
 def chunk_rows(topology: str, num_columns: int, m: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
@@ -190,7 +197,7 @@ def similarity(
     if u.dim() != 3 or v.dim() != 3 or u.shape[1:] != v.shape[1:]:
         raise ValueError(f"similarity expects (Bu, m, n) and (Bv, m, n) with equal (m, n); got {tuple(u.shape)} and {tuple(v.shape)}")
     with torch.autocast(u.device.type, enabled=False):
-        u, v = u.float(), v.float()
+        u, v = fp32_or_wider(u), fp32_or_wider(v)
         if not entry.chunked:
             return entry.pairwise(u, v)
         rows = chunk_size or chunk_rows(topology, v.shape[0], u.shape[1])
@@ -198,7 +205,7 @@ def similarity(
             return entry.pairwise(u, v)
         needs_grad = torch.is_grad_enabled() and (u.requires_grad or v.requires_grad)
         if not needs_grad:  # write blocks in place: peak memory is the (Bu, Bv) result plus one chunk
-            out = torch.empty(u.shape[0], v.shape[0], device=u.device)
+            out = torch.empty(u.shape[0], v.shape[0], device=u.device, dtype=u.dtype)
             for start in range(0, u.shape[0], rows):
                 out[start : start + rows] = entry.pairwise(u[start : start + rows], v)
             return out

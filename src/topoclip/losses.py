@@ -3,7 +3,7 @@
 Both take the similarities of the *local* rows (this process's b samples) against *all* columns
 (the batch, possibly gathered across ranks: B = world · b), and the index of the local block, so
 the same functions serve a single process (local_index 0, B = b) and a distributed trainer
-(each rank scores its rows against the gathered batch). Everything is computed in fp32.
+(each rank scores its rows against the gathered batch). Everything is computed in fp32 (float64 stays float64: the tests' exact reference).
 """
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+from topoclip.geometry import fp32_or_wider
 
 
 def _targets(rows: int, local_index: int, device) -> torch.Tensor:
@@ -32,9 +34,9 @@ def infonce_loss(similarity_image_text: torch.Tensor, similarity_text_image: tor
     """
     rows = similarity_image_text.shape[0]
     targets = _targets(rows, local_index, similarity_image_text.device)
-    scale = scale.float()
-    logits_image = scale * similarity_image_text.float()
-    logits_text = scale * similarity_text_image.float()
+    scale = fp32_or_wider(scale)
+    logits_image = scale * fp32_or_wider(similarity_image_text)
+    logits_text = scale * fp32_or_wider(similarity_text_image)
     return (F.cross_entropy(logits_image, targets) + F.cross_entropy(logits_text, targets)) / 2
 
 
@@ -46,10 +48,10 @@ def sigmoid_loss(similarity_image_text: torch.Tensor, similarity_text_image: tor
     `similarity_text_image` is accepted for a common signature. β = 0 when bias is None.
     """
     rows, columns = similarity_image_text.shape
-    logits = scale.float() * similarity_image_text.float()
+    logits = fp32_or_wider(scale) * fp32_or_wider(similarity_image_text)
     if bias is not None:
-        logits = logits + bias.float()
-    signs = -torch.ones(rows, columns, device=logits.device)
+        logits = logits + fp32_or_wider(bias)
+    signs = -torch.ones(rows, columns, device=logits.device, dtype=logits.dtype)
     signs[torch.arange(rows, device=logits.device), _targets(rows, local_index, logits.device)] = 1.0
     # log σ(x) via logsigmoid: exact and stable for |x| large (τ·s reaches ±100·m).
     return -F.logsigmoid(signs * logits).sum() / rows

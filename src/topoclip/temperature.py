@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from topoclip.geometry import fp32_or_wider
+
 
 class Temperature(nn.Module):
     """Holds t (τ = exp t) and, for the sigmoid loss, a scalar bias β.
@@ -41,8 +43,8 @@ class Temperature(nn.Module):
 
     @property
     def scale(self) -> torch.Tensor:
-        """τ = exp(t), a 0-d fp32 tensor."""
-        return self.t.float().exp()
+        """τ = exp(t), a 0-d fp32 tensor (float64 in a float64 model)."""
+        return fp32_or_wider(self.t).exp()
 
     @torch.no_grad()
     def clamp_(self) -> None:
