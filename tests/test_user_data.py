@@ -211,9 +211,12 @@ def test_bad_sample_survives_pickling_between_processes():
 
 def test_assemble_batches_never_loses_counts():
     image = torch.zeros(3, 2, 2)
-    outcomes = [BadSample("corrupt_image")] + [(image, str(i)) for i in range(5)] + [BadSample("tiny_image")] * 2
-    batches = list(assemble_batches(iter(outcomes), batch_size=2))
+    outcomes = [BadSample("corrupt_image")] + [(image, str(i), f"k{i}") for i in range(5)] + [BadSample("tiny_image")] * 2
+    batches = list(assemble_batches(iter(outcomes), batch_size=2, epoch=3, worker=1))
     assert [len(batch) for batch in batches] == [2, 2, 1]
+    assert [batch.keys for batch in batches] == [["k0", "k1"], ["k2", "k3"], ["k4"]]
+    # where each worker stands once a batch is consumed: the last one's cursor is the end of the stream
+    assert [batch.positions for batch in batches] == [[(3, 1, 3, 1)], [(3, 1, 5, 2)], [(3, 1, 8, 3)]]
     total = BadSampleCounter()
     for batch in batches:
         total += batch

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
@@ -135,6 +135,31 @@ def load_config_from(path: Path) -> Config:
     return config
 
 
+def check_weights_fit(folder: Path, model_config) -> None:
+    """CheckpointError naming the first difference between `folder`'s weights and the model `model_config`
+    describes, read from the safetensors header and a model on the meta device: nothing is allocated, so a
+    config.json that claims a huge model costs nothing before it is refused."""
+    file = Path(folder) / WEIGHTS
+    try:
+        with safe_open(file, framework="pt") as weights:  # reads the header only
+            found = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    except (SafetensorError, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise CheckpointError(f"{file} cannot be read as safetensors ({error}); the checkpoint is damaged") from None
+    with torch.device("meta"):  # shapes without memory
+        expected = {name: tuple(tensor.shape) for name, tensor in CLIP(model_config).state_dict().items()}
+    where = f"{file} does not fit the model its config.json describes"
+    for name, shape in expected.items():
+        if name not in found:
+            raise CheckpointError(f"{where}: {name} {shape} is missing from the file")
+        if found[name] != shape:
+            raise CheckpointError(f"{where}: {name} is {found[name]} in the file but {shape} in the config")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise CheckpointError(f"{where}: the file has {len(extra)} tensors the model lacks, e.g. {extra[0]}")
+
+
 def _shape_mismatches(weights: dict, model: CLIP) -> list[str]:
     expected = model.state_dict()
     return [f"{name} {tuple(tensor.shape)} in the file, {tuple(expected[name].shape)} in the model"
@@ -181,6 +206,7 @@ def load_checkpoint(path, map_location: str = "cpu"):
     """(model, tokenizer or None, config) from a checkpoint (see `resolve_checkpoint`)."""
     folder = resolve_checkpoint(Path(path))
     config = load_config_from(folder)
+    check_weights_fit(folder, config.model)  # before the model is built from a config anyone may have written
     model = CLIP(config.model).to(map_location)
     load_weights(model, folder)
     return model, load_tokenizer_from(folder), config

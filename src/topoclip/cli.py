@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 from topoclip import __version__
-from topoclip.config import ConfigError, describe_preset, load_config, presets, to_dict
+from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, override_value, presets, to_dict
 from topoclip.errors import DISK_FULL_ERRNOS, EvaluationSetError, UserError, resolve_device
 
-DEFAULT_PRESET = "cpu-multi"
 USER_ERROR_STATUS = 2
 INTERRUPTED_STATUS = 130
 
@@ -42,7 +41,7 @@ def command_train(args) -> int:
             raise ConfigError("--out cannot be combined with --resume: a resumed run stays in its own folder")
         if args.init_from:
             raise ConfigError("--init-from starts a new run and --resume continues one; give one of them")
-        saved = resume_config(args.resume)
+        saved = resume_config(args.resume, typed_train_data=override_value(args.overrides, "data.train_data"))
         # Refused here, before anything is written, when an override changes what the checkpoint fixes.
         config = resume_config(args.resume, load_config(values=to_dict(saved), overrides=args.overrides))
     elif args.init_from:

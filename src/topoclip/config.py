@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -577,10 +578,21 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
     return out
 
 
+def override_value(overrides: list[str], key: str) -> Any:
+    """The value the last of `overrides` gives `key` (None when none names it)."""
+    value = None
+    for item in overrides:
+        name, _, text = item.partition("=")
+        if name.strip() == key:
+            value = parse_value(text)
+    return value
+
+
 # --------------------------------------------------------------------------- presets
 
 
 PRESET_PACKAGE = "topoclip.preset_data"
+DEFAULT_PRESET = "cpu-multi"  # what `topoclip train` trains with no --preset
 
 
 def _preset_files() -> dict[str, Any]:
@@ -628,6 +640,37 @@ def load_config(preset: Optional[str] = None, overrides: Optional[list[str]] = N
 def describe_preset(name: str) -> str:
     files = _preset_files()
     return json.loads(files[name].read_text()).get("description", "") if name in files else ""
+
+
+# URL schemes webdataset opens without running a program: a plain path (no scheme) and file:. Every
+# other scheme it opens through a command (pipe: is a shell command; http(s)/s3/gs/ais go through curl,
+# aws, gsutil, ... in a shell), so it may come only from the user: typed on the command line, in a
+# preset the user names, or in a config passed to the library, never from a config.json read out of a
+# folder (a checkpoint may come from anyone).
+NO_COMMAND_SCHEMES = ("file",)
+
+
+def command_urls(data: DataConfig) -> list[str]:
+    """The parts of data.train_data that webdataset would open by running a command (see NO_COMMAND_SCHEMES)."""
+    if data.source != "shards":
+        return []
+    parts = [part.strip() for part in data.train_data.split("::") if part.strip()]
+    found = []
+    for part in parts:
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", part)
+        if part == "-" or (scheme and scheme.group(1).lower() not in NO_COMMAND_SCHEMES):
+            found.append(part)
+    return found
+
+
+def refuse_folder_commands(config: Config, file: Path, typed: Optional[str] = None) -> None:
+    """ConfigError when `file` (a config.json read from a folder) has data.train_data run a command,
+    unless the user typed that same value (`typed`, from the command line)."""
+    found = command_urls(config.data)
+    if found and config.data.train_data != typed:
+        raise ConfigError(f"{file} sets data.train_data to {found[0]!r}, which runs a command to read it; a config "
+                          f"read from a folder never runs commands. If this is your own run, give the value on the "
+                          f"command line: --set data.train_data='{config.data.train_data}'")
 
 
 def validate_data(config: DataConfig) -> None:

@@ -159,6 +159,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return holder[0]
 
 
+def gather_objects(obj: Any) -> list:
+    """Every rank's (picklable) object, in rank order, on every rank; [obj] in a single process."""
+    if not is_initialized():
+        return [obj]
+    gathered = [None] * get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def sum_across_ranks(values: list[float], device: torch.device) -> list[float]:
     """Element-wise sum of a list of numbers over all ranks (the list itself in a single process)."""
     if not is_initialized():

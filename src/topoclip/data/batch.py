@@ -33,6 +33,11 @@ class RawBatch:
     captions: list[str]  # B captions
     bad_samples: dict[str, int] = field(default_factory=dict)  # kind -> samples skipped since the last batch
     text: Optional[TextBatch] = None  # the captions tokenized, when the loader worker did it
+    keys: list[str] = field(default_factory=list)  # B sample keys (CSV: "row N"; shards: "URL/KEY"), when known
+    # [(epoch, worker, cursor, made)] of a user-data stream: the worker had consumed `cursor` samples of
+    # its share of that epoch (good and bad) and made `made` batches when this one was complete; a worker
+    # resumed there continues the stream exactly. (More than one when empty batches' counts ride on this.)
+    positions: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -43,8 +48,8 @@ class RawBatch:
                        text=None if self.text is None else self.text.pin_memory())
 
 
-# What a loader's per-sample step produces: a usable pair, or the reason the sample was skipped.
-Outcome = Union[tuple[torch.Tensor, str], BadSample]
+# What a loader's per-sample step produces: a usable (image, caption, key), or the reason it was skipped.
+Outcome = Union[tuple[torch.Tensor, str, str], BadSample]
 
 
 def assemble_batches(
@@ -52,8 +57,15 @@ def assemble_batches(
     batch_size: int,
     drop_last: bool = False,
     max_batches: Optional[int] = None,
+    epoch: int = 0,
+    worker: int = 0,
+    start: tuple[int, int] = (0, 0),
 ) -> Iterator[RawBatch]:
     """Group per-sample outcomes into RawBatches of `batch_size`, counting skipped samples.
+
+    Each batch's `positions` is [(epoch, worker, cursor, made)], counted on from `start` = (cursor, made) of a
+    resumed worker: the outcomes consumed up to its last sample (the final batch: up to the end of the
+    stream, whose trailing bad samples it carries) and the batches made so far, itself included.
 
     One full batch is held back until the next is ready, so bad samples found after the last batch still
     ride on it; nothing is lost. A worker that found no good sample at all yields one empty batch carrying
@@ -66,43 +78,54 @@ def assemble_batches(
         return
     images: list[torch.Tensor] = []
     captions: list[str] = []
+    keys: list[str] = []
     pending: dict[str, int] = {}
     held: Optional[RawBatch] = None
+    cursor, made = start
     emitted = 0
     for outcome in outcomes:
+        cursor += 1
         if isinstance(outcome, BadSample):
             pending[outcome.kind] = pending.get(outcome.kind, 0) + 1
             continue
-        image, caption = outcome
+        image, caption, key = outcome
         images.append(image)
         captions.append(caption)
+        keys.append(key)
         if len(captions) < batch_size:
             continue
         if held is not None:
             yield held
             emitted += 1
-        held = RawBatch(torch.stack(images), captions, pending)
-        images, captions, pending = [], [], {}
+        made += 1
+        held = RawBatch(torch.stack(images), captions, pending, keys=keys, positions=[(epoch, worker, cursor, made)])
+        images, captions, keys, pending = [], [], [], {}
         if max_batches is not None and emitted + 1 >= max_batches:
             break
     if captions and not drop_last:
         if held is not None:
             yield held
-        held = RawBatch(torch.stack(images), captions, pending)
+        made += 1
+        held = RawBatch(torch.stack(images), captions, pending, keys=keys, positions=[(epoch, worker, cursor, made)])
         pending = {}
     if held is not None:
         for kind, count in pending.items():
             held.bad_samples[kind] = held.bad_samples.get(kind, 0) + count
+        held.positions = [(epoch, worker, cursor, held.positions[0][3])]
         yield held
     elif pending:
-        yield RawBatch(torch.empty(0, 3, 0, 0), [], pending)
+        yield RawBatch(torch.empty(0, 3, 0, 0), [], pending, positions=[(epoch, worker, cursor, made)])
 
 
-def worker_position(rank: Optional[int] = None, world_size: Optional[int] = None) -> tuple[int, int, int, int]:
+def worker_position(rank: Optional[int] = None, world_size: Optional[int] = None,
+                    first: int = 0) -> tuple[int, int, int, int]:
     """(rank, world_size, worker, num_workers) of the calling process.
 
     rank / world_size default to torch.distributed's when it is initialised, else (0, 1); worker and
-    num_workers come from the DataLoader worker this runs in, else (0, 1).
+    num_workers come from the DataLoader worker this runs in, else (0, 1). `worker` is the share of the
+    data this worker reads: DataLoader worker w reads share (w + first) mod num_workers. DataLoader
+    takes batches from its workers in turn starting with worker 0, so a resumed stream whose share
+    `first` was due next sets it to continue in the same turn.
     """
     if rank is None or world_size is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -115,4 +138,4 @@ def worker_position(rank: Optional[int] = None, world_size: Optional[int] = None
         raise ValueError(f"rank must lie in [0, world_size); got rank {rank}, world_size {world_size}")
     info = torch.utils.data.get_worker_info()
     worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-    return rank, world_size, worker, num_workers
+    return rank, world_size, (worker + first) % num_workers, num_workers

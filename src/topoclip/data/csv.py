@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from topoclip.data.batch import Outcome, RawBatch, assemble_batches, worker_position
+from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample
 
@@ -102,8 +102,14 @@ class CsvDataset(torch.utils.data.IterableDataset):
         world_size: Optional[int] = None,
         decode: DecodeSettings = DecodeSettings(),
         allow_outside_paths: bool = False,
+        crop_generator: Optional[torch.Generator] = None,
     ):
         super().__init__()
+        # The generator `transform` draws its random crop from, reseeded for every sample from (seed, epoch,
+        # row), so a sample's crop does not depend on the worker layout or on a resume (None: the global RNG).
+        self.crop_generator = crop_generator
+        self.resume: dict[int, tuple[int, int]] = {}
+        self.first = 0
         self.path = Path(path)
         self.allow_outside_paths = allow_outside_paths  # absolute / ".." image paths (else path_outside_root)
         self.rows = read_caption_table(self.path, image_key, caption_key, separator)
@@ -124,13 +130,16 @@ class CsvDataset(torch.utils.data.IterableDataset):
     def num_rows(self) -> int:
         return len(self.rows)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the shuffle order of `epoch` for the next iteration."""
+    def set_epoch(self, epoch: int, resume: Optional[dict[int, tuple[int, int]]] = None, first: int = 0) -> None:
+        """Select the shuffle order of `epoch` for the next iteration; `resume` maps a worker's share to the
+        (cursor, made) of its last batch consumed (RawBatch.positions), where it continues; DataLoader
+        worker w reads share (w + first) mod W, so the share due next comes first (see worker_position)."""
         self.epoch = int(epoch)
+        self.resume, self.first = dict(resume or {}), int(first)
 
     def row_indices(self) -> np.ndarray:
         """Row indices (n,) this rank and worker read this epoch, in order."""
-        rank, world_size, worker, num_workers = worker_position(self.rank, self.world_size)
+        rank, world_size, worker, num_workers = worker_position(self.rank, self.world_size, self.first)
         if self.shuffle:
             order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.rows))
         else:
@@ -140,6 +149,8 @@ class CsvDataset(torch.utils.data.IterableDataset):
     def load(self, index: int) -> Outcome:
         """(image tensor from the transform, caption) for one row, or the BadSample that rules it out."""
         written, raw_caption = self.rows[index]
+        if self.crop_generator is not None:
+            self.crop_generator.manual_seed(derived_seed(self.seed, self.epoch, index))
         try:
             caption = clean_caption(raw_caption)
             if not written.strip():
@@ -149,8 +160,11 @@ class CsvDataset(torch.utils.data.IterableDataset):
         except BadSample as bad:
             logger.debug("skipped data row %d of %s: %s", index + 1, self.path, bad)
             return bad
-        return self.transform(image), caption
+        return self.transform(image), caption, f"row {index + 1}"
 
     def __iter__(self) -> Iterator[RawBatch]:
-        outcomes = (self.load(int(index)) for index in self.row_indices())
-        return assemble_batches(outcomes, self.batch_size, drop_last=self.drop_last)
+        worker = worker_position(self.rank, self.world_size, self.first)[2]
+        cursor, made = self.resume.get(worker, (0, 0))
+        outcomes = (self.load(int(index)) for index in self.row_indices()[cursor:])  # a resumed worker skips rows unread
+        return assemble_batches(outcomes, self.batch_size, drop_last=self.drop_last, epoch=self.epoch, worker=worker,
+                                start=(cursor, made))

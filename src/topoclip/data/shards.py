@@ -108,8 +108,13 @@ class ShardDataset(torch.utils.data.IterableDataset):
         decode: DecodeSettings = DecodeSettings(),
         image_extensions: Sequence[str] = IMAGE_EXTENSIONS,
         caption_extension: str = "txt",
+        crop_generator: Optional[torch.Generator] = None,
     ):
         super().__init__()
+        # As CsvDataset's: reseeded for every sample from (seed, epoch, rank, worker, position in its stream).
+        self.crop_generator = crop_generator
+        self.resume: dict[int, tuple[int, int]] = {}
+        self.first = 0
         self.shards, self.shard_weights = expand_shard_sources(urls, weights)
         if weights is not None and not resampled:
             raise ValueError(
@@ -140,9 +145,19 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.caption_extension = caption_extension.lower().lstrip(".")
         self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the shard order / resampling stream of `epoch` for the next iteration."""
+    def set_epoch(self, epoch: int, resume: Optional[dict[int, tuple[int, int]]] = None, first: int = 0) -> None:
+        """Select the shard order / resampling stream of `epoch` for the next iteration; `resume` and `first`
+        as CsvDataset.set_epoch's.
+
+        A resumed worker replays its stream up to the cursor without decoding an image: webdataset keeps
+        no state to restore (the shuffle buffer's contents are samples read so far), so the same seeded
+        shard order and buffer are run again and the first `cursor` outcomes dropped. That re-reads the
+        tar bytes of this epoch up to the cursor (sequential reads, no decoding); torchdata's
+        StatefulDataLoader would do the same for an iterable without state (it re-yields and discards
+        decoded samples), so it is not used.
+        """
         self.epoch = int(epoch)
+        self.resume, self.first = dict(resume or {}), int(first)
 
     def batches_per_worker(self, num_workers: int = 1, world_size: int = 1) -> Optional[int]:
         """Batches one worker yields per epoch under samples_per_epoch (None: until the shards run out)."""
@@ -170,7 +185,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             yield dict(url=url)
 
     def load(self, sample: dict) -> Outcome:
-        """(image tensor from the transform, caption) for one grouped tar sample, or its BadSample."""
+        """(image tensor from the transform, caption, key) for one grouped tar sample, or its BadSample."""
         try:
             image_key = next((ext for ext in self.image_extensions if ext in sample), None)
             if image_key is None or self.caption_extension not in sample:
@@ -183,10 +198,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
         except BadSample as bad:
             logger.debug("skipped %s: %s", sample.get("__key__"), bad)
             return bad
-        return self.transform(image), caption
+        return self.transform(image), caption, f"{sample.get('__url__')}/{sample.get('__key__')}"
 
     def __iter__(self) -> Iterator[RawBatch]:
-        rank, world_size, worker, num_workers = worker_position(self.rank, self.world_size)
+        rank, world_size, worker, num_workers = worker_position(self.rank, self.world_size, self.first)
         shard_errors: list[BaseException] = []
         reads = counted_read = 0  # shards handed to webdataset so far; the read whose error was counted
 
@@ -218,16 +233,32 @@ class ShardDataset(torch.utils.data.IterableDataset):
             rng = random.Random(derived_seed(self.seed, self.epoch, rank, worker, 1))
             samples = wds.shuffle(self.shuffle_buffer, self.shuffle_initial, rng=rng)(samples)
 
-        def outcomes() -> Iterator[Outcome]:
+        def undecoded() -> Iterator[Union[dict, BadSample]]:
             for sample in samples:
                 while shard_errors:
                     yield BadSample("corrupt_shard", str(shard_errors.pop()))
-                yield self.load(sample)
+                yield sample
             while shard_errors:
                 yield BadSample("corrupt_shard", str(shard_errors.pop()))
 
+        cursor, made = self.resume.get(worker, (0, 0))
+
+        def outcomes() -> Iterator[Outcome]:
+            for position, item in enumerate(undecoded()):
+                if position < cursor:  # consumed before the resume: replayed, not decoded
+                    continue
+                if isinstance(item, BadSample):
+                    yield item
+                    continue
+                if self.crop_generator is not None:
+                    self.crop_generator.manual_seed(derived_seed(self.seed, self.epoch, rank, worker, position))
+                yield self.load(item)
+
         max_batches = self.batches_per_worker(num_workers, world_size)
-        return assemble_batches(outcomes(), self.batch_size, drop_last=self.drop_last, max_batches=max_batches)
+        if max_batches is not None:
+            max_batches -= made
+        return assemble_batches(outcomes(), self.batch_size, drop_last=self.drop_last, max_batches=max_batches,
+                                epoch=self.epoch, worker=worker, start=(cursor, made))
 
 
 def read_captions(urls: Union[str, Sequence[str]], limit: int) -> list[str]:

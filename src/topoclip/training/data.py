@@ -12,14 +12,16 @@ larger than SCENES_IN_MEMORY_BYTES is rendered on the fly by the workers instead
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from topoclip.config import Config
+from topoclip.config import Config, ConfigError
 from topoclip.data.batch import RawBatch, derived_seed
+from topoclip.data.quality import DataQualityError
 from topoclip.data.scenes import SceneDataset
+from topoclip.training.run_folder import close_inherited_locks
 from topoclip.transforms import RandomResizedCrop, resized_crops, train_transform
 
 # The largest training split kept in memory as uint8 pixels; larger ones are rendered every step.
@@ -86,7 +88,8 @@ class RenderedScenes:
 
     def __init__(self, scenes: SceneDataset, indices: torch.Tensor, workers: int, chunk: int = 500):
         chunks = [indices[start : start + chunk].tolist() for start in range(0, len(indices), chunk)]
-        loader = DataLoader(chunks, batch_size=None, num_workers=min(workers, len(chunks)), collate_fn=scenes.batch)
+        loader = DataLoader(chunks, batch_size=None, num_workers=min(workers, len(chunks)), collate_fn=scenes.batch,
+                            worker_init_fn=close_inherited_locks if workers else None)
         images, self.captions = [], []
         for pixels, captions in loader:  # (chunk, S, S, 3) uint8, chunk captions
             images.append(torch.from_numpy(pixels).permute(0, 3, 1, 2))
@@ -125,8 +128,8 @@ class TokenizedBatches(IterableDataset):
     def __init__(self, dataset: IterableDataset, tokenizer):
         self.dataset, self.tokenizer = dataset, tokenizer
 
-    def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
+    def set_epoch(self, epoch: int, resume: Optional[dict] = None, first: int = 0) -> None:
+        self.dataset.set_epoch(epoch, resume, first)
 
     def __iter__(self) -> Iterator[RawBatch]:
         for batch in self.dataset:
@@ -135,17 +138,61 @@ class TokenizedBatches(IterableDataset):
             yield batch
 
 
+class StreamPosition:
+    """Where this rank's user-data stream is: its epoch and, for each DataLoader worker, the (cursor, made) of
+    the last of its batches the trainer consumed (RawBatch.positions). A checkpoint stores `state()`;
+    `training_batches(..., stream=state)` continues each worker there: the same samples in the same order,
+    with the same crops, as an uninterrupted run.
+
+    Carried in the batches, not read from the workers: the workers run ahead of the trainer (prefetch),
+    and this is what was trained on. Torchdata's StatefulDataLoader keeps the same bookkeeping, but its
+    state for an iterable dataset is a count of items to re-yield and discard (decoding every skipped
+    image); the datasets here skip by cursor without decoding, so the 20 lines below are all it needs.
+    """
+
+    def __init__(self, num_workers: int, world_size: int, state: Optional[dict] = None):
+        self.num_workers, self.world_size = num_workers, world_size
+        self.epoch, self.workers, self.last = 0, {}, -1  # last: the share of the last batch consumed
+        if state:
+            if (state["num_workers"], state["world_size"]) != (num_workers, world_size):
+                raise ConfigError(
+                    f"this run's data stream was split over {state['world_size']} process(es) x {state['num_workers']} "
+                    f"DataLoader worker(s) (train.num_workers); resume it with the same (now {world_size} x "
+                    f"{num_workers}) so it continues exactly where it stopped")
+            self.epoch = int(state["epoch"])
+            self.workers = {int(worker): (int(cursor), int(made)) for worker, (cursor, made) in state["workers"].items()}
+            self.last = int(state["last"])
+
+    def advance(self, batch: RawBatch) -> None:
+        for epoch, worker, cursor, made in batch.positions:
+            if epoch != self.epoch:
+                self.epoch, self.workers = epoch, {}
+            self.workers[worker] = (cursor, made)
+            self.last = worker
+
+    @property
+    def next_share(self) -> int:
+        """The share DataLoader takes its next batch from (its workers take turns)."""
+        return (self.last + 1) % max(self.num_workers, 1)
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "workers": {str(w): list(v) for w, v in self.workers.items()}, "last": self.last,
+                "num_workers": self.num_workers, "world_size": self.world_size}
+
+
 def training_batches(config: Config, start_step: int, rank: int = 0, world_size: int = 1, *, tokenizer=None,
-                     pin_memory: bool = False) -> Iterator[RawBatch]:
+                     pin_memory: bool = False, stream: Optional[dict] = None) -> Iterator[RawBatch]:
     """Endless iterator of this rank's RawBatches, starting at `start_step`.
 
     tokenizer: given, the user-data (CSV/shard) batches arrive tokenized by the loader workers (`text`).
     pin_memory: those batches arrive in page-locked memory (for non-blocking copies to a GPU).
+    stream: a user-data stream's StreamPosition.state() of this rank, saved at `start_step`: continue there.
     """
     data, train, vision = config.data, config.train, config.model.vision
     local_batch = train.batch_size // world_size
     workers = train.num_workers
-    loader_options = dict(num_workers=workers, persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+    loader_options = dict(num_workers=workers, persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                          worker_init_fn=close_inherited_locks if workers else None)
     if data.source == "scenes":
         scenes = SceneDataset(data.scenes, "train")
         sampler = StepBatchSampler(len(scenes), train.batch_size, train.seed, start_step, rank, world_size)
@@ -160,49 +207,63 @@ def training_batches(config: Config, start_step: int, rank: int = 0, world_size:
         dataset = AugmentedScenes(scenes, transform, generator, train.seed)
         yield from DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **loader_options)
         return
-    # Streams: crops from the global RNG, which DataLoader seeds differently in each worker.
-    transform = train_transform(vision.image_size, vision.mean, vision.std, scale=data.augment_scale)
+    # Streams: each sample's crop is seeded from its place in the stream (see CsvDataset), not by the worker.
+    generator = torch.Generator()
+    transform = train_transform(vision.image_size, vision.mean, vision.std, scale=data.augment_scale,
+                                generator=generator)
+    resume = StreamPosition(workers, world_size, stream)
     if data.source == "csv":
         from topoclip.data.csv import CsvDataset
 
         dataset = CsvDataset(data.train_data, transform=transform, batch_size=local_batch,
                              image_key=data.csv_image_key, caption_key=data.csv_caption_key,
                              separator=data.csv_separator or None, seed=train.seed, drop_last=True,
-                             rank=rank, world_size=world_size, allow_outside_paths=data.csv_allow_outside_paths)
+                             rank=rank, world_size=world_size, allow_outside_paths=data.csv_allow_outside_paths,
+                             crop_generator=generator)
     else:
         from topoclip.data.shards import ShardDataset
 
         dataset = ShardDataset(data.train_data, transform=transform, batch_size=local_batch,
                                weights=data.weights or None, resampled=data.resampled,
                                samples_per_epoch=data.samples_per_epoch or None, shuffle_buffer=data.shuffle_buffer,
-                               seed=train.seed, drop_last=True, rank=rank, world_size=world_size)
+                               seed=train.seed, drop_last=True, rank=rank, world_size=world_size,
+                               crop_generator=generator)
     if tokenizer is not None:
         dataset = TokenizedBatches(dataset, tokenizer)
-    # Streams resume at the epoch they were in, not the exact sample (as OpenCLIP's).
     # A worker that found no good sample (e.g. its only shard is unreadable) yields an empty batch that
-    # only carries counts; the model cannot take it, so its counts ride on the next batch instead.
-    epoch = 0
-    carried: dict[str, int] = {}
+    # only carries counts (and its position); the model cannot take it, so both ride on the next batch.
+    epoch, resumed, first = resume.epoch, resume.workers, resume.next_share
+    carried = RawBatch(torch.empty(0, 3, 0, 0), [], {})
     while True:
-        dataset.set_epoch(epoch)
+        dataset.set_epoch(epoch, resumed, first)
         loader = DataLoader(dataset, batch_size=None, pin_memory=pin_memory,
                             **{**loader_options, "persistent_workers": False})
         produced = False
-        for batch in loader:
+        for batch in worker_errors_as_user_errors(loader):
+            for kind, count in batch.bad_samples.items():
+                carried.bad_samples[kind] = carried.bad_samples.get(kind, 0) + count
+            carried.positions += batch.positions
             if not len(batch):
-                for kind, count in batch.bad_samples.items():
-                    carried[kind] = carried.get(kind, 0) + count
                 continue
             produced = True
-            if carried:
-                for kind, count in batch.bad_samples.items():
-                    carried[kind] = carried.get(kind, 0) + count
-                batch.bad_samples, carried = carried, {}
+            batch.bad_samples, batch.positions = carried.bad_samples, carried.positions
+            carried = RawBatch(torch.empty(0, 3, 0, 0), [], {})
             yield batch
-        if not produced:
-            raise RuntimeError(f"an epoch of {data.train_data} produced no usable sample; check data.train_data "
-                               f"and the bad-sample counts")
-        epoch += 1
+        if not produced and not resumed:  # (a resumed epoch may have had nothing left)
+            raise DataQualityError(f"an epoch of {data.train_data} produced no usable sample (skipped: "
+                                   f"{carried.bad_samples or 'none'}); check data.train_data and the files it names")
+        epoch, resumed, first = epoch + 1, None, 0
+
+
+def worker_errors_as_user_errors(loader: DataLoader) -> Iterator[RawBatch]:
+    """The loader's batches; a DataQualityError raised in a worker (which DataLoader re-raises with the
+    worker's traceback in its message) becomes its own one-line message again."""
+    try:
+        yield from loader
+    except DataQualityError as error:
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        last = lines[-1] if lines else str(error)
+        raise DataQualityError(last.split("DataQualityError: ", 1)[-1]) from None
 
 
 def prefetch_to_device(batches: Iterator[RawBatch], device: torch.device) -> Iterator[RawBatch]:

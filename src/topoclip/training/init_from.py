@@ -8,6 +8,9 @@ or the run is refused naming the first difference — a mismatch such as GELU ag
 checkpoint's QuickGELU would change every output silently. The topology, the sphere count and the
 temperature settings are the run's choice; τ itself (temperature.t) comes with the weights.
 To change the number of class tokens, upcycle first: `topoclip convert SRC DST --class-tokens M`.
+Without --preset the run takes the checkpoint's model and train settings; its data and evaluation
+settings are never taken from the checkpoint (a folder may be anyone's, and data settings can name
+a command: see config.refuse_folder_commands): they are the default preset's, or what --set gives.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from topoclip.checkpoint import TOKENIZER, load_config_from, load_weights, resolve_checkpoint
-from topoclip.config import Config, ConfigError, flat_dict, load_config, merge, to_dict
+from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, merge, to_dict
 from topoclip.model import CLIP
 
 # Settings that may differ between the run and its starting checkpoint (see the module text).
@@ -32,11 +35,12 @@ def starting_config(checkpoint: Union[str, Path], preset: Optional[str] = None,
         raise ConfigError(f"--init-from: {error}") from None
     if preset:
         values = {}
-    else:
-        values = to_dict(load_config_from(folder))
-        if (folder / TOKENIZER).is_file():
-            values["data"]["tokenizer"] = ""  # the checkpoint's own tokenizer.json, not the file it was made from
-    return load_config(preset, list(overrides), merge(values, {"train": {"init_from": str(checkpoint)}}))
+    else:  # the model and how it was trained; never data or evaluation settings (the folder may be anyone's)
+        saved = to_dict(load_config_from(folder))
+        values = {"name": saved["name"], "model": saved["model"], "train": saved["train"]}
+    # The data (and the evaluation sets) are the run's own: the default preset's, or what --set gives.
+    return load_config(preset or DEFAULT_PRESET, list(overrides),
+                       merge(values, {"train": {"init_from": str(checkpoint)}}))
 
 
 def initial_checkpoint(config: Config) -> Path:

@@ -25,6 +25,20 @@ except ImportError:  # Windows: no flock; the run folder is then not locked
     fcntl = None
 
 LOCK = ".lock"
+# Descriptors of the locks this process holds. A flock belongs to the open file, which forked children
+# (DataLoader workers) share: one outliving a `kill -9`'d trainer would keep its folder locked.
+_HELD: set[int] = set()
+
+
+def close_inherited_locks(*_) -> None:
+    """In a forked child (a DataLoader worker's worker_init_fn): drop its copies of the parent's lock files,
+    so the lock ends with the process that took it."""
+    for descriptor in list(_HELD):
+        try:
+            os.close(descriptor)
+        except OSError:
+            pass
+    _HELD.clear()
 
 
 class RunFolderLock:
@@ -53,6 +67,7 @@ class RunFolderLock:
                 os.unlink(self.path)
         except OSError:
             pass
+        _HELD.discard(self.descriptor)
         os.close(self.descriptor)
         self.descriptor = None
 
@@ -98,6 +113,7 @@ def _lock(run_dir: Path) -> RunFolderLock:
     os.ftruncate(descriptor, 0)
     os.lseek(descriptor, 0, os.SEEK_SET)
     os.write(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    _HELD.add(descriptor)
     return RunFolderLock(run_dir, descriptor, previous)
 
 

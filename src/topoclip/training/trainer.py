@@ -40,16 +40,17 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, load_config_from, load_training_state, load_weights,
+from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, check_weights_fit, load_config_from, load_training_state, load_weights,
                                  prune_checkpoints, save_checkpoint, step_checkpoints)
-from topoclip.config import Config, ConfigError, flat_dict, load_config, to_dict, validate
+from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, refuse_folder_commands, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
-from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, init_distributed,
-                                  sum_across_ranks)
-from topoclip.errors import DiskFullError, NonFiniteError, RunFolderError, UserError, require_device
+from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects,
+                                  init_distributed, sum_across_ranks)
+from topoclip.errors import (CheckpointError, DiskFullError, NonFiniteError, RunFolderError, UserError,
+                             require_device)
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
-from topoclip.training.data import prefetch_to_device, training_batches
+from topoclip.training.data import StreamPosition, prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.run_folder import claim_run_folder, write_text_atomic
@@ -167,15 +168,19 @@ def resumable(key: str) -> bool:
                for allowed in RESUMABLE_SETTINGS)
 
 
-def resume_config(run_dir, config: Optional[Config] = None) -> Config:
+def resume_config(run_dir, config: Optional[Config] = None, typed_train_data: Optional[str] = None) -> Config:
     """The config a resume of `run_dir` trains with: its saved config, or `config` if it changes only
     RESUMABLE_SETTINGS of it. RunFolderError / CheckpointError / ConfigError otherwise, before anything is written.
+
+    The saved config is the folder's, so it may not run a command to read its data (config.refuse_folder_commands)
+    unless the user typed that data.train_data (`typed_train_data`); a `config` given is the caller's own.
     """
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG).is_file():
         raise RunFolderError(f"cannot resume {run_dir}: no {CONFIG} there; give the run folder of an earlier run")
     saved = load_config_from(run_dir)
     if config is None:
+        refuse_folder_commands(saved, run_dir / CONFIG, typed_train_data)
         return saved
     before, after = flat_settings(saved), flat_settings(config)
     changed = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
@@ -226,7 +231,7 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
         run_dir = Path(resume)
         config = resume_config(run_dir, config)
     else:
-        config = config or load_config("cpu-multi")
+        config = config or load_config(DEFAULT_PRESET)
         run_dir = Path(out_dir) if out_dir else new_run_dir(config)
     validate(config)
     require_device(config.train.device, "train.device")
@@ -302,6 +307,9 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         write_text_atomic(run_dir / CONFIG, json.dumps(to_dict(config), indent=2))
         tokenizer.save(run_dir / TOKENIZER)
 
+    checkpoints_dir = run_dir / "checkpoints"
+    if resuming and step_checkpoints(checkpoints_dir):  # the folder's config: its shapes checked before allocating
+        require_fitting_checkpoint(step_checkpoints(checkpoints_dir), config.model)
     model = CLIP(config.model).to(device)
     if settings.init_from and not (resuming and step_checkpoints(run_dir / "checkpoints")):
         from topoclip.training.init_from import load_initial_weights
@@ -313,20 +321,25 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     scheduler = build_scheduler(optimizer, settings)
     scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
 
-    start_step = 0
+    start_step, streams = 0, None
     counter = BadSampleCounter()
-    checkpoints_dir = run_dir / "checkpoints"
+    user_stream = config.data.source != "scenes"  # the scenes are a function of the step; streams keep a position
     if resuming:
         found = step_checkpoints(checkpoints_dir)
         if found:
-            start_step = resume_from(found[-1], model, optimizer, scheduler, scaler, counter)
+            start_step, used, streams = resume_newest_good(found, model, optimizer, scheduler, scaler, counter, main)
+            streams = streams[min(info.rank, len(streams) - 1)] if streams else None  # this rank's
+        # (a stream split another way cannot continue: refused before config.json takes the resume's changes)
+        position = StreamPosition(settings.num_workers, info.world_size, streams)
         if main:
-            print(f"resuming from {found[-1].name}" if found else "no checkpoint yet: starting from step 0", flush=True)
+            print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
             # Only now that the checkpoint has loaded does the saved config take the resume's changes.
             text = json.dumps(to_dict(config), indent=2)
             if (run_dir / CONFIG).read_text(encoding="utf-8") != text:
                 write_text_atomic(run_dir / CONFIG, text)
 
+    if not resuming:
+        position = StreamPosition(settings.num_workers, info.world_size)
     trained = model
     if info.world_size > 1:
         trained = torch.nn.parallel.DistributedDataParallel(
@@ -336,7 +349,8 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
 
     logger = MetricsLogger(run_dir, enabled=main, resume_step=start_step)
     batches = prefetch_to_device(training_batches(config, start_step, info.rank, info.world_size, tokenizer=tokenizer,
-                                                  pin_memory=device.type == "cuda"), device)
+                                                  pin_memory=device.type == "cuda",
+                                                  stream=streams), device)
     bar = tqdm(range(start_step, settings.steps), initial=start_step, total=settings.steps,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
@@ -354,6 +368,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     skips = SkippedSteps(device)
     for step in bar:
         batch = next(batches)
+        position.advance(batch)
         done = step + 1
         # Every rank judges (and rank 0 logs) the counts of all ranks, so all stop together.
         counter += global_counts(batch, device)
@@ -420,8 +435,13 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
             logger.log({"step": done, "eval": run_evaluation(model, tokenizer, config, "val", device)})
         if checkpoint_due:
             pending = {"step": done, "counter": BadSampleCounter(counter.kept, counter.bad), "rng": rng_states(),
-                       "keep": settings.keep_checkpoints}
+                       "keep": settings.keep_checkpoints, "streams": gather_objects(position.state()) if user_stream else None}
             if done == settings.steps:
+                # The last update has no next step to vouch for it: its weights must give a finite loss on
+                # this batch (on every rank) before they are saved and evaluated.
+                if bool(nonfinite_anywhere(batch_loss(model, images, text, settings.loss, settings.precision))):
+                    raise NonFiniteError(stop_message("the last update made the loss non-finite", done,
+                                                      checkpoints_dir, run_dir, config))
                 on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
                                                                scheduler, scaler, **pending))
         barrier()
@@ -440,6 +460,18 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         print(f"run folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     return run_dir
+
+
+def batch_loss(model, images, text, loss_name: str, precision: str) -> torch.Tensor:
+    """The loss of the current weights on a batch, without gradients (0-d, on the model's device)."""
+    from topoclip.distributed import is_initialized
+    from topoclip.training.step import autocast_context, contrastive_loss
+
+    with torch.no_grad():
+        with autocast_context(precision, images.device.type):
+            out = model(images, text)
+        return contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name,
+                                is_initialized())
 
 
 def parameters_finite(model: torch.nn.Module) -> bool:
@@ -509,17 +541,18 @@ def rng_states() -> dict:
 
 
 def save_checkpoint_and_prune(folder: Path, model, config, tokenizer, optimizer, scheduler, scaler, *, step: int,
-                              counter: BadSampleCounter, rng: dict, keep: int) -> None:
+                              counter: BadSampleCounter, rng: dict, keep: int, streams: Optional[list] = None) -> None:
     """Write checkpoint `step`, then delete all but the newest `keep` (only once the new one is complete)."""
-    write_checkpoint(folder, step, model, config, tokenizer, optimizer, scheduler, scaler, counter, rng)
+    write_checkpoint(folder, step, model, config, tokenizer, optimizer, scheduler, scaler, counter, rng, streams)
     prune_checkpoints(folder, keep)
 
 
 def write_checkpoint(folder: Path, step: int, model, config, tokenizer, optimizer, scheduler, scaler, counter,
-                     rng: Optional[dict] = None) -> None:
+                     rng: Optional[dict] = None, streams: Optional[list] = None) -> None:
     """Save checkpoint `step` under `folder`; a full disk is a DiskFullError that says what is intact.
 
-    rng: the RNG states as of `step` (default: now); counter: the data counts as of `step`.
+    rng: the RNG states as of `step` (default: now); counter: the data counts as of `step`;
+    streams: each rank's StreamPosition.state() as of `step` (user data; None for the scenes).
     """
     state = {
         "step": step,
@@ -527,8 +560,8 @@ def write_checkpoint(folder: Path, step: int, model, config, tokenizer, optimize
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else {},
         "rng": rng if rng is not None else rng_states(),
-        # The scenes stream is a function of the step; user streams restart their epoch.
-        "data": {"step": step, **counter.as_dict()},
+        # The scenes stream is a function of the step; a user stream continues from each rank's position.
+        "data": {"step": step, **counter.as_dict(), **({"streams": streams} if streams is not None else {})},
     }
     try:
         save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", model, config, tokenizer, state)
@@ -540,9 +573,45 @@ def write_checkpoint(folder: Path, step: int, model, config, tokenizer, optimize
                             f"and run `topoclip train --resume {folder.parent}`", error.path) from error
 
 
-def resume_from(folder: Path, model, optimizer, scheduler, scaler, counter: BadSampleCounter) -> int:
-    """Load weights and training state from a checkpoint folder; returns the step to continue from."""
+def require_fitting_checkpoint(found: list[Path], model_config) -> None:
+    """The newest error of check_weights_fit when no checkpoint of `found` fits `model_config` (nothing allocated)."""
+    errors = []
+    for folder in reversed(found):
+        try:
+            return check_weights_fit(folder, model_config)
+        except CheckpointError as error:
+            errors.append(error)
+    raise errors[0]
+
+
+def resume_newest_good(found: list[Path], model, optimizer, scheduler, scaler, counter: BadSampleCounter,
+                       main: bool) -> tuple[int, Path, Optional[list]]:
+    """Resume from the newest of `found` that loads (weights, finite, and training state), falling back to
+    the one before with a note when the newest is damaged; returns (step, the checkpoint used, the ranks'
+    stream positions or None)."""
+    for folder in reversed(found):
+        try:
+            check_weights_fit(folder, model.config)
+            step, streams = resume_from(folder, model, optimizer, scheduler, scaler, counter)
+            return step, folder, streams
+        except CheckpointError as error:
+            if folder == found[0]:
+                raise CheckpointError(f"no checkpoint of {folder.parent} can be resumed; the oldest: {error}") from None
+            if main:
+                print(f"topoclip: note: skipping damaged checkpoint {folder.name} ({error}); trying the one before",
+                      file=sys.stderr)
+    raise AssertionError("unreachable: found is not empty")
+
+
+def resume_from(folder: Path, model, optimizer, scheduler, scaler, counter: BadSampleCounter) -> tuple[int, Optional[list]]:
+    """Load weights and training state from a checkpoint folder; returns (the step to continue from, each
+    rank's data-stream position, or None when the checkpoint has none: the scenes, or an older topoclip).
+
+    CheckpointError when the weights or the state cannot be read, or the weights are not finite.
+    """
     load_weights(model, folder)
+    if not parameters_finite(model):
+        raise CheckpointError(f"{folder} holds inf/NaN weights")
     state = load_training_state(folder)
     # The hyperparameters follow the *current* config (a resume may change train.lr, weight decay,
     # steps): keep the ones the optimizer was just built with, and recompute this step's lr.
@@ -561,4 +630,4 @@ def resume_from(folder: Path, model, optimizer, scheduler, scaler, counter: BadS
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
     data = state["data"]
     counter += BadSampleCounter(data["kept"], data["bad"])
-    return int(state["step"])
+    return int(state["step"]), data.get("streams")

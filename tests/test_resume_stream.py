@@ -1,0 +1,148 @@
+"""A resumed run continues its user data exactly where the killed run was (issue #16 item 4).
+
+Before: a CSV / shard stream restarted at epoch 0 on every resume, so a run resumed ten times trained
+ten times on the head of its data. Now every batch carries each DataLoader worker's position in its
+share of the epoch, checkpoints store every rank's, and a resumed worker skips what was trained on
+without decoding it; crops are seeded per sample, so the resumed steps see the same pixels too.
+"""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from topoclip.config import load_config
+from topoclip.data.csv import read_caption_table  # noqa: F401  (the CSV layout the helper writes)
+from topoclip.data.shards import shard_pattern, write_shards
+from topoclip.training.data import StreamPosition, training_batches
+
+from test_train_user_data import scene_samples
+
+RUNNER = Path(__file__).with_name("_stream_run.py")
+BATCH = 4
+ROWS = 30  # 7 batches an epoch (2 rows dropped): a few steps cross epochs
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return scene_samples(ROWS)
+
+
+def write_csv(folder: Path, samples) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["filepath,title"]
+    for i, (png, caption) in enumerate(samples):
+        (folder / f"{i}.png").write_bytes(png)
+        lines.append(f"{i}.png,{caption}")
+    lines.insert(5, "missing.png,a row whose image is missing")  # a bad row: skipped, counted, and not replayed
+    (folder / "data.csv").write_text("\n".join(lines) + "\n")
+    return folder / "data.csv"
+
+
+def data_settings(kind: str, folder: Path, samples) -> list[str]:
+    if kind == "csv":
+        return ["data.source=csv", f"data.train_data={write_csv(folder, samples)}"]
+    first = shard_pattern(write_shards(samples[:18], folder / "a", samples_per_shard=6, image_format="png"))
+    second = shard_pattern(write_shards(samples[18:], folder / "b", samples_per_shard=4, image_format="png"))
+    settings = ["data.source=shards", "data.shuffle_buffer=5"]
+    if kind == "shards":
+        return settings + [f"data.train_data={first}::{second}"]
+    resampled = settings + ["data.resampled=true", "data.samples_per_epoch=24"]
+    if kind == "resampled":
+        return resampled + [f"data.train_data={first}"]
+    return resampled + [f"data.train_data={first}::{second}", "data.weights=[1.0, 3.0]"]  # a weighted mixture
+
+
+def config_for(kind: str, folder: Path, samples, workers: int, extra=()):
+    return load_config("tiny", data_settings(kind, folder, samples) + [
+        f"train.batch_size={BATCH}", f"train.num_workers={workers}", "data.tokenizer=", *extra])
+
+
+def take(batches, count):
+    return [next(batches) for _ in range(count)]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("kind", ["csv", "shards", "resampled", "weighted"])
+def test_a_stream_resumed_at_any_step_continues_with_the_same_samples_and_pixels(kind, workers, samples, tmp_path):
+    config = config_for(kind, tmp_path, samples, workers)
+    steps, stop = 20, random.Random(f"{kind}{workers}").randrange(1, 19)
+    whole = take(training_batches(config, 0), steps)
+
+    position = StreamPosition(workers, 1)
+    for batch in take(training_batches(config, 0), stop):
+        position.advance(batch)
+    state = json.loads(json.dumps(position.state()))  # as a checkpoint stores it
+    resumed = take(training_batches(config, stop, stream=state), steps - stop)
+
+    assert [b.keys for b in resumed] == [b.keys for b in whole[stop:]], f"stopped at {stop}"
+    for got, expected in zip(resumed, whole[stop:]):
+        assert torch.equal(got.images, expected.images)  # the same crop of the same image
+    seen = [key for batch in whole for key in batch.keys]
+    assert len(set(seen[: 7 * BATCH])) == 7 * BATCH or kind in ("resampled", "weighted")  # no repeat within an epoch
+
+
+def test_a_stream_split_another_way_is_refused(samples, tmp_path):
+    from topoclip.config import ConfigError
+
+    with pytest.raises(ConfigError, match="same"):
+        StreamPosition(2, 1, {"epoch": 0, "workers": {}, "last": 0, "num_workers": 1, "world_size": 1})
+
+
+# ------------------------------------------------------------------------------- kill -9 and resume
+
+
+def launch(keys: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, str(RUNNER), str(keys), *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def step_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
+
+
+@pytest.mark.parametrize("kind,workers", [("csv", 0), ("resampled", 2)])
+def test_kill_9_at_a_random_step_then_resume_trains_what_an_uninterrupted_run_trains(kind, workers, samples, tmp_path):
+    steps = 24
+    settings = data_settings(kind, tmp_path / "data", samples) + [
+        f"train.batch_size={BATCH}", f"train.num_workers={workers}", f"train.steps={steps}", "train.threads=1",
+        "train.log_every=1", "train.checkpoint_every=1", "train.warmup_steps=2", "evaluate.size=8",
+        'evaluate.template_modes=["distance"]']
+    args = ["--preset", "tiny", "--quiet", *[part for s in settings for part in ("--set", s)]]
+
+    whole = launch(tmp_path / "whole.jsonl", *args, "--out", str(tmp_path / "whole"))
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
+
+    kill_after = random.Random(kind).randrange(4, steps - 4)
+    killed = launch(tmp_path / "killed.jsonl", *args, "--out", str(tmp_path / "run"))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and killed.poll() is None:
+        if (tmp_path / "killed.jsonl").is_file() and len(read_jsonl(tmp_path / "killed.jsonl")) >= kill_after:
+            killed.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert killed.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+
+    resumed = launch(tmp_path / "resumed.jsonl", "--resume", str(tmp_path / "run"), "--quiet")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+
+    restart = read_jsonl(tmp_path / "resumed.jsonl")[0]["step"]
+    assert 1 < restart <= kill_after  # it resumed from a checkpoint of the killed run, not from the start
+    trained = {r["step"]: r["keys"] for r in read_jsonl(tmp_path / "killed.jsonl") if r["step"] < restart}
+    trained.update({r["step"]: r["keys"] for r in read_jsonl(tmp_path / "resumed.jsonl")})
+    expected = {r["step"]: r["keys"] for r in read_jsonl(tmp_path / "whole.jsonl")}
+    assert trained == expected
+    assert step_losses(tmp_path / "run") == step_losses(tmp_path / "whole")  # bit for bit, every step
+    final = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "data" in r][-1]["data"]
+    assert final == [r for r in read_jsonl(tmp_path / "whole" / "metrics.jsonl") if "data" in r][-1]["data"]
