@@ -1,0 +1,103 @@
+"""A run or checkpoint folder may be anyone's: reading it never runs a command nor sizes memory from it
+(issue #16 items 2 and 3). Before: a config.json with data.train_data="pipe:..." ran its shell command
+on `train --resume` and `train --init-from`; a config claiming a huge model was allocated before its
+shapes were compared with the weights."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from topoclip import checkpoint
+from topoclip.checkpoint import step_checkpoints
+from topoclip.cli import main
+from topoclip.config import load_config
+from topoclip.training.trainer import train
+
+SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
+         'evaluate.template_modes=["distance"]', "data.scenes.train_size=256", "data.scenes.val_size=32",
+         "data.scenes.test_size=32"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    config = load_config("tiny", SMALL + ["train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=5"])
+    return train(config, out_dir=tmp_path_factory.mktemp("run") / "run", progress=False)
+
+
+def plant(config_file: Path, marker: Path) -> None:
+    """The payload: a shard 'URL' that webdataset would open through a shell."""
+    values = json.loads(config_file.read_text())
+    values["data"].update(source="shards", train_data=f"pipe:touch {marker}; cat {config_file.parent}/x.tar")
+    config_file.write_text(json.dumps(values))
+
+
+def test_resume_never_runs_a_command_from_the_folders_config(run, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    shutil.rmtree(folder / "checkpoints" / "step-000002")
+    (folder / "eval.json").unlink()
+    marker = tmp_path / "PWNED"
+    plant(folder / "config.json", marker)
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert "runs a command" in error and error.count("\n") == 1
+    with pytest.raises(Exception, match="runs a command"):  # the library call too
+        train(None, resume=folder, progress=False)
+    assert not marker.exists()
+
+
+def test_init_from_takes_the_model_never_the_data(run, tmp_path, capsys):
+    source = tmp_path / "checkpoint"
+    shutil.copytree(step_checkpoints(run / "checkpoints")[-1], source)
+    marker = tmp_path / "PWNED"
+    plant(source / "config.json", marker)
+    out = tmp_path / "new"
+    settings = [part for s in SMALL + ["train.steps=1"] for part in ("--set", s)]
+    assert main(["train", "--init-from", str(source), "--out", str(out), "--quiet", *settings]) == 0
+    assert not marker.exists()
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["data"]["source"] == "scenes" and saved["model"] == json.loads((source / "config.json").read_text())["model"]
+
+
+def test_a_config_claiming_a_huge_model_is_refused_before_anything_is_built(run, tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "exported"
+    shutil.copytree(step_checkpoints(run / "checkpoints")[-1], folder)
+    values = json.loads((folder / "config.json").read_text())
+    values["model"]["vision"].update(width=16384, heads=128, layers=24)
+    (folder / "config.json").write_text(json.dumps(values))
+    built = []
+    real = checkpoint.CLIP
+
+    def counting(*args, **kwargs):  # only the meta-device model (no memory) may be built before the check
+        built.append(torch.empty(0).device.type)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "CLIP", counting)
+    assert main(["eval", str(folder)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "visual.class_embedding is (4, 64) in the file but (4, 16384) in the config" in error
+    assert built == ["meta"]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(run, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    (folder / "eval.json").unlink()
+    newest = folder / "checkpoints" / "step-000002" / "model.safetensors"
+    newest.write_bytes(newest.read_bytes()[:1000])  # cut short, as a dying disk leaves it
+    assert main(["train", "--resume", str(folder), "--quiet", "--set", "train.steps=3"]) == 0
+    captured = capsys.readouterr()
+    assert "skipping damaged checkpoint step-000002" in captured.err and "resuming from step-000001" in captured.out
+
+
+def test_the_last_update_is_checked_before_it_is_saved(tmp_path, monkeypatch, capsys):
+    # The last step has no next step whose loss vouches for its update (lr 1e6 made such weights once).
+    from topoclip.training import trainer
+
+    monkeypatch.setattr(trainer, "batch_loss", lambda *args: torch.tensor(float("nan")))
+    config = load_config("tiny", SMALL + ["train.steps=1"])
+    with pytest.raises(trainer.NonFiniteError, match="the last update made the loss non-finite"):
+        train(config, out_dir=tmp_path / "run", progress=False)
+    assert not step_checkpoints(tmp_path / "run" / "checkpoints")
