@@ -101,3 +101,11 @@ def test_the_last_update_is_checked_before_it_is_saved(tmp_path, monkeypatch, ca
     with pytest.raises(trainer.NonFiniteError, match="the last update made the loss non-finite"):
         train(config, out_dir=tmp_path / "run", progress=False)
     assert not step_checkpoints(tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.parametrize("option", [["--template", "{x}"], ["--template", "{}{}"], ["--template", "{"],
+                                    ["--template", "a photo"], ["--top", "-1"]])
+def test_predict_refuses_a_bad_template_or_top_in_one_line(run, option, capsys):
+    assert main(["predict", str(run), "--labels", "cat,dog", *option, "--image", "x.png"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and option[0] in error and "Traceback" not in error
