@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from topoclip.config import load_config
+
 UNIT_ROUNDOFF_FP32 = 2.0**-24
 
 
@@ -43,6 +45,15 @@ def fp32_pair(roundings: int, scale: float = 1.0) -> dict:
     """assert_close tolerances for two fp32 computations of one value of magnitude ≤ `scale` (no float64
     reference at hand): each is within γ_n·scale of the exact value, so they are within 2·γ_n·scale."""
     return dict(atol=2 * gamma(roundings) * scale, rtol=0)
+
+
+def model_roundings(model_config, batch: int) -> int:
+    """network_roundings of a topoclip model's towers (a ModelConfig), the larger of the two."""
+    vision, text = model_config.vision, model_config.text
+    return network_roundings(max(vision.layers, text.layers), max(vision.width, text.width), text.context_length, batch)
+
+
+TINY = load_config("tiny").model
 
 
 def assert_fp32_close(actual: torch.Tensor, reference: torch.Tensor, roundings: int, msg: str = "") -> None:

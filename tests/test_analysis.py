@@ -16,7 +16,7 @@ from topoclip.evaluation.zeroshot import evaluate_classification
 from topoclip.geometry import to_space
 from topoclip.losses import infonce_loss
 
-from _tolerance import fp32_pair, gamma, network_roundings
+from _tolerance import TINY, fp32_pair, gamma, model_roundings
 
 # Small and fast: 32 px scenes, tiny towers, a few steps, small evaluation sets.
 SMALL = ["train.num_workers=0", "train.log_every=1", "train.steps=8", "train.batch_size=16", "evaluate.size=16",
@@ -173,7 +173,7 @@ def test_landscape_origin_equals_model_loss(loaded, tmp_path):
         # the same forward pass batched differently (12 pairs vs the analysis' batches): the loss of
         # 12×12 logits (≤ τ·m) in two fp32 orders, within 2·γ of the roundings of the tiny towers
         assert plane["loss_at_origin"] == pytest.approx(
-            expected, abs=fp32_pair(network_roundings(2, 64, 32, 12), plane["scale"] * loaded.model.embedding_shape[0])["atol"])
+            expected, abs=fp32_pair(model_roundings(TINY, 12), plane["scale"] * loaded.model.embedding_shape[0])["atol"])
         assert plane["loss"][1][1] == plane["loss_at_origin"]
     norms = torch.tensor(result["gradient"]["norms"])
     assert norms.shape == (2, 3) and torch.isfinite(norms).all() and (norms > 0).all()

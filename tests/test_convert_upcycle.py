@@ -13,14 +13,14 @@ from topoclip.tokenizer import TextBatch
 from topoclip.training.init_from import check_initial_checkpoint, starting_config
 from topoclip.training.trainer import build_tokenizer
 
-from _tolerance import fp32_pair, network_roundings
+from _tolerance import TINY, fp32_pair, model_roundings
 
 # A fast run (as in test_train.py): small scenes, no workers, a small evaluation.
 SMALL = ["train.num_workers=0", "train.log_every=1", "evaluate.size=48", 'evaluate.template_modes=["distance"]',
          "data.scenes.train_size=2048", "data.scenes.val_size=64", "data.scenes.test_size=64"]
 # tiny towers (2 layers, width 64, 32 tokens), forward only: two fp32 computations of one similarity
 # in [−1, 1] are within 2·γ_n (tests/_tolerance.py) on any CPU.
-TINY_FORWARD = network_roundings(layers=2, width=64, context=32, batch=1)
+TINY_FORWARD = model_roundings(TINY, batch=1)
 TINY_PAIR = fp32_pair(TINY_FORWARD)
 SINGLE = ["model.class_tokens=1", "model.embed_dim=64", "model.topology=sphere"]
 

@@ -20,7 +20,7 @@ from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.step import forward_backward
 
-from _tolerance import assert_fp32_close, network_roundings
+from _tolerance import assert_fp32_close, model_roundings
 
 WORLD = 2
 GLOBAL_BATCH = 8
@@ -108,9 +108,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(run, key):
     reference = copy.deepcopy(models[key]).double()
     expected_loss = forward_backward(reference, images.double(), text, loss_name)
     expected = {name: p.grad for name, p in reference.named_parameters() if p.requires_grad}
-    config = reference.config
-    roundings = network_roundings(max(config.vision.layers, config.text.layers), config.text.width,
-                                  config.text.context_length, GLOBAL_BATCH)
+    roundings = model_roundings(reference.config, GLOBAL_BATCH)
     for rank, result in enumerate(results):
         case = result["cases"][key]
         assert_fp32_close(torch.tensor(case["loss"]), torch.tensor(expected_loss, dtype=torch.float64), roundings,

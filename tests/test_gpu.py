@@ -8,7 +8,7 @@ from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.step import forward_backward
 
-from _tolerance import fp32_pair, gamma, network_roundings
+from _tolerance import TINY, fp32_pair, gamma, model_roundings
 
 pytestmark = pytest.mark.gpu
 
@@ -55,7 +55,7 @@ def test_cuda_matches_cpu_in_fp32():
         cpu = model.encode_image(images)
         gpu = model.cuda().encode_image(images.cuda()).cpu()
     # Two fp32 computations of unit-norm rows (GPU matmuls may use other blockings): 2·γ_n of the tiny tower
-    torch.testing.assert_close(cpu, gpu, **fp32_pair(network_roundings(2, 64, 32, 1)))
+    torch.testing.assert_close(cpu, gpu, **fp32_pair(model_roundings(TINY, 1)))
 
 
 def test_geodesic_16k_by_16k_in_chunks_fits_memory():
@@ -87,7 +87,7 @@ def test_compiled_model_matches_eager():
     model.zero_grad(set_to_none=True)
     compiled = forward_backward(torch.compile(model), images, text)
     # Inductor fuses and reorders the same fp32 reductions: both within γ_n of exact, normwise
-    n = network_roundings(2, 64, 32, 16)
+    n = model_roundings(TINY, 16)
     assert compiled == pytest.approx(eager, abs=2 * gamma(n) * abs(eager))
     torch.testing.assert_close(model.visual.conv1.weight.grad, eager_grad,
                                **fp32_pair(n, float(eager_grad.abs().max())))

@@ -9,7 +9,7 @@ from topoclip.losses import infonce_loss
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 
-from _tolerance import fp32_pair, network_roundings
+from _tolerance import TINY, fp32_pair, model_roundings
 
 PRESETS = topoclip.presets()
 
@@ -97,7 +97,7 @@ def test_padding_does_not_change_the_text_embedding():
     torch.testing.assert_close(full, trimmed, atol=0, rtol=0)  # masked positions are never read: exact
     # A batch of one may take other BLAS kernels than a batch of four: two fp32 computations of
     # unit-norm rows through the tiny tower, within 2·γ_n of each other on any CPU.
-    torch.testing.assert_close(full[1:2], alone, **fp32_pair(network_roundings(2, 64, 32, 1)))
+    torch.testing.assert_close(full[1:2], alone, **fp32_pair(model_roundings(TINY, 1)))
 
 
 def test_images_of_the_wrong_size_are_refused():

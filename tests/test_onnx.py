@@ -15,7 +15,7 @@ from topoclip.export_onnx import compare_with_pytorch, example_inputs, export_on
 from topoclip.model import CLIP  # noqa: E402
 from topoclip.tokenizer import Tokenizer  # noqa: E402
 
-from _tolerance import fp32_pair, network_roundings
+from _tolerance import TINY, fp32_pair, model_roundings
 
 OPENAI_LAYOUT = ["model.class_tokens=2", "model.embed_dim=32", "model.text.attention=causal",
                  "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false",
@@ -60,4 +60,4 @@ def test_cli_export_writes_a_servable_folder(tmp_path, capsys):
     with torch.no_grad():
         expected = model.eval().encode_text(tokenizer(["a red circle"]))
     # onnxruntime and torch: two fp32 computations of unit-norm rows through the tiny text tower
-    torch.testing.assert_close(torch.from_numpy(served), expected, **fp32_pair(network_roundings(2, 64, 32, 1)))
+    torch.testing.assert_close(torch.from_numpy(served), expected, **fp32_pair(model_roundings(TINY, 1)))

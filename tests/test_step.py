@@ -10,7 +10,7 @@ from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.step import autocast_context, forward_backward
 
-from _tolerance import assert_fp32_close, network_roundings
+from _tolerance import assert_fp32_close, model_roundings
 
 BATCH = 8
 
@@ -43,9 +43,7 @@ LOSS_SETUPS = {
 
 
 def roundings(model, batch=BATCH):
-    config = model.config
-    return network_roundings(max(config.vision.layers, config.text.layers), config.text.width,
-                             config.text.context_length, batch)
+    return model_roundings(model.config, batch)
 
 
 @pytest.mark.parametrize("setup", sorted(LOSS_SETUPS))

@@ -16,7 +16,7 @@ from topoclip.config import load_config
 from topoclip.training.logger import read_metrics
 from topoclip.training.trainer import train
 
-from _tolerance import gamma, network_roundings
+from _tolerance import TINY, gamma, model_roundings
 
 WORLD = 2
 LAUNCH_TIMEOUT_S = 120
@@ -102,7 +102,7 @@ def test_two_ranks_take_the_steps_of_one_process_on_the_global_batch(launches, t
         # Two fp32 orders of the same sums (halves + all-reduce): the gradient within 2·γ_n normwise
         # (tests/_tolerance.py), carried through ≤ 4 AdamW steps at lr 1e-3, whose update is the gradient's
         # sign to first order; τ moves by ≤ lr per step, so its relative difference stays ≤ 4·lr·2·γ_n.
-        bound = 2 * gamma(network_roundings(2, 64, 32, 8))
+        bound = 2 * gamma(model_roundings(TINY, 8))
         assert distributed[step]["grad_norm"] == pytest.approx(one[step]["grad_norm"], rel=step * bound), step
         assert distributed[step]["scale"] == pytest.approx(one[step]["scale"], rel=bound), step
         assert distributed[step]["lr"] == one[step]["lr"], step  # a float64 function of the step alone

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -135,18 +136,24 @@ def load_config_from(path: Path) -> Config:
     return config
 
 
+@contextmanager
+def _damaged_as_checkpoint_error(file: Path):
+    """A safetensors file that cannot be read (cut short, not safetensors) is a CheckpointError; a missing one is not."""
+    try:
+        yield
+    except (SafetensorError, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise CheckpointError(f"{file} cannot be read as safetensors ({error}); the checkpoint is damaged") from None
+
+
 def check_weights_fit(folder: Path, model_config) -> None:
     """CheckpointError naming the first difference between `folder`'s weights and the model `model_config`
     describes, read from the safetensors header and a model on the meta device: nothing is allocated, so a
     config.json that claims a huge model costs nothing before it is refused."""
     file = Path(folder) / WEIGHTS
-    try:
-        with safe_open(file, framework="pt") as weights:  # reads the header only
-            found = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
-    except (SafetensorError, OSError) as error:
-        if isinstance(error, FileNotFoundError):
-            raise
-        raise CheckpointError(f"{file} cannot be read as safetensors ({error}); the checkpoint is damaged") from None
+    with _damaged_as_checkpoint_error(file), safe_open(file, framework="pt") as weights:  # the header only
+        found = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
     with torch.device("meta"):  # shapes without memory
         expected = {name: tuple(tensor.shape) for name, tensor in CLIP(model_config).state_dict().items()}
     where = f"{file} does not fit the model its config.json describes"
@@ -160,33 +167,16 @@ def check_weights_fit(folder: Path, model_config) -> None:
         raise CheckpointError(f"{where}: the file has {len(extra)} tensors the model lacks, e.g. {extra[0]}")
 
 
-def _shape_mismatches(weights: dict, model: CLIP) -> list[str]:
-    expected = model.state_dict()
-    return [f"{name} {tuple(tensor.shape)} in the file, {tuple(expected[name].shape)} in the model"
-            for name, tensor in weights.items() if name in expected and tensor.shape != expected[name].shape]
-
-
 def load_weights(model: CLIP, folder: Path) -> None:
     """Load a checkpoint folder's safetensors weights into `model` (on the model's device).
 
-    CheckpointError when the file cannot be read or does not fit the model (shapes, missing or extra tensors).
+    CheckpointError when the file cannot be read or does not fit the model (see check_weights_fit).
     """
+    check_weights_fit(folder, model.config)
     file = Path(folder) / WEIGHTS
-    device = str(next(model.parameters()).device)
-    try:
-        weights = load_file(file, device=device)
-    except (SafetensorError, OSError) as error:
-        if isinstance(error, FileNotFoundError):
-            raise
-        raise CheckpointError(f"{file} cannot be read as safetensors ({error}); the checkpoint is damaged") from None
-    mismatched = _shape_mismatches(weights, model)
-    if mismatched:
-        raise CheckpointError(f"{file} does not fit the model its config.json describes: {len(mismatched)} tensors differ "
-                              f"in shape ({'; '.join(mismatched[:2])}{'; ...' if len(mismatched) > 2 else ''})")
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{file} does not fit the model its config.json describes: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+    with _damaged_as_checkpoint_error(file):
+        weights = load_file(file, device=str(next(model.parameters()).device))
+    model.load_state_dict(weights)
 
 
 def load_tokenizer_from(folder: Path):

@@ -40,12 +40,12 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, check_weights_fit, load_config_from, load_training_state, load_weights,
-                                 prune_checkpoints, save_checkpoint, step_checkpoints)
+from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, check_weights_fit, load_config_from, load_training_state,
+                                 load_weights, prune_checkpoints, save_checkpoint, step_checkpoints)
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, refuse_folder_commands, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects,
-                                  init_distributed, sum_across_ranks)
+                                  init_distributed, is_initialized, sum_across_ranks)
 from topoclip.errors import (CheckpointError, DiskFullError, NonFiniteError, RunFolderError, UserError,
                              require_device)
 from topoclip.model import CLIP
@@ -54,8 +54,8 @@ from topoclip.training.data import StreamPosition, prefetch_to_device, training_
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.run_folder import claim_run_folder, write_text_atomic
-from topoclip.training.step import (SkippedSteps, forward_backward_loss, nonfinite_anywhere, optimizer_step,
-                                    set_tf32)
+from topoclip.training.step import (SkippedSteps, autocast_context, contrastive_loss, forward_backward_loss,
+                                    nonfinite_anywhere, optimizer_step, set_tf32)
 
 # Captions read to train a vocabulary when the config names none.
 TOKENIZER_TRAINING_CAPTIONS = 20_000
@@ -324,6 +324,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     start_step, streams = 0, None
     counter = BadSampleCounter()
     user_stream = config.data.source != "scenes"  # the scenes are a function of the step; streams keep a position
+    position = StreamPosition(settings.num_workers, info.world_size)
     if resuming:
         found = step_checkpoints(checkpoints_dir)
         if found:
@@ -338,8 +339,6 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
             if (run_dir / CONFIG).read_text(encoding="utf-8") != text:
                 write_text_atomic(run_dir / CONFIG, text)
 
-    if not resuming:
-        position = StreamPosition(settings.num_workers, info.world_size)
     trained = model
     if info.world_size > 1:
         trained = torch.nn.parallel.DistributedDataParallel(
@@ -464,9 +463,6 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
 
 def batch_loss(model, images, text, loss_name: str, precision: str) -> torch.Tensor:
     """The loss of the current weights on a batch, without gradients (0-d, on the model's device)."""
-    from topoclip.distributed import is_initialized
-    from topoclip.training.step import autocast_context, contrastive_loss
-
     with torch.no_grad():
         with autocast_context(precision, images.device.type):
             out = model(images, text)
@@ -591,7 +587,6 @@ def resume_newest_good(found: list[Path], model, optimizer, scheduler, scaler, c
     stream positions or None)."""
     for folder in reversed(found):
         try:
-            check_weights_fit(folder, model.config)
             step, streams = resume_from(folder, model, optimizer, scheduler, scaler, counter)
             return step, folder, streams
         except CheckpointError as error:
