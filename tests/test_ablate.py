@@ -158,3 +158,55 @@ def test_ablate_whole_table3_after_a_subset(tmp_path, capsys):
     assert result["trained_now"] == 16 and len(result["rows"]) == 16 and len(result["runs"]) == 32
     rows = [line for line in (out / "table.md").read_text().splitlines() if line.startswith("| ") and "model" not in line]
     assert len(rows) == 16 and sum("| fixed |" in row for row in rows) == 4
+
+
+def test_an_ablation_folder_has_one_owner(tmp_path, capsys):
+    """Before: two ablate on one --out both ran (a "new" run folder was deleted before the trainer took its
+    lock) and ablation.json mixed one process's settings with the other's results."""
+    from topoclip.training.run_folder import claim_folder
+
+    out = tmp_path / "grid"
+    with claim_folder(out, "ablation folder"):  # as a first ablate holds it
+        assert main(["ablate", "--grid", "tau-range", "--out", str(out), *FAST]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "ablation folder" in error and "is in use by process" in error
+    assert not (out / "runs").exists()
+
+
+PARENT = """
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+from topoclip.analysis.ablation import die_with_parent
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                               initargs=(os.getpid(),))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 120)
+    time.sleep(120)
+"""
+
+
+def test_jobs_children_end_with_a_killed_parent(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail(f"the --jobs child {child} outlived its killed parent")

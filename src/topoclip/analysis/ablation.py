@@ -46,6 +46,7 @@ from typing import Callable, Optional, Sequence
 from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import TOLERANCE, plot_curves, read_curve
 from topoclip.config import Config, ConfigError, ModelConfig, load_config, to_dict
+from topoclip.training.run_folder import claim_folder
 
 GRIDS_PACKAGE = "topoclip.analysis.grids"
 PROBE_TASK = "shape"
@@ -439,6 +440,16 @@ def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None,
         raise ConfigError("--seeds and --jobs must be ≥ 1 and --probe-size ≥ 0")
     grid = load_grid(grid_name)
     out_dir = Path(out_dir)
+    # One owner per ablation folder: a second ablate on the same --out would delete "new" run folders the
+    # first is about to train, and write one's settings beside the other's results.
+    with claim_folder(out_dir, "ablation folder"):
+        return _ablate(grid, grid_name, out_dir, seeds, steps, overrides, jobs, preset, probe_size, cells, reuse,
+                       command, log)
+
+
+def _ablate(grid: Grid, grid_name: str, out_dir: Path, seeds: int, steps: Optional[int], overrides: Sequence[str],
+            jobs: int, preset: Optional[str], probe_size: int, cells: Optional[Sequence[str]], reuse: Sequence,
+            command: Optional[str], log: Callable[[str], None]) -> dict:
     overrides = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells)
     started = time.perf_counter()
@@ -493,7 +504,46 @@ def _execute(specs: Sequence[RunSpec], jobs: int):
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     # spawn, not fork: a forked child of a process that already ran torch's thread pools can hang.
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
+    try:
         futures = [pool.submit(run_one, spec, threads) for spec in specs]
         for future in as_completed(futures):
             yield future.result()
+    except BaseException:  # Ctrl-C, an error, or the caller stopping: end the runs now, not after they finish
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+# How often a child checks that its parent still lives where the kernel cannot tell it (not Linux).
+PARENT_POLL_SECONDS = 1.0
+
+
+def die_with_parent(parent: int) -> None:
+    """In a --jobs child: end when the ablate process that started it ends, however it ends (kill -9 too).
+
+    On Linux the kernel sends SIGKILL to the child when its parent dies (prctl PR_SET_PDEATHSIG); the run
+    it trains loses nothing a kill loses (checkpoints are atomic, the run folder's lock ends with it, and
+    a re-run of the ablate resumes it). Elsewhere a daemon thread polls the parent's pid.
+    """
+    import signal
+    import threading
+
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError
+    except (OSError, AttributeError):
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_SECONDS)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)

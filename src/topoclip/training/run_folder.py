@@ -83,8 +83,9 @@ def _owner(descriptor: int) -> str:
     return os.read(descriptor, 200).decode("utf-8", "replace").strip()
 
 
-def _lock(run_dir: Path) -> RunFolderLock:
-    """Take the run folder's lock without waiting; RunFolderError naming the holder when it is taken."""
+def _lock(run_dir: Path, what: str = "run folder", fix: str = "wait for that run to end or stop it, or train into "
+          "another --out") -> RunFolderLock:
+    """Take the folder's lock without waiting; RunFolderError naming the holder (and `fix`) when it is taken."""
     path = run_dir / LOCK
     while True:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -95,8 +96,7 @@ def _lock(run_dir: Path) -> RunFolderLock:
             os.close(descriptor)
             pid, _, host = holder.partition(" ")
             who = f"process {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
-            raise RunFolderError(f"run folder {run_dir} is in use by {who} (it holds {path}); wait for that run to "
-                                 f"end or stop it, or train into another --out") from None
+            raise RunFolderError(f"{what} {run_dir} is in use by {who} (it holds {path}); {fix}") from None
         except OSError:  # a file system without flock (some network mounts): run unlocked
             print(f"topoclip: note: {run_dir} cannot be locked on this file system; make sure no other run uses it",
                   file=sys.stderr)
@@ -146,6 +146,21 @@ def claim_run_folder(run_dir, resuming: bool) -> RunFolderLock:
         print(f"topoclip: note: took over the lock of {run_dir} left by process {lock.previous_owner.split()[0]}, "
               f"which ended without releasing it", file=sys.stderr)
     return lock
+
+
+def claim_folder(folder, what: str = "folder") -> RunFolderLock:
+    """Create `folder` if needed and take its lock (an ablation's output: one owner at a time); RunFolderError
+    naming the holder when another process has it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:
+            return RunFolderLock(folder, None)
+        return _lock(folder, what, "wait for that process to end or stop it, or use another --out")
+    except FileExistsError:
+        raise RunFolderError(f"{what} {folder} is a file, not a folder; choose another --out") from None
+    except OSError as error:
+        raise RunFolderError(f"cannot write to the {what} {folder} ({error.strerror or error}); choose another --out") from None
 
 
 def write_text_atomic(path, text: str) -> None:
