@@ -220,3 +220,27 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"topoclip {topoclip.__version__}"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_data_with_no_usable_sample_is_one_line(tmp_path, capsys, workers):
+    """main: an all-bad CSV ended in `RuntimeError: an epoch ... produced no usable sample`; all-bad resampled
+    shards printed a DataLoader worker's whole traceback as the "line"."""
+    table = tmp_path / "data.csv"
+    table.write_text("filepath,title\n" + "".join(f"missing{i}.png,a caption\n" for i in range(40)))
+    assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "csv"), "--quiet", "--set", "data.source=csv",
+                 "--set", f"data.train_data={table}", "--set", "data.tokenizer=", "--set", "train.batch_size=4",
+                 "--set", f"train.num_workers={workers}", *cli()]) == 2
+    assert "produced no usable sample" in one_error_line(capsys.readouterr().err)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        (shards / f"{i:05d}.tar").write_bytes(b"not a tar file" * 100)
+    vocab = tmp_path / "vocab.txt"  # the shards hold no caption to train one from
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "caption"]) + "\n")
+    assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "shards-run"), "--quiet",
+                 "--set", "data.source=shards", "--set", f"data.train_data={shards}/{{00000..00002}}.tar",
+                 "--set", "data.resampled=true", "--set", "data.samples_per_epoch=64",
+                 "--set", f"data.tokenizer={vocab}", "--set", "train.batch_size=4", "--set", f"train.num_workers={workers}", *cli()]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "shard errors in a row" in line and "Traceback" not in line

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import math
+import re
 import typing
 
 import pytest
@@ -41,7 +42,7 @@ def test_overrides_are_type_checked():
 
 
 @pytest.mark.parametrize("override, message", [
-    (["model.class_tokens=0"], "model.class_tokens=0 must be an integer ≥ 1"),
+    (["model.class_tokens=0"], r"model.class_tokens=0 must be an integer in \[1, 4,096\]"),
     (["model.vision.heads=5"], "model.vision.width=64 is not divisible by model.vision.heads=5"),
     (["model.text.heads=3"], "model.text.width=64 is not divisible"),
     (["model.topology=hyperbolic"], "model.topology='hyperbolic' is unknown"),
@@ -128,7 +129,8 @@ def test_nan_and_infinity_parse_as_floats():
 
 
 def test_messages_name_the_range_and_a_fix():
-    with pytest.raises(ConfigError, match=r"^train.lr=NaN must be a finite number > 0; e.g. train.lr=0.0005 \(the default\)$"):
+    with pytest.raises(ConfigError, match=r"^train.lr=NaN must be a finite number in \(0, 10\] \(AdamW moves every weight "
+                                          r"by about lr a step\); e.g. train.lr=0.0005 \(the default\)$"):
         load_config("tiny", ["train.lr=NaN"])
     with pytest.raises(ConfigError, match=r"train.weight_decay=NaN must be a finite number ≥ 0 \(0 turns it off\)"):
         load_config("tiny", ["train.weight_decay=NaN"])
@@ -184,3 +186,36 @@ def test_unknown_key_lists_at_most_one_section():
     assert "model.vision.width" in listed and "train." not in listed and "model.text." not in listed
     with pytest.raises(ConfigError, match=r"^unknown key 'zzz' \(sections: model.…, train.…, data.…, evaluate.…, name\)$"):
         load_config("tiny", ["zzz=1"])
+
+
+@pytest.mark.parametrize("setting,memory", [
+    ("model.text.vocab_size=1000000000000", "16 GiB at 4,194,304"),  # before: a Rust abort in the tokenizer
+    ("data.scenes.train_size=1000000000000", "800 MB and 300 GB at 10^8"),  # before: an allocation failure
+    ("evaluate.size=1000000000000", "3 GB of pixels at 10^6"),  # before: a hang
+    ("model.vision.width=100000", "12 GiB at 16384"),
+    ("train.lr=1e38", "AdamW moves every weight by about lr a step"),  # before: an overflow traceback in AdamW
+])
+def test_sizes_have_bounds_that_name_their_memory(setting, memory):
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=re.escape(key) + r"=\S+ must be .* in (\[|\()") as refused:
+        load_config("tiny", [setting])
+    assert memory in str(refused.value)
+
+
+def test_malformed_presets_and_deep_values_are_config_errors(tmp_path):
+    from topoclip.config import load_config as load
+
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"model": {')
+    with pytest.raises(ConfigError, match="preset file .*broken.json is not valid JSON"):
+        load(str(broken))
+    listed = tmp_path / "list.json"
+    listed.write_text("[1]")
+    with pytest.raises(ConfigError, match="holds a JSON list, not an object"):
+        load(str(listed))
+    loop = tmp_path / "loop.json"
+    loop.write_text(json.dumps({"base": str(loop)}))
+    with pytest.raises(ConfigError, match="is a loop"):
+        load(str(loop))
+    with pytest.raises(ConfigError, match="nests lists 50000 deep"):
+        load("tiny", ["data.weights=" + "[" * 50000 + "]" * 50000])

@@ -124,8 +124,9 @@ def load_config_from(path: Path) -> Config:
     file = Path(path) / CONFIG
     try:
         values = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{file} is not valid JSON ({error}); it should be the config the run wrote") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise CheckpointError(f"{file} is not valid JSON ({detail}); it should be the config the run wrote") from None
     if not isinstance(values, dict):
         raise CheckpointError(f"{file} is not a config (a JSON object of sections); it holds {type(values).__name__}")
     try:

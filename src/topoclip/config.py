@@ -227,14 +227,20 @@ class Range:
         return math.isfinite(value) and above and below
 
     def describe(self) -> str:
-        """'≥ 1', '> 0', 'in [0, 1)', ... (empty when any finite number will do)."""
+        """'≥ 1', '> 0', 'in [0, 1)', 'in [1, 4,194,304]', ... (empty when any finite number will do)."""
+        low, high = _bound(self.low), _bound(self.high)
         if self.low > -math.inf and self.high < math.inf:
-            return f"in {'[' if self.low_inclusive else '('}{self.low:g}, {self.high:g}{']' if self.high_inclusive else ')'}"
+            return f"in {'[' if self.low_inclusive else '('}{low}, {high}{']' if self.high_inclusive else ')'}"
         if self.low > -math.inf:
-            return f"{'≥' if self.low_inclusive else '>'} {self.low:g}"
+            return f"{'≥' if self.low_inclusive else '>'} {low}"
         if self.high < math.inf:
-            return f"{'≤' if self.high_inclusive else '<'} {self.high:g}"
+            return f"{'≤' if self.high_inclusive else '<'} {high}"
         return ""
+
+
+def _bound(value: float) -> str:
+    """A range's bound as a person reads it: 4,194,304 rather than 4.1943e+06; 0.5 as 0.5."""
+    return f"{int(value):,}" if math.isfinite(value) and value == int(value) else f"{value:g}"
 
 
 FINITE = Range()
@@ -248,39 +254,43 @@ OFF_AT_ZERO = Range(0, note="0 turns it off")
 # is only checked to be finite; tests/test_config.py checks the table covers every numeric field.
 # data.scenes.* repeat SceneConfig's own checks so every range is read in one place.
 NUMERIC_RANGES: dict[str, Range] = {
-    "model.vision.image_size": AT_LEAST_ONE,
+    # Upper bounds on sizes: what a config may ask for before memory is sized from it (a config may come from
+    # anyone's folder). Each note names the memory the bound stands for; real models sit far below them.
+    "model.vision.image_size": Range(1, 8192, note="a batch of 8192 px images is 805 MB an image in fp32"),
     "model.vision.patch_size": AT_LEAST_ONE,
-    "model.vision.width": AT_LEAST_ONE,
-    "model.vision.layers": AT_LEAST_ONE,
+    "model.vision.width": Range(1, 16384, note="a layer holds about 12 · width² fp32 weights: 12 GiB at 16384"),
+    "model.vision.layers": Range(1, 1024, note="each layer holds about 12 · width² fp32 weights"),
     "model.vision.heads": AT_LEAST_ONE,
     "model.vision.mlp_ratio": POSITIVE,
     "model.vision.mean": FINITE,
     "model.vision.std": POSITIVE,
-    "model.text.vocab_size": AT_LEAST_ONE,
-    "model.text.context_length": Range(2, note="room for [CLS] and [SEP]"),
-    "model.text.width": AT_LEAST_ONE,
-    "model.text.layers": AT_LEAST_ONE,
+    "model.text.vocab_size": Range(1, 2**22, note="the token embedding is vocab_size · model.text.width fp32 "
+                                                   "numbers: 16 GiB at 4,194,304 × 1024"),
+    "model.text.context_length": Range(2, 65536, note="room for [CLS] and [SEP]; attention is context² a head"),
+    "model.text.width": Range(1, 16384, note="a layer holds about 12 · width² fp32 weights: 12 GiB at 16384"),
+    "model.text.layers": Range(1, 1024, note="each layer holds about 12 · width² fp32 weights"),
     "model.text.heads": AT_LEAST_ONE,
     "model.text.mlp_ratio": POSITIVE,
     "model.text.cls_token_id": NON_NEGATIVE,
     "model.temperature.init": FINITE,
     "model.temperature.max_scale": POSITIVE,
     "model.temperature.bias_init": FINITE,
-    "model.class_tokens": AT_LEAST_ONE,
-    "model.embed_dim": AT_LEAST_ONE,
+    "model.class_tokens": Range(1, 4096, note="each class token adds a sequence position and an output row"),
+    "model.embed_dim": Range(1, 65536, note="the projections are width · embed_dim fp32 numbers each"),
     "model.spheres": Range(0, note="0 = one sphere per class token"),
-    "train.batch_size": AT_LEAST_ONE,
-    "train.steps": AT_LEAST_ONE,
-    "train.lr": POSITIVE,
+    "train.batch_size": Range(1, 2**20, note="the similarity matrix is batch² fp32 numbers: 4 TiB at 2^20"),
+    "train.steps": Range(1, 10**12),
+    "train.lr": Range(0, 10, low_inclusive=False, note="AdamW moves every weight by about lr a step"),
     "train.weight_decay": OFF_AT_ZERO,
     "train.warmup_steps": Range(0, note="0 = no warm-up"),
     "train.betas": Range(0, 1, high_inclusive=False),
     "train.eps": POSITIVE,
     "train.grad_clip": Range(0, note="0 turns clipping off"),
     "train.seed": NON_NEGATIVE,
-    "train.threads": Range(0, note="0 keeps torch's default"),
+    "train.threads": Range(0, 4096, note="0 keeps torch's default"),
     "train.accumulation_steps": AT_LEAST_ONE,
-    "train.num_workers": Range(0, note="0 reads data in the main process"),
+    "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
+                                            "holding its prefetched batches"),
     "train.log_every": AT_LEAST_ONE,
     "train.eval_every": Range(0, note="0 = only at the end"),
     "train.checkpoint_every": Range(0, note="0 = only at the end"),
@@ -289,20 +299,23 @@ NUMERIC_RANGES: dict[str, Range] = {
     "data.scenes.min_objects": AT_LEAST_ONE,
     "data.scenes.max_objects": Range(1, 9, note="one object per 3x3 grid cell"),
     "data.scenes.seed": NON_NEGATIVE,
-    "data.scenes.train_size": NON_NEGATIVE,
-    "data.scenes.val_size": NON_NEGATIVE,
-    "data.scenes.test_size": NON_NEGATIVE,
+    "data.scenes.train_size": Range(0, 10**8, note="its shuffle order is 8 B a sample and its rendered pixels "
+                                                    "3 KB a sample at 32 px: 800 MB and 300 GB at 10^8"),
+    "data.scenes.val_size": Range(0, 10**7, note="rendered pixels are 3 KB a sample at 32 px: 30 GB at 10^7"),
+    "data.scenes.test_size": Range(0, 10**7, note="rendered pixels are 3 KB a sample at 32 px: 30 GB at 10^7"),
     "data.scenes.noise": FRACTION,
     "data.scenes.object_scale": Range(0.5, 1.8, note="1.8 makes a large object 90 % of the image"),
     "data.weights": NON_NEGATIVE,
-    "data.samples_per_epoch": Range(0, note="0 = one pass over the shards"),
-    "data.shuffle_buffer": Range(0, note="0 or 1 = no shuffling"),
+    "data.samples_per_epoch": Range(0, 10**12, note="0 = one pass over the shards"),
+    "data.shuffle_buffer": Range(0, 10**6, note="0 or 1 = no shuffling; each worker holds that many encoded "
+                                                "samples: ~100 GB at 10^6 web images of 100 KB"),
     "data.max_bad_fraction": FRACTION,
     "data.augment_scale": Range(0, 1, low_inclusive=False),
-    "evaluate.size": AT_LEAST_ONE,
-    "evaluate.validation_size": AT_LEAST_ONE,
-    "evaluate.captions_per_image": AT_LEAST_ONE,
-    "evaluate.batch_size": AT_LEAST_ONE,
+    "evaluate.size": Range(1, 10**6, note="images rendered and embedded per set: 3 GB of pixels at 10^6, "
+                                          "and a 10^6 × captions similarity matrix for retrieval"),
+    "evaluate.validation_size": Range(1, 10**6, note="as evaluate.size"),
+    "evaluate.captions_per_image": Range(1, 100, note="retrieval scores images × captions pairs"),
+    "evaluate.batch_size": Range(1, 2**20, note="a batch of images is embedded at once"),
 }
 
 
@@ -558,6 +571,9 @@ def parse_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+    except RecursionError:  # "[[[[...": no setting nests lists more than one deep
+        raise ConfigError(f"a --set value nests lists {text.count('[')} deep ({text[:20]}...); no setting takes "
+                          f"more than one level of list, e.g. data.weights=[1.0, 3.0]") from None
 
 
 def apply_overrides(values: dict, overrides: list[str]) -> dict:
@@ -605,13 +621,27 @@ def presets() -> list[str]:
     return sorted(name for name in _preset_files() if not name.startswith("_"))
 
 
-def preset_dict(name: str) -> dict:
+def read_preset_file(path: Path) -> dict:
+    """A preset JSON file's values; ConfigError naming the file when it is not a JSON object."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise ConfigError(f"preset file {path} is not valid JSON ({detail}); a preset is a JSON object of "
+                          f'sections, e.g. {{"base": "cpu-multi", "train": {{"steps": 100}}}}') from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"preset file {path} holds a JSON {type(values).__name__}, not an object of sections; "
+                          f'e.g. {{"base": "cpu-multi", "train": {{"steps": 100}}}}')
+    return values
+
+
+def preset_dict(name: str, _bases: tuple = ()) -> dict:
     """The preset's values as a dict, with its `base` chain resolved (a file path also works)."""
     files = _preset_files()
     if name in files:
         values = json.loads(files[name].read_text())
     elif Path(name).is_file():
-        values = json.loads(Path(name).read_text())
+        values = read_preset_file(Path(name))
     else:
         close = difflib.get_close_matches(name, presets(), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -621,7 +651,10 @@ def preset_dict(name: str) -> dict:
     own_name = values.get("name", Path(name).stem)
     base = values.pop("base", None)
     if base:
-        values = merge(preset_dict(base), values)
+        if base in _bases:
+            raise ConfigError(f"preset {name!r}: its base chain {' -> '.join(_bases + (name, base))} is a loop; "
+                              f"end it at a shipped preset")
+        values = merge(preset_dict(base, _bases + (name,)), values)
     values["name"] = own_name  # the run is named after the preset asked for, not its base
     return values
 
