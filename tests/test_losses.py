@@ -11,20 +11,20 @@ from topoclip.losses import LOSSES, infonce_loss, sigmoid_loss
 
 def test_infonce_matches_a_hand_computed_3x3():
     values = [[0.9, 0.1, 0.0], [0.2, 0.8, 0.1], [0.0, 0.3, 0.7]]
-    s = torch.tensor(values)
-    tau = torch.tensor(2.0)
+    s = torch.tensor(values, dtype=torch.float64)  # the loss keeps float64: compared at float64's precision
+    tau = torch.tensor(2.0, dtype=torch.float64)
     # Row i: −log( e^{2 s_ii} / Σ_j e^{2 s_ij} ); columns likewise on sᵀ. Plain floats throughout
     # (pytest.approx cannot take a 0-d tensor as `expected`).
     rows = [-(2 * values[i][i] - math.log(sum(math.exp(2 * values[i][j]) for j in range(3)))) for i in range(3)]
     cols = [-(2 * values[i][i] - math.log(sum(math.exp(2 * values[j][i]) for j in range(3)))) for i in range(3)]
     expected = (sum(rows) / 3 + sum(cols) / 3) / 2
     assert isinstance(expected, float)
-    assert infonce_loss(s, s.T, tau).item() == pytest.approx(expected, rel=1e-6)
+    assert infonce_loss(s, s.T, tau).item() == pytest.approx(expected, rel=1e-12)  # ~20 float64 roundings
 
 
 def test_infonce_equals_cross_entropy():
-    s = torch.randn(8, 8)
-    tau = torch.tensor(14.3)
+    s = torch.randn(8, 8, dtype=torch.float64)  # float64: default assert_close bounds (1e-7) hold with room
+    tau = torch.tensor(14.3, dtype=torch.float64)
     labels = torch.arange(8)
     expected = (F.cross_entropy(tau * s, labels) + F.cross_entropy(tau * s.T, labels)) / 2
     torch.testing.assert_close(infonce_loss(s, s.T, tau), expected)
@@ -33,8 +33,8 @@ def test_infonce_equals_cross_entropy():
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_local_blocks_sum_to_the_full_loss(name):
     # Two "ranks" of 3 rows each, scored against the full 6 columns, average to the full loss.
-    s = torch.randn(6, 6)
-    tau, bias = torch.tensor(5.0), torch.tensor(-2.0)
+    s = torch.randn(6, 6, dtype=torch.float64)  # float64: default assert_close bounds (1e-7) hold with room
+    tau, bias = torch.tensor(5.0, dtype=torch.float64), torch.tensor(-2.0, dtype=torch.float64)
     loss = LOSSES[name]
     full = loss(s, s.T, tau, bias)
     parts = [loss(s[3 * r : 3 * r + 3], s.T[3 * r : 3 * r + 3], tau, bias, local_index=r) for r in range(2)]
@@ -42,9 +42,9 @@ def test_local_blocks_sum_to_the_full_loss(name):
 
 
 def test_sigmoid_matches_its_formula():
-    s = torch.tensor([[0.5, -0.2], [0.1, 0.4]])
-    tau, beta = torch.tensor(10.0), torch.tensor(-1.0)
-    z = torch.tensor([[1.0, -1.0], [-1.0, 1.0]])
+    s = torch.tensor([[0.5, -0.2], [0.1, 0.4]], dtype=torch.float64)  # float64: default bounds hold with room
+    tau, beta = torch.tensor(10.0, dtype=torch.float64), torch.tensor(-1.0, dtype=torch.float64)
+    z = torch.tensor([[1.0, -1.0], [-1.0, 1.0]], dtype=torch.float64)
     expected = -torch.log(torch.sigmoid(z * (tau * s + beta))).sum() / 2
     torch.testing.assert_close(sigmoid_loss(s, s.T, tau, beta), expected)
 

@@ -66,7 +66,7 @@ def test_single_token_product_sphere_reshapes_one_vector():
     model = CLIP(load_config("tiny", ["model.class_tokens=1", "model.embed_dim=64", "model.spheres=8"]).model)
     out = model.encode_image(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 8, 8)
-    torch.testing.assert_close(out.norm(dim=-1), torch.ones(2, 8))
+    torch.testing.assert_close(out.norm(dim=-1), torch.ones(2, 8), **fp32_pair(8 + 8))  # normalise, then norm: 8 terms each
     raw = model.visual(torch.randn(2, 3, 32, 32))  # (2, 1, 64) → 8 rows of 8
     assert raw.shape == (2, 1, 64)
 
@@ -82,7 +82,8 @@ def test_text_class_tokens_differ_only_by_position():
     with torch.no_grad():
         model.text.positional_embedding.zero_()
         same = model.text(batch.input_ids, batch.attention_mask)
-    torch.testing.assert_close(same[:, 0], same[:, 1])  # without positions the m [CLS] tokens coincide
+    # without positions the m [CLS] tokens coincide (up to where in a kernel each row is computed)
+    torch.testing.assert_close(same[:, 0], same[:, 1], **fp32_pair(model_roundings(TINY, 4), float(same.abs().max())))
 
 
 def test_padding_does_not_change_the_text_embedding():
@@ -118,7 +119,8 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         s = model.similarity(out.image_embeds, out.text_embeds)
         infonce_loss(s, s.T, out.scale).backward()
         grads.append(model.visual.conv1.weight.grad.clone())
-    torch.testing.assert_close(*grads)
+    # the same operations recomputed: within 2·γ_n of each other normwise, whatever the kernels
+    torch.testing.assert_close(*grads, **fp32_pair(model_roundings(TINY, 3), float(grads[0].abs().max())))
 
 
 def test_temperature_clamp_and_fixed_mode():

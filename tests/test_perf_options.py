@@ -14,6 +14,8 @@ from topoclip.tokenizer import TextBatch, Tokenizer
 from topoclip.training.optim import build_optimizer
 from topoclip.training.step import SkippedSteps, forward_backward_loss, nonfinite_anywhere, optimizer_step
 
+from _tolerance import TINY, fp32_pair, model_roundings
+
 
 def captions_of_lengths(config, lengths: list[int]) -> TextBatch:
     """Random ids with texts of the given real lengths, padded to the context (B, L)."""
@@ -45,7 +47,8 @@ def test_the_bucketed_trim_equals_the_full_context_in_fp32(pooling):
         trimmed = model.text(text.input_ids, text.attention_mask)  # 11 of the context's columns
         full = model.text.encode_tokens(text.input_ids, text.attention_mask, padded=True)
     assert trimmed_length(text.attention_mask) < config.text.context_length
-    torch.testing.assert_close(trimmed, full)
+    # fewer (masked) columns change the length of the attention sums: two fp32 orders of the same values
+    torch.testing.assert_close(trimmed, full, **fp32_pair(model_roundings(TINY, 1), float(full.abs().max())))
 
 
 def test_compiled_text_tower_has_no_graph_break_and_one_graph_for_all_lengths():
@@ -60,7 +63,7 @@ def test_compiled_text_tower_has_no_graph_break_and_one_graph_for_all_lengths():
         for lengths in ([3, 4], [17, 2], [9, 30], [5, 5]):  # 4, 17, 30, 5 columns in eager mode
             text = captions_of_lengths(config, lengths)
             got = compiled(text=text).text_embeds
-            torch.testing.assert_close(got, model(text=text).text_embeds)
+            torch.testing.assert_close(got, model(text=text).text_embeds, **fp32_pair(model_roundings(TINY, 2)))
     assert counter.frame_count == 1  # compiled once: no recompilation across caption lengths
     torch._dynamo.reset()
 

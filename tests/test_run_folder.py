@@ -261,14 +261,16 @@ def all_checkpoints_finite(run: Path) -> bool:
 
 def test_a_diverging_run_stops_in_one_line_without_saving_bad_weights(tmp_path, capsys):
     """main: with lr=1e30 the step-1 update gave weights whose next loss is NaN; the run ended in a
-    FloatingPointError traceback, after checkpointing those weights (which --resume would reload)."""
+    FloatingPointError traceback, after checkpointing those weights (which --resume would reload).
+    train.lr is now bounded (≤ 10), so the loss is made non-finite by τ = exp(101), past fp32's range."""
     run = tmp_path / "run"
-    settings = cli("train.steps=20", "train.lr=1e30", "train.checkpoint_every=1")
+    settings = cli("train.steps=20", "model.temperature.max_scale=1e44", "model.temperature.init=101",
+                   "train.checkpoint_every=1")
     assert main(["train", "--preset", "tiny", "--quiet", *settings, "--out", str(run)]) == 2
     err = capsys.readouterr().err
     line = err.splitlines()[-1]
     assert line.startswith("topoclip: error: training stopped at step ")
-    assert "non-finite" in line and "lower train.lr (now 1e+30)" in line and "no checkpoint was written" in line
+    assert "non-finite" in line and "lower train.lr (now 0.001)" in line and "no checkpoint was written" in line
     assert err.count("step skipped") == trainer.MAX_SKIPPED_STEPS - 1  # the policy: skip, then stop
     assert not step_checkpoints(run / "checkpoints")  # the only weights written would have given NaN
 

@@ -112,3 +112,29 @@ def test_logged_sample_counts_cover_every_rank(launches):
     _, run, _, _, _ = launches
     for record in step_records(run):
         assert record["data"]["kept"] == 8 * record["step"]  # the global batch, not rank 0's 4
+
+
+def test_a_csv_stream_resumed_under_torchrun_continues_every_rank_exactly(tmp_path):
+    """Issue #16 item 4 under torchrun: each rank reads its own share of the CSV (2 DataLoader workers each);
+    a checkpoint stores both ranks' places, so a run killed after step 3 and resumed logs the same losses
+    at steps 4-6 as the uninterrupted run (and the same data counts)."""
+    import shutil
+
+    from test_resume_stream import write_csv
+    from test_train_user_data import scene_samples
+
+    table = write_csv(tmp_path / "data", scene_samples(30))
+    settings = [s for s in SETTINGS if not s.startswith(("train.num_workers", "train.batch_size"))] + [
+        "data.source=csv", f"data.train_data={table}", "data.tokenizer=", "train.num_workers=2",
+        "train.batch_size=8", "train.steps=6"]
+    whole = tmp_path / "whole"
+    torchrun(tmp_path, "--preset", "tiny", *[p for s in settings for p in ("--set", s)], "--out", str(whole))
+    killed = tmp_path / "killed"  # the same folder as a kill after step 3's checkpoint leaves it
+    shutil.copytree(whole, killed)
+    for step in (4, 5, 6):
+        shutil.rmtree(killed / "checkpoints" / f"step-{step:06d}")
+    (killed / "eval.json").unlink()
+    torchrun(tmp_path, "--resume", str(killed))
+    expected, got = step_records(whole), step_records(killed)
+    assert [r["step"] for r in got] == list(range(1, 7))
+    assert [(r["loss"], r["data"]) for r in got] == [(r["loss"], r["data"]) for r in expected]

@@ -109,3 +109,50 @@ def test_predict_refuses_a_bad_template_or_top_in_one_line(run, option, capsys):
     assert main(["predict", str(run), "--labels", "cat,dog", *option, "--image", "x.png"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and option[0] in error and "Traceback" not in error
+
+
+# ------------------------------------------------------------------ smaller (issue #16 item 8)
+
+
+@pytest.mark.parametrize("name", ["../../x", "/etc/x", "a/b", ".."])
+def test_a_run_name_cannot_put_the_run_folder_outside_runs(name):
+    from topoclip.config import ConfigError
+
+    with pytest.raises(ConfigError, match="must be a plain folder name"):
+        load_config("tiny", [f"name={name}"])
+
+
+def test_a_mistyped_local_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    from topoclip import inference
+
+    asked = []
+    monkeypatch.setattr(inference, "hub_folder", lambda *args: asked.append(args))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(FileNotFoundError, match="no such folder .*hf-hub:runs/typo"):
+        inference.checkpoint_folder("runs/typo")
+    inference.checkpoint_folder("org/model")  # nothing here is called org/: that is a Hub repo id
+    assert asked == [("org/model", None, None)]
+
+
+def test_a_template_without_its_field_is_refused_by_the_library(run):
+    import topoclip
+    from topoclip.errors import UserError
+
+    clip = topoclip.load(run)
+    with pytest.raises(UserError, match="must hold one"):
+        clip.zero_shot_classifier(["cat", "dog"], ["a photo"])
+
+
+def test_plots_lost_to_a_kill_are_drawn_when_the_finished_run_is_resumed(run, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    shutil.rmtree(folder / "plots")  # killed while plotting, after eval.json was written
+    metrics = folder / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines() if '"final"' not in line))
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 0
+    assert "is complete" in capsys.readouterr().out
+    assert (folder / "plots" / "loss.png").is_file() and (folder / "plots" / "evaluation.png").is_file()
+    finals = [line for line in metrics.read_text().splitlines() if '"final"' in line]
+    assert len(finals) == 1 and json.loads(finals[0])["eval"] == json.loads(
+        [line for line in (run / "metrics.jsonl").read_text().splitlines() if '"final"' in line][0])["eval"]

@@ -111,20 +111,6 @@ def add_eval(commands) -> None:
 # --------------------------------------------------------------------------- predict
 
 
-def check_template(template: str) -> None:
-    """A prompt template must hold exactly one empty {} for the label (else every label gets one prompt)."""
-    import string
-
-    try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
-    except ValueError as error:
-        raise ConfigError(f"--template {template!r} is not a format string ({error}); write {{{{ and }}}} for "
-                          f"literal braces, e.g. --template \"a photo of a {{}}.\"") from None
-    if fields != [""]:
-        raise ConfigError(f"--template {template!r} must hold one {{}} where the label goes (it has {len(fields)} "
-                          f"field(s){', named ' + repr(fields) if any(fields) else ''}), e.g. --template \"a photo of a {{}}.\"")
-
-
 def command_predict(args) -> int:
     from topoclip.inference import DEFAULT_TEMPLATES, load
 
@@ -133,8 +119,13 @@ def command_predict(args) -> int:
         raise ConfigError('--labels needs at least one class name, e.g. --labels "cat,dog"')
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give how many labels to print per image, at least 1")
-    for template in args.template or []:
-        check_template(template)
+    from topoclip.evaluation.zeroshot import check_template
+
+    for template in args.template or []:  # before a model is loaded
+        try:
+            check_template(template)
+        except UserError as error:
+            raise UserError(f"--{error}") from None
     clip = load(args.checkpoint, device=args.device)
     probabilities = clip.classify([Path(image) for image in args.image], labels, args.template or DEFAULT_TEMPLATES)
     top = min(args.top, len(labels))

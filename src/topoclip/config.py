@@ -753,6 +753,9 @@ def validate(config: Config) -> None:
     validate_data(config.data)
     validate_scenes(config)
     validate_evaluate(config.evaluate)
+    if config.name and (Path(config.name).name != config.name or config.name in (".", "..")):
+        raise ConfigError(f"name={config.name!r} must be a plain folder name (no '/', no '..'): it names the run "
+                          f"folder runs/NAME-TIMESTAMP; to train somewhere else give --out FOLDER")
     if config.train.loss == "infonce" and config.model.temperature.bias_init is not None:
         raise ConfigError("model.temperature.bias_init is the sigmoid loss's β; InfoNCE has no bias "
                           "(set train.loss=sigmoid, or model.temperature.bias_init=null)")

@@ -133,6 +133,10 @@ def checkpoint_folder(source: Union[str, Path], revision: Optional[str] = None,
     if text.startswith(HUB_PREFIX):
         return hub_folder(text.removeprefix(HUB_PREFIX), revision, cache_dir)
     if not Path(source).exists() and HUB_REPO_ID.match(text):
+        first = text.split("/")[0]
+        if Path(first).is_dir():  # `runs/x`: a local path is meant; the Hub is not asked (nor told the path)
+            raise FileNotFoundError(f"{text}: no such folder ({first}/ exists here, so it is read as a local path; "
+                                    f"for the Hugging Face Hub repo write {HUB_PREFIX}{text})")
         try:
             return hub_folder(text, revision, cache_dir)
         except UserError as error:  # maybe a mistyped local path: say both readings

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from topoclip.training.run_folder import save_png_atomic
+
 
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
@@ -21,7 +23,7 @@ def save_figure(figure, out_dir, name: str) -> Path:
     """Write `figure` to OUT/name.png and close it; returns the path."""
     path = Path(out_dir) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110, bbox_inches="tight")
+    save_png_atomic(figure, path, dpi=110, bbox_inches="tight")
     pyplot().close(figure)
     return path
 

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from topoclip.data.types import ClassificationSet
 from topoclip.evaluation.metrics import ClassificationAccumulator
+from topoclip.errors import UserError
 from topoclip.geometry import to_space
 
 MODES = ("distance", "embedding")
@@ -115,6 +116,23 @@ class ZeroShotClassifier:
         return per_template.mean(dim=-1)  # (B, C)
 
 
+def check_template(template: str) -> None:
+    """A prompt template holds exactly one empty {} for the class name; UserError otherwise (a template
+    without one gives every class the same prompt, so uniform probabilities)."""
+    import string
+
+    example = 'e.g. "a photo of a {}."'
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    except ValueError as error:
+        raise UserError(f"template {template!r} is not a format string ({error}); write {{{{ and }}}} for "
+                        f"literal braces, {example}") from None
+    if fields != [""]:
+        named = f", named {fields}" if any(fields) else ""
+        raise UserError(f"template {template!r} must hold one {{}} where the class name goes (it has "
+                        f"{len(fields)} field(s){named}), {example}")
+
+
 def zero_shot_classifier(
     model,
     tokenizer,
@@ -132,6 +150,8 @@ def zero_shot_classifier(
         raise ValueError(f"unknown zero-shot mode {mode!r}; choose one of {MODES}")
     if not classnames or not templates:
         raise ValueError(f"need at least one class and one template; got {len(classnames)} and {len(templates)}")
+    for template in templates:
+        check_template(template)
     prompts = [template.format(name) for name in classnames for template in templates]  # class-major
     texts = embed_texts(model, tokenizer, prompts, batch_size, device)  # (C·T, m, n)
     num_classes, num_templates = len(classnames), len(templates)

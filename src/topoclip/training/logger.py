@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from topoclip.config import flat_dict
+from topoclip.training.run_folder import save_png_atomic
 
 METRICS = "metrics.jsonl"
 
@@ -149,7 +150,7 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
         axis.grid(alpha=0.3)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
-        fig.savefig(path)
+        save_png_atomic(fig, path)
         plt.close(fig)
         written.append(path)
 
@@ -186,7 +187,7 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
         axis.grid(alpha=0.3)
         fig.tight_layout()
         path = out_dir / "evaluation.png"
-        fig.savefig(path)
+        save_png_atomic(fig, path)
         plt.close(fig)
         written.append(path)
     return written

@@ -163,6 +163,19 @@ def claim_folder(folder, what: str = "folder") -> RunFolderLock:
         raise RunFolderError(f"cannot write to the {what} {folder} ({error.strerror or error}); choose another --out") from None
 
 
+def save_png_atomic(figure, path, **options) -> None:
+    """Save a matplotlib figure as PNG to `path` in one step (temporary sibling + rename): a process killed
+    while plotting leaves the old plot or none, never half of one."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        figure.savefig(temporary, format="png", **options)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def write_text_atomic(path, text: str) -> None:
     """Replace `path` with `text` in one step (temporary sibling + rename)."""
     path = Path(path)

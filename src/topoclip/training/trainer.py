@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -243,6 +244,8 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
         note = finished(run_dir, config)
         if note is not None:
             if int(os.environ.get("RANK", "0")) == 0:
+                with claim_run_folder(run_dir, resuming=True):
+                    finish_leftovers(run_dir, config)
                 print(note)
             return run_dir
     train_config = config.train
@@ -251,6 +254,21 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
         return _train(config, run_dir, resume is not None, info, progress)
     finally:
         cleanup()
+
+
+def finish_leftovers(run_dir: Path, config: Config) -> None:
+    """What a run killed after writing eval.json left undone: the final record in metrics.jsonl, the plots."""
+    from topoclip.evaluation.run import headline
+    from topoclip.training.logger import read_metrics
+
+    logger = MetricsLogger(run_dir)
+    if not any(record.get("final") for record in read_metrics(logger.path)):
+        records = json.loads((run_dir / "eval.json").read_text(encoding="utf-8"))
+        logger.log({"step": config.train.steps, "eval": headline(records), "final": True})
+    if not all((run_dir / "plots" / f"{name}.png").is_file() for name in ("loss", "evaluation")):
+        print(f"topoclip: note: drawing the plots of {run_dir}, which its run did not finish", file=sys.stderr)
+        logger.plot()
+    logger.close()
 
 
 def on_main(main: bool, action: Callable[[], Any]) -> Any:
@@ -384,7 +402,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         evaluation_due = settings.eval_every and done % settings.eval_every == 0
         if deferred and pending is None and not (checkpoint_due or evaluation_due) and done % settings.log_every:
             grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip, skip=nonfinite)
-            scheduler.step()
+            advance_schedule(scheduler)
             window_images += settings.batch_size
             barrier()
             continue
@@ -417,7 +435,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
             if not parameters_finite(model):  # before any checkpoint is written from them
                 raise NonFiniteError(stop_message("the update made some weights inf/NaN", done, checkpoints_dir,
                                                   run_dir, config))
-        scheduler.step()
+        advance_schedule(scheduler)
         window_images += settings.batch_size
 
         if done % settings.log_every == 0 or done == settings.steps:
@@ -459,6 +477,15 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         print(f"run folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     return run_dir
+
+
+def advance_schedule(scheduler) -> None:
+    """One step of the lr schedule. A skipped step (non-finite loss) advances it too, deliberately: the lr
+    follows the step count, as under a GradScaler; torch's warning when the very first step was skipped
+    ("lr_scheduler.step() before optimizer.step()") is about the opposite mistake, and is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before", category=UserWarning)
+        scheduler.step()
 
 
 def batch_loss(model, images, text, loss_name: str, precision: str) -> torch.Tensor:
