@@ -123,7 +123,9 @@ def test_equilibrium_terms_match_hand_computation():
     assert terms["alignment"].item() == pytest.approx(alignment, rel=1e-6)
     assert terms["uniformity"].item() == pytest.approx(uniformity, rel=1e-6)
     assert terms["ratio"].item() == pytest.approx(alignment / uniformity, rel=1e-6)
-    torch.testing.assert_close(terms["loss"], infonce_loss(torch.tensor(s), torch.tensor(s).T, torch.tensor(tau)))
+    # the same 3×3 InfoNCE by two routes in fp32: logits ≤ τ = 2, a dozen roundings
+    torch.testing.assert_close(terms["loss"], infonce_loss(torch.tensor(s), torch.tensor(s).T, torch.tensor(tau)),
+                               **fp32_pair(12, 2 * 3))
     several = equilibrium.equilibrium_terms(torch.tensor(s), [1.0, tau])
     assert several["ratio"].shape == (2,) and several["ratio"][1].item() == pytest.approx(alignment / uniformity, rel=1e-6)
 
