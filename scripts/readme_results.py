@@ -21,7 +21,10 @@ import re
 import sys
 from pathlib import Path
 
-from topoclip.analysis.ablation import load_grid, markdown_table, mean_std
+from topoclip.analysis.ablation import load_grid, markdown_table
+from topoclip.analysis.compare import MODELS, comparison_rows
+from topoclip.analysis.compare import markdown as compare_markdown
+from topoclip.analysis.statistics import mean_std
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -57,9 +60,11 @@ def describe_machine(machine: dict) -> str:
 
 
 def compare_table(results: dict) -> str:
-    """Markdown of `topoclip compare`'s JSON: the table it wrote, and how it was run."""
+    """Markdown of `topoclip compare`'s JSON: how it was run, and its table with today's statistics, recomputed
+    from each row's per-seed values."""
+    values = {row["metric"]: {model: row[model]["values"] for model in MODELS} for row in results["rows"]}
     return (f"Measured: `{results['command']}` ({len(results['seeds'])} seeds) on {describe_machine(results['machine'])}.\n\n"
-            + results["table"])
+            + compare_markdown(comparison_rows(values), len(results["seeds"]), results["steps"]))
 
 
 def ablation_table(results: dict) -> str:

@@ -2,6 +2,7 @@
 trains, tabulates and resumes (finished runs are not trained again, killed ones are resumed)."""
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -92,7 +93,8 @@ def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
         copy, original = out / "runs" / "multi" / f"seed-{seed}", source / "runs" / "multi" / f"seed-{seed}"
         assert (copy / "eval.json").read_bytes() == (original / "eval.json").read_bytes()
         assert (copy / "probe.json").is_file()  # probed at this grid's --probe-size
-    assert read_runs(out)[("multi", 0)]["reused_from"] == str((source / "runs" / "multi" / "seed-0").resolve())
+    # recorded relative to the ablation folder: the JSON names no path of this machine
+    assert read_runs(out)[("multi", 0)]["reused_from"] == os.path.relpath(source / "runs" / "multi" / "seed-0", out)
     assert "2 of the 4 runs are copies" in (out / "table.md").read_text()
     # Nothing to reuse for a cell with another config; a folder without runs is refused.
     assert main([*args, "--reuse", str(tmp_path / "nothing")]) == 2
@@ -112,15 +114,21 @@ def read_runs(out):
 
 def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     out = tmp_path / "table3"
-    cells = ["--cells", "sphere_t-2.659", "ps-inner_t-0-fixed"]
+    # evaluations at steps 1 and 2 of 3: the curves and the "still rising?" column have two points
+    cells = ["--cells", "sphere_t-2.659", "ps-inner_t-0-fixed", "--set", "train.eval_every=1"]
     assert main(["ablate", "--grid", "table3", *FAST, *cells, "--out", str(out)]) == 0
     table = (out / "table.md").read_text().splitlines()
     rows = [line for line in table if line.startswith("| ") and "model" not in line]
     assert len(rows) == 2 and "Sphere(16)" in rows[0] and "| no |" in rows[1] and "| fixed |" in rows[1]
     assert all("—" not in row.split("|", 6)[-1] for row in rows)  # every metric column filled
     assert all(" ± " in row for row in rows)  # two seeds
-    assert (out / "temperature.png").is_file()
+    assert (out / "temperature.png").is_file() and (out / "curves.png").is_file()
     result = json.loads((out / "ablation.json").read_text())
+    rise = result["rows"][0]["late_rise"]["shape/distance/top1"]
+    runs = [r for r in result["runs"] if r["cell"] == "sphere_t-2.659"]
+    assert (rise["from_step"], rise["to_step"]) == (1, 2) and [e["step"] for e in runs[0]["evaluations"]] == [1, 2]
+    gains = [run["evaluations"][1]["shape/distance/top1"] - run["evaluations"][0]["shape/distance/top1"] for run in runs]
+    assert rise["effect"] == pytest.approx(sum(gains) / 2, abs=1e-12)  # values in %: 1e-12 is far above rounding
     assert result["trained_now"] == 4 and len(result["rows"]) == 2
     first = read_runs(out)
     assert all(r["i2t_r1"] is not None and r["linear_probe_top1"] is not None for r in first.values())
@@ -210,3 +218,12 @@ def test_jobs_children_end_with_a_killed_parent(tmp_path):
         time.sleep(0.05)
     os.kill(child, signal.SIGKILL)
     pytest.fail(f"the --jobs child {child} outlived its killed parent")
+
+
+def test_recorded_command_names_no_machine_path(monkeypatch):
+    from topoclip.cli import recorded_command
+
+    monkeypatch.setattr("sys.argv", ["topoclip", "ablate", "--grid", "table3", "--out", "/home/me/exp/table3",
+                                     "--reuse=/srv/runs/compare", "--cells", "*_t-0-fixed", "--set", "train.lr=1e-3"])
+    assert recorded_command() == ("topoclip ablate --grid table3 --out X/table3 --reuse=X/compare "
+                                  "--cells '*_t-0-fixed' --set train.lr=1e-3")

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from topoclip.analysis.compare import comparison_rows, compare
+from topoclip.analysis.compare import compare, comparison_rows, markdown
 
 SMALL = ["evaluate.size=24", "evaluate.validation_size=16", "evaluate.captions_per_image=2", "train.num_workers=0",
          "data.scenes.train_size=256", "train.checkpoint_every=0"]
@@ -38,7 +38,7 @@ def test_mean_and_std_equal_a_hand_computation_from_the_per_seed_eval_files(comp
         assert math.isclose(rows["shape top-1"][model]["mean"], statistics.mean(shape), abs_tol=1e-9)
         assert math.isclose(rows["shape top-1"][model]["std"], statistics.stdev(shape), abs_tol=1e-9)
     row = rows["shape top-1"]
-    assert math.isclose(row["difference"], row["multi"]["mean"] - row["sphere"]["mean"])
+    assert math.isclose(row["difference"]["effect"], row["multi"]["mean"] - row["sphere"]["mean"])
 
 
 def test_a_second_call_trains_nothing_again(compared):
@@ -47,8 +47,11 @@ def test_a_second_call_trains_nothing_again(compared):
     assert again["rows"] == first["rows"]
 
 
-def test_beyond_spread_is_the_difference_against_the_summed_stds():
-    rows = comparison_rows({"m": {"multi": [10.0, 12.0], "sphere": [1.0, 3.0]},
-                            "n": {"multi": [10.0, 12.0], "sphere": [9.0, 11.0]}})
-    assert rows[0]["exceeds_spread"] and not rows[1]["exceeds_spread"]
-    assert math.isclose(rows[0]["spread"], 2 * statistics.stdev([10.0, 12.0]))
+def test_difference_is_welchs_t():
+    rows = comparison_rows({"m": {"multi": [10.0, 12.0, 11.0], "sphere": [1.0, 3.0, 2.0]},
+                            "n": {"multi": [10.0, 12.0, 11.0], "sphere": [9.0, 12.0, 11.0]}})
+    clear, unclear = (row["difference"] for row in rows)
+    # equal variances and sizes: Welch's t is (9)/sqrt(2·1/3) with 4 degrees of freedom
+    assert clear["effect"] == 9.0 and clear["df"] == 4.0 and clear["low"] > 0 and clear["p"] < 0.001
+    assert unclear["low"] < 0 < unclear["high"] and unclear["p"] > 0.05
+    assert "| m | 11.0 ± 1.0 | 2.0 ± 1.0 | +9.0 (" in markdown(rows, 3, 10)

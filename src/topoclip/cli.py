@@ -15,6 +15,7 @@ import argparse
 import errno
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -415,12 +416,22 @@ def add_analyze(commands) -> None:
     add_overrides(sub)
 
 
+def recorded_command() -> str:
+    """This command line as a results file records it: each absolute path becomes X/<its last part> (the README's
+    "X is any folder"), so committed JSON names no folder of the machine that made it; quoted for a shell."""
+    def portable(argument: str) -> str:
+        option, equals, value = argument.rpartition("=") if argument.startswith("--") else ("", "", argument)
+        return option + equals + (f"X/{Path(value).name}" if os.path.isabs(value) else value)
+
+    return shlex.join(["topoclip"] + [portable(a) for a in sys.argv[1:]])
+
+
 def command_ablate(args) -> int:
     from topoclip.analysis.ablation import ablate
 
     out = Path(args.out or Path("ablations") / Path(args.grid).stem)
     ablate(args.grid, out, args.seeds, args.steps, args.overrides, args.jobs, args.preset, args.probe_size,
-           args.cells, args.reuse or (), command=" ".join(["topoclip"] + sys.argv[1:]))
+           args.cells, args.reuse or (), command=recorded_command())
     return 0
 
 
@@ -447,8 +458,7 @@ def add_ablate(commands) -> None:
 def command_compare(args) -> int:
     from topoclip.analysis.compare import compare
 
-    compare(args.out, args.seeds, args.steps, args.overrides, args.jobs, args.preset,
-            command=" ".join(["topoclip"] + sys.argv[1:]))
+    compare(args.out, args.seeds, args.steps, args.overrides, args.jobs, args.preset, command=recorded_command())
     return 0
 
 

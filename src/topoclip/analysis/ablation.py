@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from topoclip.analysis.output import write_json
+from topoclip.analysis.statistics import mean_std, paired
 from topoclip.analysis.temperature import TOLERANCE, plot_curves, read_curve
 from topoclip.config import Config, ConfigError, ModelConfig, load_config, to_dict
 from topoclip.training.run_folder import claim_folder
@@ -327,9 +328,13 @@ def run_record(spec: RunSpec) -> dict:
     """The numbers of one finished run: Table 6's columns plus every headline metric."""
     from topoclip.evaluation.run import headline
 
+    from topoclip.training.logger import read_metrics
+
     run_dir = Path(spec.run_dir)
     records = json.loads((run_dir / EVAL).read_text())
     curve = read_curve(run_dir)
+    evaluations = [{"step": r["step"], **r["eval"]} for r in read_metrics(run_dir / "metrics.jsonl")
+                   if "eval" in r and not r.get("final")]  # the validation split's; the final one is the test split's
     retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
                       and not r["dataset"].endswith("-ood")), {})
     classification = [r["metrics"] for r in records
@@ -337,26 +342,27 @@ def run_record(spec: RunSpec) -> dict:
     zero_shot = next((m for m in classification if m.get("mode") == "distance"), classification[0] if classification else {})
     probe = json.loads((run_dir / PROBE).read_text()) if (run_dir / PROBE).is_file() else {}
     model = load_config(values=spec.config).model
-    return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed, "run_dir": spec.run_dir,
+    reused = json.loads((run_dir / REUSED).read_text())["from"] if (run_dir / REUSED).is_file() else None
+    out_dir = run_dir.resolve().parents[2]  # OUT/runs/CELL/seed-K: paths are recorded relative to OUT, not to this machine
+    return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed,
+            "run_dir": relative_run_dir(spec),
             "model": describe_model(model), "t_init": model.temperature.init, "learnable": model.temperature.learnable,
             "final_t": curve.final_t, "convergence_step": curve.convergence_step, "window": curve.window,
             "i2t_r1": retrieval.get("text_retrieval_recall@1"), "t2i_r1": retrieval.get("image_retrieval_recall@1"),
             "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),
             "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale},
+            "evaluations": evaluations,  # the periodic validation evaluations (train.eval_every), headline keys
             # wall time from the (last) start, when config.json is written, to the final evaluation
             "train_seconds": (run_dir / EVAL).stat().st_mtime - (run_dir / "config.json").stat().st_mtime,
-            "reused_from": json.loads((run_dir / REUSED).read_text())["from"] if (run_dir / REUSED).is_file() else None}
+            "reused_from": os.path.relpath(reused, out_dir) if reused else None}
+
+
+def relative_run_dir(spec: RunSpec) -> str:
+    """"runs/CELL/seed-K": where a run lives inside its ablation folder."""
+    return f"{RUNS}/{spec.cell}/seed-{spec.seed}"
 
 
 # --------------------------------------------------------------------------- the table
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std
 
 
 def _format(values: Sequence[Optional[float]], digits: int) -> str:
@@ -368,8 +374,35 @@ def _format(values: Sequence[Optional[float]], digits: int) -> str:
     return text + (f" ({len(present)}/{len(values)})" if len(present) < len(values) else "")
 
 
-def summary_rows(records: Sequence[dict]) -> list[dict]:
-    """One row per cell (in plan order): mean ± std over its seeds of every Table 6 column."""
+# "Still rising?" compares each run's last periodic evaluation with its evaluation this fraction of the
+# run earlier (a paired t over the cell's seeds): under a cosine schedule the last quarter has under 15 %
+# of the peak learning rate, so a metric that still climbs there was cut off by the schedule, not converged.
+LATE_FRACTION = 0.25
+
+
+def curve_metrics(zero_shot_set: str) -> dict[str, str]:
+    """{title: key of a periodic evaluation}: what the curves show and the late-rise test reads."""
+    return {f"zero-shot top-1 ({zero_shot_set})": f"{zero_shot_set}/distance/top1",
+            "held-out compositions top-1": "composition-held-out/distance/top1",
+            "retrieval mean recall (val)": "scenes-val/mean_recall"}
+
+
+def late_rise(runs: Sequence[dict], key: str, steps: int) -> Optional[dict]:
+    """Paired t of `key` at the runs' last periodic evaluation against the one nearest LATE_FRACTION of the
+    run before it; None unless ≥ 2 runs have both."""
+    logged = [{e["step"]: e[key] for e in run.get("evaluations", []) if key in e} for run in runs]
+    common = sorted(set.intersection(*(set(points) for points in logged))) if logged else []
+    if len(runs) < 2 or len(common) < 2:
+        return None
+    last = common[-1]
+    earlier = min(common[:-1], key=lambda step: abs(step - (last - LATE_FRACTION * steps)))
+    difference = paired([points[last] for points in logged], [points[earlier] for points in logged])
+    return {"from_step": earlier, "to_step": last, **difference.as_dict()}
+
+
+def summary_rows(records: Sequence[dict], steps: int = 0, zero_shot_set: str = "shape") -> list[dict]:
+    """One row per cell (in plan order): mean ± std over its seeds of every Table 6 column, and the late rise
+    of each curve metric (`late_rise`; needs the runs' periodic evaluations and the schedule's `steps`)."""
     cells = list(dict.fromkeys(r["cell"] for r in records))
     rows = []
     for cell in cells:
@@ -383,6 +416,7 @@ def summary_rows(records: Sequence[dict]) -> list[dict]:
             present = [v for v in values if v is not None]
             mean, std = mean_std(present) if present else (None, None)
             row[key] = {"mean": mean, "std": std, "count": len(present), "values": values}
+        row["late_rise"] = {key: late_rise(runs, key, steps) for key in curve_metrics(zero_shot_set).values()}
         rows.append(row)
     return rows
 
@@ -391,18 +425,21 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
     """Table 6's columns (plus the grid's shown axes) as a markdown document."""
     shown = [axis.name for axis in grid.axes if axis.show]
     header = (["model"] + shown + ["t init", "learnable", "final t", "convergence step", "I2T R@1", "T2I R@1",
-              f"zero-shot top-1 ({grid.zero_shot_set})", f"linear probe ({PROBE_TASK})"])
+              f"zero-shot top-1 ({grid.zero_shot_set})", "still rising?", f"linear probe ({PROBE_TASK})"])
     lines = [f"# Ablation `{grid.name}`", "", grid.description, "",
              ("" if meta["cells"] == "all" else f"Reduced grid: the cells matching {' '.join(meta['cells'])}. ")
              + (f"{meta['reused']} of the {len(rows) * meta['seeds']} runs are copies of runs of other ablations made "
                 f"with the same config (`--reuse`; `reused_from` in ablation.json). " if meta.get("reused") else "")
-             + f"Mean ± std over {meta['seeds']} seed(s) (train.seed 0 … {meta['seeds'] - 1}); base preset "
+             + f"Mean ± sample std over n = {meta['seeds']} seed(s) (train.seed 0 … {meta['seeds'] - 1}); base preset "
              f"`{meta['preset']}`; {meta['steps']} steps; command `{meta['command']}`. "
              f"Retrieval: built-in scenes test split (in-domain), R@1 in %; zero-shot: the `{grid.zero_shot_set}` set, "
              f"distance mode; linear probe: L-BFGS logistic regression on the frozen class-token features "
              f"(`topoclip analyze probe`). Convergence step: first logged step after which τ stays within "
              f"{TOLERANCE:.0%} of its value for a window W (one epoch, at most a quarter of the run; "
-             f"`topoclip analyze temperature`), averaged over the seeds that converged ((k/n) when not all did).", "",
+             f"`topoclip analyze temperature`), averaged over the seeds that converged ((k/n) when not all did). "
+             f"Still rising?: the zero-shot top-1 of the periodic validation evaluations at the last one against "
+             f"the one {LATE_FRACTION:.0%} of the run before (paired t over the seeds): \"yes\" when its 95 % "
+             f"interval, shown, is above 0; \"—\" without periodic evaluations.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         def column(key: str, digits: int) -> str:
@@ -412,14 +449,61 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
         cells = ([row["model"]] + [row["columns"][name] for name in shown]
                  + [f"{row['t_init']:.3f}", "yes" if row["learnable"] else "no", column("final_t", 3), convergence,
                     column("i2t_r1", 1), column("t2i_r1", 1), column("zero_shot_top1", 1),
-                    column("linear_probe_top1", 1)])
+                    still_rising(row, grid.zero_shot_set), column("linear_probe_top1", 1)])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def still_rising(row: dict, zero_shot_set: str) -> str:
+    """"yes +4.2 (+1.0 to +7.4)" / "no +0.3 (-1.2 to +1.8)" from the row's late rise of the zero-shot set."""
+    rise = row.get("late_rise", {}).get(curve_metrics(zero_shot_set)[f"zero-shot top-1 ({zero_shot_set})"])
+    if not rise:
+        return "—"
+    return f"{'yes' if rise['low'] > 0 else 'no'} {rise['effect']:+.1f} ({rise['low']:+.1f} to {rise['high']:+.1f})"
+
+
+def plot_evaluations(records: Sequence[dict], out_dir, zero_shot_set: str) -> Optional[Path]:
+    """OUT/curves.png: each curve metric and τ against the step, one line per cell (mean over its seeds, band
+    ± sample std); None when no run has periodic evaluations."""
+    from topoclip.analysis.output import pyplot, save_figure
+
+    if not any(r.get("evaluations") for r in records):
+        return None
+    plt = pyplot()
+    metrics = curve_metrics(zero_shot_set)
+    figure, axes = plt.subplots(1, len(metrics) + 1, figsize=(4.4 * (len(metrics) + 1), 3.6), squeeze=False)
+    cells = list(dict.fromkeys(r["label"] for r in records))
+    colours = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
+    for index, cell in enumerate(cells):
+        runs = [r for r in records if r["label"] == cell]
+        for axis, key in zip(axes[0], metrics.values()):
+            series = [{e["step"]: e[key] for e in r.get("evaluations", []) if key in e} for r in runs]
+            _mean_band(axis, series, colours(index), cell)
+        _mean_band(axes[0][-1], [dict(zip(r["curve"]["steps"], r["curve"]["scale"])) for r in runs], colours(index), cell)
+    for axis, title in zip(axes[0], [*metrics, "τ (learned scale)"]):
+        axis.set_title(title, fontsize=10)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    axes[0][-1].set_yscale("log")
+    axes[0][0].legend(fontsize=7)
+    figure.suptitle(f"periodic validation evaluations, mean ± std over seeds ({len(records)} runs)", fontsize=10)
+    return save_figure(figure, out_dir, "curves")
+
+
+def _mean_band(axis, series: Sequence[dict], colour, label: str) -> None:
+    """Mean ± sample std at the steps every series has."""
+    steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    if not steps:
+        return
+    means, stds = zip(*(mean_std([s[step] for s in series]) for step in steps))
+    axis.plot(steps, means, color=colour, label=label, linewidth=1.4)
+    axis.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
+                      color=colour, alpha=0.18, linewidth=0)
+
+
 def plot_temperatures(records: Sequence[dict], out_dir) -> Path:
     """OUT/temperature.png: every run's t, one colour per cell, one panel per model (as the paper's Fig. 4)."""
-    curves = [read_curve(r["run_dir"]) for r in records]
+    curves = [read_curve(Path(out_dir) / r["run_dir"]) for r in records]
     return plot_curves(curves, out_dir, "temperature", groups=[r["label"] for r in records],
                        panels=[r["model"] for r in records])
 
@@ -464,23 +548,25 @@ def _ablate(grid: Grid, grid_name: str, out_dir: Path, seeds: int, steps: Option
         by_dir[record["run_dir"]] = record
         log(f"[{done}/{len(todo)}] {record['cell']} seed {record['seed']}: {record['state_before']} -> finished "
             f"in {record['seconds']:.0f} s")
-    records = [by_dir.get(s.run_dir) or run_record(s) for s in specs]
+    records = [by_dir.get(relative_run_dir(s)) or run_record(s) for s in specs]
     for record in records:
         record.pop("state_before", None)
-    rows = summary_rows(records)
+    steps_of_run = load_config(values=specs[0].config).train.steps
+    rows = summary_rows(records, steps_of_run, grid.zero_shot_set)
     meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "preset": preset or grid.preset,
-            "steps": load_config(values=specs[0].config).train.steps,
+            "steps": steps_of_run,
             "command": command or f"ablate({grid_name!r}, seeds={seeds}, steps={steps}, jobs={jobs}, preset={preset!r})",
             "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": to_train, "reused_now": reused,
             "reused": sum(r["reused_from"] is not None for r in records),
             "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                         "python": platform.python_version(), **_torch_info()}}
     (out_dir / "table.md").write_text(markdown_table(grid, rows, meta))
-    plot = plot_temperatures(records, out_dir)
+    plots = [plot for plot in (plot_temperatures(records, out_dir), plot_evaluations(records, out_dir, grid.zero_shot_set))
+             if plot]
     result = {"analysis": "ablation", **meta, "description": grid.description, "rows": rows, "runs": records,
-              "plots": [plot.name], "table": "table.md"}
+              "plots": [plot.name for plot in plots], "table": "table.md"}
     write_json(out_dir, "ablation", result)
-    log(f"wrote {out_dir / 'table.md'}, {out_dir / 'ablation.json'}, {plot}")
+    log(f"wrote {out_dir / 'table.md'}, {out_dir / 'ablation.json'}, {', '.join(map(str, plots))}")
     return result
 
 

@@ -3,9 +3,8 @@
 A two-cell ablation (grid ``compare``: cpu-multi and cpu-sphere), so it is resumable the same way
 (finished runs are skipped, killed ones resumed). For every headline metric of the final evaluation
 (zero-shot top-1 of each built-in set in "distance" mode, retrieval mean recall) and for the final τ,
-it reports mean ± std over the seeds of each model, the difference multi − sphere, and whether that
-difference exceeds the seed spread: |difference| > std(multi) + std(sphere) (sample standard
-deviations; a coarse rule, not a significance test — with 3 seeds nothing finer is honest).
+it reports mean ± sample std over the seeds of each model, the difference multi − sphere (of the
+unrounded means) with its 95 % confidence interval and Welch's t p-value (`analysis.statistics`).
 
 Writes OUT/compare.md, OUT/compare.json and OUT/compare.png (one bar pair per metric, error bars
 = std), besides the ablation's own table.md / ablation.json / temperature.png.
@@ -16,8 +15,9 @@ import math
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from topoclip.analysis.ablation import ablate, mean_std
+from topoclip.analysis.ablation import ablate
 from topoclip.analysis.output import pyplot, save_figure, write_json
+from topoclip.analysis.statistics import mean_std, welch
 
 GRID = "compare"
 MODELS = ("multi", "sphere")
@@ -36,32 +36,33 @@ def metric_values(records: Sequence[dict]) -> dict[str, dict[str, list[float]]]:
 
 
 def comparison_rows(values: dict[str, dict[str, list[float]]]) -> list[dict]:
-    """Per metric: mean ± std of each model, the difference multi − sphere, and whether it exceeds the spread."""
+    """Per metric: mean ± std of each model, and Welch's t for multi − sphere (effect, 95 % CI, p)."""
     rows = []
     for metric, per_model in values.items():
         row = {"metric": metric}
         for model in MODELS:
             mean, std = mean_std(per_model[model])
             row[model] = {"mean": mean, "std": std, "values": per_model[model]}
-        row["difference"] = row["multi"]["mean"] - row["sphere"]["mean"]
-        row["spread"] = row["multi"]["std"] + row["sphere"]["std"]
-        row["exceeds_spread"] = abs(row["difference"]) > row["spread"]
+        row["difference"] = welch(per_model["multi"], per_model["sphere"]).as_dict()
         rows.append(row)
     return rows
 
 
 def markdown(rows: Sequence[dict], seeds: int, steps: int) -> str:
     """The comparison as a markdown table (numbers in %, τ as is)."""
-    lines = [f"Mean ± std over {seeds} seeds (train.seed 0 … {seeds - 1}), {steps} steps each; "
-             "difference = multi − sphere; \"beyond spread\": |difference| > std(multi) + std(sphere).", "",
-             "| metric | multi (Multi(16, 8), ps-inner) | sphere (1 token, cosine) | difference | beyond spread |",
+    lines = [f"Mean ± sample std over n = {seeds} seeds per model (train.seed 0 … {seeds - 1}), {steps} steps each; "
+             "difference = multi − sphere (of the unrounded means) with its 95 % confidence interval and the "
+             "two-sided p-value of Welch's t.", "",
+             "| metric | multi (Multi(16, 8), ps-inner) | sphere (1 token, cosine) | difference (95 % CI) | p |",
              "|---|---|---|---|---|"]
     for row in rows:
         def cell(model: str) -> str:
             return f"{row[model]['mean']:.1f} ± {row[model]['std']:.1f}"
 
-        lines.append(f"| {row['metric']} | {cell('multi')} | {cell('sphere')} | {row['difference']:+.1f} | "
-                     f"{'yes' if row['exceeds_spread'] else 'no'} |")
+        d = row["difference"]
+        p = "< 0.001" if d["p"] < 0.001 else f"{d['p']:.3f}"
+        lines.append(f"| {row['metric']} | {cell('multi')} | {cell('sphere')} | {d['effect']:+.1f} "
+                     f"({d['low']:+.1f} to {d['high']:+.1f}) | {p} |")
     return "\n".join(lines) + "\n"
 
 
