@@ -24,7 +24,7 @@ from pathlib import Path
 from topoclip.analysis.ablation import load_grid, markdown_table
 from topoclip.analysis.compare import MODELS, comparison_rows
 from topoclip.analysis.compare import markdown as compare_markdown
-from topoclip.analysis.statistics import mean_std
+from topoclip.analysis.statistics import mean_std, welch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -121,37 +121,55 @@ def equilibrium_table(runs: list[dict], batch_size: int = 128) -> str:
     return "\n".join(lines)
 
 
-def measured(item: dict) -> str:
-    """"label mean ± std" of one measurement of a claim: a metric of one cell of an ablation in docs/results/.
+def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list[float]:
+    """Each seed's value of one metric of one cell of the results in docs/results/SOURCE.
 
-    metric: a Table 6 column of the ablation's rows (final_t, i2t_r1, t2i_r1, zero_shot_top1, linear_probe_top1,
-    convergence_step), "tau" (exp of each run's final t), or "headline:KEY" (a metric of each run's final evaluation).
+    An ablation: metric is a Table 6 column of its runs (final_t, i2t_r1, t2i_r1, zero_shot_top1,
+    linear_probe_top1, convergence_step), "tau" (exp of each run's final t), or "headline:KEY" (a metric of
+    each run's final evaluation). A compare: cell is "multi" or "sphere", metric a row of its table.
+    The experts: cell is k, set_name the zero-shot set.
     """
-    results = load_results(item["source"])
-    metric = item["metric"]
-    if item["source"] == "experts":
-        values = experts_values(results)[item["set"]][int(item["cell"])]
-    else:
-        runs = [r for r in results["runs"] if r["cell"] == item["cell"]]
-        if not runs:
-            raise KeyError(f"{item['source']} has no cell {item['cell']!r}")
-        if metric == "tau":
-            values = [math.exp(r["final_t"]) for r in runs]
-        elif metric.startswith("headline:"):
-            values = [r["headline"][metric.split(":", 1)[1]] for r in runs]
-        else:
-            values = [r[metric] for r in runs]
+    results = load_results(source)
+    if source == "experts":
+        return experts_values(results)[set_name][int(cell)]
+    if results.get("analysis") == "compare":
+        return next(row[cell]["values"] for row in results["rows"] if row["metric"] == metric)
+    runs = [r for r in results["runs"] if r["cell"] == cell]
+    if not runs:
+        raise KeyError(f"{source} has no cell {cell!r}")
+    if metric == "tau":
+        return [math.exp(r["final_t"]) for r in runs]
+    if metric.startswith("headline:"):
+        return [r["headline"][metric.split(":", 1)[1]] for r in runs]
+    return [r[metric] for r in runs]
+
+
+def measured(item: dict) -> str:
+    """"label mean ± std (n)" of one measurement of a claim."""
+    values = cell_values(item["source"], item["cell"], item["metric"], item.get("set", ""))
     mean, std = mean_std(values)
     digits = item.get("digits", 1)
     return f"{item['label']} {mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def tested(item: dict) -> str:
+    """"label: +15.2 (95 % CI …; Welch's t, p = …; n = 3 and 3)": Welch's t between two cells (`a` − `b`, each
+    [source, cell]) on one metric."""
+    a, b = (cell_values(source, cell, item["metric"], item.get("set", "")) for source, cell in (item["a"], item["b"]))
+    return f"{item['label']}: {welch(a, b).describe(item.get('digits', 1))}"
+
+
 def claims_table(claims: dict) -> str:
-    """Markdown: each claim of the paper, our measurements (mean ± std over seeds), the verdict."""
-    lines = ["| the paper's claim | measured here (mean ± std over seeds) | verdict |", "|---|---|---|"]
+    """Markdown: each claim of the paper with the paper's numbers, ours (mean ± sample std over seeds), Welch's
+    t for the comparisons the claim rests on, and the verdict."""
+    lines = ["| the paper's claim | the paper's numbers | measured here (mean ± sample std over seeds) | "
+             "the comparisons (Welch's t: difference of means, 95 % CI, p, n per cell) | verdict |",
+             "|---|---|---|---|---|"]
     for claim in claims["claims"]:
         numbers = "; ".join(measured(item) for item in claim["measured"])
-        lines.append(f"| {claim['claim']} | {numbers} | **{claim['verdict']}**: {claim['why']} |")
+        tests = "; ".join(tested(item) for item in claim.get("tests", [])) or "—"
+        lines.append(f"| {claim['claim']} | {claim['paper']} | {numbers} | {tests} | **{claim['verdict']}**: "
+                     f"{claim['why']} |")
     return "\n".join(lines)
 
 
