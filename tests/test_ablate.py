@@ -118,8 +118,10 @@ def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     cells = ["--cells", "sphere_t-2.659", "ps-inner_t-0-fixed", "--set", "train.eval_every=1"]
     assert main(["ablate", "--grid", "table3", *FAST, *cells, "--out", str(out)]) == 0
     table = (out / "table.md").read_text().splitlines()
-    rows = [line for line in table if line.startswith("| ") and "model" not in line]
+    rows = [line for line in table if line.startswith("| ") and "model" not in line and "*paper" not in line]
     assert len(rows) == 2 and "Sphere(16)" in rows[0] and "| no |" in rows[1] and "| fixed |" in rows[1]
+    # each cell's row is followed by the paper's (Table 6) for that cell
+    assert [line.split(" | ")[0] for line in table if "*paper" in line] == ["| *paper: Sphere(512)*", "| *paper: Ob(64,8)*"]
     assert all("—" not in row.split("|", 6)[-1] for row in rows)  # every metric column filled
     assert all(" ± " in row for row in rows)  # two seeds
     assert (out / "temperature.png").is_file() and (out / "curves.png").is_file()

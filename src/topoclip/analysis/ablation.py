@@ -8,7 +8,9 @@ A grid is JSON data in ``topoclip/analysis/grids/NAME.json`` (or any JSON file o
      "zero_shot_set": "shape",                     the built-in set of the "zero-shot top-1" column
      "axes": [{"name": "topology", "show": false,  show: a column of its own in the table
                "levels": [{"label": "sphere", "preset": "...", "set": ["model.topology=sphere", ...],
-                           "logit_range_like": "<label of another level of this axis>"}, ...]}, ...]}
+                           "logit_range_like": "<label of another level of this axis>"}, ...]}, ...],
+     "paper": {"source": "which table, and how its metrics map to ours",   optional: the paper's numbers,
+               "rows": {"<cell folder name>": {"model": "Ob(64,8)", "final_t": 2.231, ...Table 6's columns}}}}
 
 The cells are the product of the axes' levels. A cell's config is, in order: its preset (the
 ``--preset`` option replaces every one, e.g. ``tiny`` for a smoke test), the grid's settings, each
@@ -87,6 +89,7 @@ class Grid:
     settings: list[str]
     axes: list[Axis]
     zero_shot_set: str = "shape"
+    paper: dict = field(default_factory=dict)  # {"source": ..., "rows": {cell name: the paper's numbers}}
 
     def cells(self) -> list[tuple[Level, ...]]:
         """Every combination of one level per axis, in the order the axes list them."""
@@ -112,7 +115,7 @@ def load_grid(name: str) -> Grid:
                                        lv.get("logit_range_like")) for lv in a["levels"]], a.get("show", True))
                 for a in values["axes"]]
         return Grid(grid_name, values.get("description", ""), values["preset"], list(values.get("settings", [])),
-                    axes, values.get("zero_shot_set", "shape"))
+                    axes, values.get("zero_shot_set", "shape"), values.get("paper", {}))
     except (KeyError, TypeError) as error:
         raise ConfigError(f"grid {name!r} is malformed: missing {error}; see topoclip.analysis.ablation") from None
 
@@ -439,7 +442,8 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
              f"`topoclip analyze temperature`), averaged over the seeds that converged ((k/n) when not all did). "
              f"Still rising?: the zero-shot top-1 of the periodic validation evaluations at the last one against "
              f"the one {LATE_FRACTION:.0%} of the run before (paired t over the seeds): \"yes\" when its 95 % "
-             f"interval, shown, is above 0; \"—\" without periodic evaluations.", "",
+             f"interval, shown, is above 0; \"—\" without periodic evaluations."
+             + (f" Rows in italics are the paper's, from its {grid.paper['source']}" if grid.paper else ""), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         def column(key: str, digits: int) -> str:
@@ -451,6 +455,16 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
                     column("i2t_r1", 1), column("t2i_r1", 1), column("zero_shot_top1", 1),
                     still_rising(row, grid.zero_shot_set), column("linear_probe_top1", 1)])
         lines.append("| " + " | ".join(cells) + " |")
+        paper = grid.paper.get("rows", {}).get(row["cell"])
+        if paper:
+            def number(key: str, digits: int) -> str:
+                return "—" if paper.get(key) is None else f"*{paper[key]:.{digits}f}*"
+
+            cells = ([f"*paper: {paper['model']}*"] + [""] * len(shown)
+                     + [f"*{row['t_init']:.3f}*", "", number("final_t", 3), f"*{paper.get('convergence_step') or '—'}*",
+                        number("i2t_r1", 1), number("t2i_r1", 2), number("zero_shot_top1", 2), "",
+                        number("linear_probe_top1", 2)])
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
