@@ -21,10 +21,11 @@ import re
 import sys
 from pathlib import Path
 
-from topoclip.analysis.ablation import load_grid, markdown_table
-from topoclip.analysis.compare import MODELS, comparison_rows
-from topoclip.analysis.compare import markdown as compare_markdown
-from topoclip.analysis.statistics import mean_std, welch
+from topoclip.experiments.compare import MODELS, comparison_rows
+from topoclip.experiments.compare import markdown as compare_markdown
+from topoclip.experiments.grid import load_grid
+from topoclip.experiments.report import markdown_table
+from topoclip.experiments.statistics import mean_std, welch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from topoclip.analysis import ablation
+from topoclip.experiments import grid as grids
 from topoclip.cli import main
 from topoclip.config import ConfigError, to_dict
 
@@ -19,17 +19,17 @@ FAST = ["--preset", "tiny", "--seeds", "2", "--steps", "3", "--probe-size", "16"
 
 
 def test_every_shipped_grid_resolves(tmp_path):
-    assert {"table3", "table4", "noise", "tau-range"} <= set(ablation.grid_names())
-    for name in ablation.grid_names():
-        grid = ablation.load_grid(name)
-        specs = ablation.plan(grid, tmp_path / name, seeds=2)
+    assert {"table3", "table4", "noise", "tau-range"} <= set(grids.grid_names())
+    for name in grids.grid_names():
+        grid = grids.load_grid(name)
+        specs = grids.plan(grid, tmp_path / name, seeds=2)
         assert len(specs) == 2 * len(grid.cells()) and len({s.run_dir for s in specs}) == len(specs)
         assert [s.config["train"]["seed"] for s in specs[:2]] == [0, 1]
 
 
 def test_table3_cells():
-    grid = ablation.load_grid("table3")
-    configs = {ablation.cell_name(levels): ablation.cell_config(grid, levels, [], seed=0) for levels in grid.cells()}
+    grid = grids.load_grid("table3")
+    configs = {grids.cell_name(levels): grids.cell_config(grid, levels, [], seed=0) for levels in grid.cells()}
     assert len(configs) == 16
     fixed = configs["ps-geodesic_t-0-fixed"].model
     assert fixed.topology == "ps-geodesic" and fixed.sphere_count == 8 and fixed.class_tokens == 1
@@ -39,14 +39,14 @@ def test_table3_cells():
 
 
 def test_table4_shapes():
-    grid = ablation.load_grid("table4")
-    shapes = [ablation.describe_model(ablation.cell_config(grid, levels, [], 0).model) for levels in grid.cells()]
+    grid = grids.load_grid("table4")
+    shapes = [grids.describe_model(grids.cell_config(grid, levels, [], 0).model) for levels in grid.cells()]
     assert shapes == ["Sphere(128)", "PS(64,2)", "PS(16,8)", "PS(4,32)", "PS(2,64)", "Multi(16,8)", "Sphere(256)"]
 
 
 def test_tau_range_matches_logit_ranges():
-    grid = ablation.load_grid("tau-range")
-    configs = {levels[0].label: ablation.cell_config(grid, levels, [], 0).model for levels in grid.cells()}
+    grid = grids.load_grid("tau-range")
+    configs = {levels[0].label: grids.cell_config(grid, levels, [], 0).model for levels in grid.cells()}
     m = configs["multi, default t"].sphere_count
     assert m > 1
     assert configs["multi, default t"].temperature.init == configs["sphere, default t"].temperature.init == 2.659
@@ -54,7 +54,7 @@ def test_tau_range_matches_logit_ranges():
     assert configs["sphere, multi's range"].temperature.init == pytest.approx(2.659 + math.log(m))
     # The matched cells start with the same logit range τ · (s_max − s_min) / 2.
     for matched, reference in [("multi, sphere's range", "sphere, default t"), ("sphere, multi's range", "multi, default t")]:
-        ranges = [math.exp(configs[c].temperature.init) * ablation.half_range(configs[c]) for c in (matched, reference)]
+        ranges = [math.exp(configs[c].temperature.init) * grids.half_range(configs[c]) for c in (matched, reference)]
         assert ranges[0] == pytest.approx(ranges[1])
 
 
@@ -62,8 +62,8 @@ def test_default_cells_of_every_grid_are_the_compare_runs():
     """The cells that train the presets as they are resolve to the compare runs' configs (name aside), which is
     what lets `--reuse` share those runs between grids; they would differ if a grid set τ's clamp for every cell."""
     def configs(name):
-        grid = ablation.load_grid(name)
-        return {ablation.cell_name(levels): to_dict(ablation.cell_config(grid, levels, [], seed=1))
+        grid = grids.load_grid(name)
+        return {grids.cell_name(levels): to_dict(grids.cell_config(grid, levels, [], seed=1))
                 for levels in grid.cells()}
 
     compare, table3, table4 = configs("compare"), configs("table3"), configs("table4")
@@ -73,8 +73,8 @@ def test_default_cells_of_every_grid_are_the_compare_runs():
             (compare["sphere"], table3["sphere_t-2.659"]), (compare["sphere"], tau_range["sphere-default-t"]),
             (compare["sphere"], noise["sphere_0"]), (table3["ps-inner_t-2.659"], table4["ps-16x8"])]
     for a, b in same:
-        assert a["name"] != b["name"] and ablation._differences(a, b) == []
-    assert ablation._differences(compare["sphere"], table3["sphere_t-5.31"]) != []
+        assert a["name"] != b["name"] and grids.config_differences(a, b) == []
+    assert grids.config_differences(compare["sphere"], table3["sphere_t-5.31"]) != []
     raised = tau_range["sphere-multi-s-range"]["model"]["temperature"]
     assert math.exp(raised["init"]) < raised["max_scale"]  # starts at the multi-token range, not clamped
 
@@ -103,7 +103,7 @@ def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
 
 def test_unknown_grid_and_cells_are_user_errors(tmp_path, capsys):
     with pytest.raises(ConfigError):
-        ablation.load_grid("no-such-grid")
+        grids.load_grid("no-such-grid")
     assert main(["ablate", "--grid", "table3", "--cells", "nothing*", "--out", str(tmp_path)]) == 2
     assert "matches no cell" in capsys.readouterr().err
 
@@ -187,7 +187,7 @@ PARENT = """
 import os, sys, time
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing
-from topoclip.analysis.ablation import die_with_parent
+from topoclip.experiments.runner import die_with_parent
 
 if __name__ == "__main__":
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,

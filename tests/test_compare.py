@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from topoclip.analysis.compare import compare, comparison_rows, markdown
+from topoclip.experiments.compare import compare, comparison_rows, markdown
 
 SMALL = ["evaluate.size=24", "evaluate.validation_size=16", "evaluate.captions_per_image=2", "train.num_workers=0",
          "data.scenes.train_size=256", "train.checkpoint_every=0"]

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from topoclip.analysis.statistics import incomplete_beta, paired, t_cdf, t_quantile, welch
+from topoclip.experiments.statistics import incomplete_beta, paired, t_cdf, t_quantile, welch
 
 CDF_BOUND = 1e-12
 QUANTILE_BOUND = 1e-9

@@ -427,7 +427,7 @@ def recorded_command() -> str:
 
 
 def command_ablate(args) -> int:
-    from topoclip.analysis.ablation import ablate
+    from topoclip.experiments.runner import ablate
 
     out = Path(args.out or Path("ablations") / Path(args.grid).stem)
     ablate(args.grid, out, args.seeds, args.steps, args.overrides, args.jobs, args.preset, args.probe_size,
@@ -436,7 +436,7 @@ def command_ablate(args) -> int:
 
 
 def add_ablate(commands) -> None:
-    from topoclip.analysis.ablation import grid_names
+    from topoclip.experiments.grid import grid_names
 
     ablate = add_command(commands, "ablate", command_ablate, "train a named grid of presets × settings × seeds "
                          "(resumable) and tabulate it like the paper's Table 6")
@@ -456,7 +456,7 @@ def add_ablate(commands) -> None:
 
 
 def command_compare(args) -> int:
-    from topoclip.analysis.compare import compare
+    from topoclip.experiments.compare import compare
 
     compare(args.out, args.seeds, args.steps, args.overrides, args.jobs, args.preset, command=recorded_command())
     return 0

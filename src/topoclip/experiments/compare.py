@@ -4,7 +4,7 @@ A two-cell ablation (grid ``compare``: cpu-multi and cpu-sphere), so it is resum
 (finished runs are skipped, killed ones resumed). For every headline metric of the final evaluation
 (zero-shot top-1 of each built-in set in "distance" mode, retrieval mean recall) and for the final τ,
 it reports mean ± sample std over the seeds of each model, the difference multi − sphere (of the
-unrounded means) with its 95 % confidence interval and Welch's t p-value (`analysis.statistics`).
+unrounded means) with its 95 % confidence interval and Welch's t p-value (`experiments.statistics`).
 
 Writes OUT/compare.md, OUT/compare.json and OUT/compare.png (one bar pair per metric, error bars
 = std), besides the ablation's own table.md / ablation.json / temperature.png.
@@ -15,9 +15,9 @@ import math
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from topoclip.analysis.ablation import ablate
 from topoclip.analysis.output import pyplot, save_figure, write_json
-from topoclip.analysis.statistics import mean_std, welch
+from topoclip.experiments.runner import ablate
+from topoclip.experiments.statistics import mean_std, welch
 
 GRID = "compare"
 MODELS = ("multi", "sphere")

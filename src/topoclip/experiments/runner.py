@@ -1,0 +1,278 @@
+"""`topoclip ablate`: train every run of a grid that is not finished, J at a time, probe it, report the grid.
+
+Runs live in ``OUT/runs/CELL/seed-K/`` (the trainer's run folders). **Resumable**: a run whose
+eval.json exists is finished and is not trained again; a run folder with a config.json but no
+eval.json (killed) is resumed from its newest checkpoint; anything else starts afresh. A folder
+made with other settings is refused (use another OUT). ``--jobs J`` trains J runs at once in
+separate processes (each with cores / J threads). After training, each run gets a linear probe
+(``probe.json`` beside eval.json, also resumable). Then the report (`topoclip.experiments.report`):
+``OUT/table.md`` (mean ± std over seeds, the columns of Table 6), ``OUT/ablation.json`` (every run
+and every row, the command, the machine, the wall time), ``OUT/curves.png`` (the validation curves)
+and ``OUT/temperature.png`` (every run's τ, one colour per cell).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from topoclip.analysis.output import write_json
+from topoclip.analysis.temperature import read_curve
+from topoclip.config import ConfigError, load_config
+from topoclip.experiments.grid import RUNS, Grid, RunSpec, config_differences, describe_model, load_grid, plan
+from topoclip.experiments.report import (PROBE_TASK, markdown_table, plot_evaluations, plot_temperatures,
+                                         summary_rows)
+from topoclip.training.run_folder import claim_folder
+
+EVAL = "eval.json"
+PROBE = "probe.json"
+REUSED = "reused.json"  # in a run folder copied from another ablation: where from
+
+
+def reuse_runs(specs: Sequence[RunSpec], sources: Sequence, log: Callable[[str], None] = print) -> int:
+    """Copy in every run of `specs` not started yet that another ablation folder has finished with the same config.
+
+    sources: ablation output folders (their OUT/runs/*/seed-*/). A finished run (eval.json) whose config.json
+    equals the spec's config, the run's name aside, is copied whole, except its probe (re-run at this grid's
+    --probe-size), and gets RUN/reused.json naming its source. Returns the number of runs copied.
+    """
+    finished = [path.parent for source in sources for path in sorted(Path(source).glob(f"{RUNS}/*/seed-*/{EVAL}"))]
+    if sources and not finished:
+        raise ConfigError(f"--reuse {' '.join(map(str, sources))}: no finished run there (expected OUT/{RUNS}/CELL/seed-K/{EVAL})")
+    configs = {run: json.loads((run / "config.json").read_text()) for run in finished}
+    copied = 0
+    for spec in specs:
+        source = next((run for run, config in configs.items() if not config_differences(config, spec.config)), None)
+        if source is None or run_state(spec) != "new" or Path(spec.run_dir).resolve() == source.resolve():
+            continue
+        shutil.rmtree(spec.run_dir, ignore_errors=True)  # a folder without config.json holds nothing to keep
+        shutil.copytree(source, spec.run_dir, ignore=shutil.ignore_patterns(PROBE, REUSED, "*.lock"))
+        write_json(spec.run_dir, Path(REUSED).stem, {"from": str(source.resolve())})
+        log(f"{spec.cell} seed {spec.seed}: reused {source} (same config)")
+        copied += 1
+    return copied
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def run_state(spec: RunSpec) -> str:
+    """"finished" (eval.json there), "killed" (config.json but no eval.json) or "new"."""
+    run_dir = Path(spec.run_dir)
+    if (run_dir / EVAL).is_file():
+        return "finished"
+    if (run_dir / "config.json").is_file():
+        return "killed"
+    return "new"
+
+
+def run_one(spec: RunSpec, threads: int = 0) -> dict:
+    """Train (or resume) the run unless finished, probe it unless probed; returns its record.
+
+    The trainer's console output goes to spec.log_file. Runs in a worker process with --jobs > 1.
+    """
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    run_dir, started = Path(spec.run_dir), time.perf_counter()
+    state = run_state(spec)
+    Path(spec.log_file).parent.mkdir(parents=True, exist_ok=True)
+    with open(spec.log_file, "a") as log, contextlib.redirect_stdout(log):
+        if state != "finished":
+            from topoclip.training.trainer import train
+
+            config = load_config(values=spec.config)
+            if state == "killed":
+                train(config, resume=run_dir, progress=False)
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)  # a folder without config.json holds nothing to keep
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                train(config, out_dir=run_dir, progress=False)
+        if spec.probe_size and not (run_dir / PROBE).is_file():
+            probe_run(run_dir, spec.probe_size)
+    record = run_record(spec)
+    record.update(state_before=state, seconds=time.perf_counter() - started)
+    return record
+
+
+def probe_run(run_dir: Path, train_size: int) -> dict:
+    """The linear probe of a finished run on the built-in shape task, written to RUN/probe.json."""
+    from topoclip.analysis.inputs import load_model
+    from topoclip.analysis.probe import probe_task, task_sets
+
+    loaded = load_model(run_dir, device="auto")
+    sets = task_sets(loaded, train_size, max(8, train_size // 4), max(8, train_size // 2))
+    result = {"task": PROBE_TASK, **probe_task(loaded, PROBE_TASK, sets)}
+    write_json(run_dir, "probe", result)
+    return result
+
+
+def run_record(spec: RunSpec) -> dict:
+    """The numbers of one finished run: Table 6's columns plus every headline metric."""
+    from topoclip.evaluation.run import headline
+
+    from topoclip.training.logger import read_metrics
+
+    run_dir = Path(spec.run_dir)
+    records = json.loads((run_dir / EVAL).read_text())
+    curve = read_curve(run_dir)
+    evaluations = [{"step": r["step"], **r["eval"]} for r in read_metrics(run_dir / "metrics.jsonl")
+                   if "eval" in r and not r.get("final")]  # the validation split's; the final one is the test split's
+    retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
+                      and not r["dataset"].endswith("-ood")), {})
+    classification = [r["metrics"] for r in records
+                      if r["task"] == "zeroshot_classification" and r["dataset"] == spec.zero_shot_set]
+    zero_shot = next((m for m in classification if m.get("mode") == "distance"), classification[0] if classification else {})
+    probe = json.loads((run_dir / PROBE).read_text()) if (run_dir / PROBE).is_file() else {}
+    model = load_config(values=spec.config).model
+    reused = json.loads((run_dir / REUSED).read_text())["from"] if (run_dir / REUSED).is_file() else None
+    out_dir = run_dir.resolve().parents[2]  # OUT/runs/CELL/seed-K: paths are recorded relative to OUT, not to this machine
+    return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed,
+            "run_dir": relative_run_dir(spec),
+            "model": describe_model(model), "t_init": model.temperature.init, "learnable": model.temperature.learnable,
+            "final_t": curve.final_t, "convergence_step": curve.convergence_step, "window": curve.window,
+            "i2t_r1": retrieval.get("text_retrieval_recall@1"), "t2i_r1": retrieval.get("image_retrieval_recall@1"),
+            "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),
+            "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale},
+            "evaluations": evaluations,  # the periodic validation evaluations (train.eval_every), headline keys
+            # wall time from the (last) start, when config.json is written, to the final evaluation
+            "train_seconds": (run_dir / EVAL).stat().st_mtime - (run_dir / "config.json").stat().st_mtime,
+            "reused_from": os.path.relpath(reused, out_dir) if reused else None}
+
+
+def relative_run_dir(spec: RunSpec) -> str:
+    """"runs/CELL/seed-K": where a run lives inside its ablation folder."""
+    return f"{RUNS}/{spec.cell}/seed-{spec.seed}"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (),
+           jobs: int = 1, preset: Optional[str] = None, probe_size: int = 1000, cells: Optional[Sequence[str]] = None,
+           reuse: Sequence = (), command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+    """Train every missing run of the grid (J at a time), probe them, write table.md, ablation.json, temperature.png.
+
+    cells: shell patterns of cell names to run and tabulate (a reduced grid); None for every cell.
+    reuse: other ablation folders whose finished runs with the same config are copied instead of trained.
+    command: the command line to record with the results (the CLI passes its own).
+    """
+    if seeds < 1 or jobs < 1 or probe_size < 0:
+        raise ConfigError("--seeds and --jobs must be ≥ 1 and --probe-size ≥ 0")
+    grid = load_grid(grid_name)
+    out_dir = Path(out_dir)
+    # One owner per ablation folder: a second ablate on the same --out would delete "new" run folders the
+    # first is about to train, and write one's settings beside the other's results.
+    with claim_folder(out_dir, "ablation folder"):
+        return _ablate(grid, grid_name, out_dir, seeds, steps, overrides, jobs, preset, probe_size, cells, reuse,
+                       command, log)
+
+
+def _ablate(grid: Grid, grid_name: str, out_dir: Path, seeds: int, steps: Optional[int], overrides: Sequence[str],
+            jobs: int, preset: Optional[str], probe_size: int, cells: Optional[Sequence[str]], reuse: Sequence,
+            command: Optional[str], log: Callable[[str], None]) -> dict:
+    overrides = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
+    specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells)
+    started = time.perf_counter()
+    reused = reuse_runs(specs, reuse, log)
+    todo = [s for s in specs if run_state(s) != "finished" or (probe_size and not (Path(s.run_dir) / PROBE).is_file())]
+    to_train = sum(run_state(s) != "finished" for s in todo)  # the rest only need their probe
+    log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds), "
+        f"{len(specs) - len(todo)} already done, {len(todo)} to run ({len(todo) - to_train} of them only to probe), "
+        f"{jobs} at a time; logs in {out_dir / 'logs'}")
+    by_dir = {}
+    for done, record in enumerate(_execute(todo, jobs), start=1):
+        by_dir[record["run_dir"]] = record
+        log(f"[{done}/{len(todo)}] {record['cell']} seed {record['seed']}: {record['state_before']} -> finished "
+            f"in {record['seconds']:.0f} s")
+    records = [by_dir.get(relative_run_dir(s)) or run_record(s) for s in specs]
+    for record in records:
+        record.pop("state_before", None)
+    steps_of_run = load_config(values=specs[0].config).train.steps
+    rows = summary_rows(records, steps_of_run, grid.zero_shot_set)
+    meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "preset": preset or grid.preset,
+            "steps": steps_of_run,
+            "command": command or f"ablate({grid_name!r}, seeds={seeds}, steps={steps}, jobs={jobs}, preset={preset!r})",
+            "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": to_train, "reused_now": reused,
+            "reused": sum(r["reused_from"] is not None for r in records),
+            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                        "python": platform.python_version(), **_torch_info()}}
+    (out_dir / "table.md").write_text(markdown_table(grid, rows, meta))
+    plots = [plot for plot in (plot_temperatures(records, out_dir), plot_evaluations(records, out_dir, grid.zero_shot_set))
+             if plot]
+    result = {"analysis": "ablation", **meta, "description": grid.description, "rows": rows, "runs": records,
+              "plots": [plot.name for plot in plots], "table": "table.md"}
+    write_json(out_dir, "ablation", result)
+    log(f"wrote {out_dir / 'table.md'}, {out_dir / 'ablation.json'}, {', '.join(map(str, plots))}")
+    return result
+
+
+def _torch_info() -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _execute(specs: Sequence[RunSpec], jobs: int):
+    """Yield each run's record as it finishes: in this process for one job, else in `jobs` spawned processes."""
+    if jobs == 1 or len(specs) <= 1:
+        for spec in specs:
+            yield run_one(spec)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # spawn, not fork: a forked child of a process that already ran torch's thread pools can hang.
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
+    try:
+        futures = [pool.submit(run_one, spec, threads) for spec in specs]
+        for future in as_completed(futures):
+            yield future.result()
+    except BaseException:  # Ctrl-C, an error, or the caller stopping: end the runs now, not after they finish
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+# How often a child checks that its parent still lives where the kernel cannot tell it (not Linux).
+PARENT_POLL_SECONDS = 1.0
+
+
+def die_with_parent(parent: int) -> None:
+    """In a --jobs child: end when the ablate process that started it ends, however it ends (kill -9 too).
+
+    On Linux the kernel sends SIGKILL to the child when its parent dies (prctl PR_SET_PDEATHSIG); the run
+    it trains loses nothing a kill loses (checkpoints are atomic, the run folder's lock ends with it, and
+    a re-run of the ablate resumes it). Elsewhere a daemon thread polls the parent's pid.
+    """
+    import signal
+    import threading
+
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError
+    except (OSError, AttributeError):
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_SECONDS)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
