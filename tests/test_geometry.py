@@ -1,4 +1,5 @@
 """Every topology: ranges, closed forms, chunking, fp32 under autocast, finite gradients at u = v."""
+import dataclasses
 import math
 
 import pytest
@@ -179,7 +180,7 @@ def test_geodesic_chunks_hold_no_full_intermediate(monkeypatch):
         seen.append(u.shape[0] * v.shape[0] * u.shape[1])
         return original(u, v)
 
-    monkeypatch.setitem(TOPOLOGIES, "ps-geodesic", geometry.Topology(geometry.normalize_rows, spy, TOPOLOGIES["ps-geodesic"].similarity_range, chunked=True))
+    monkeypatch.setitem(TOPOLOGIES, "ps-geodesic", dataclasses.replace(TOPOLOGIES["ps-geodesic"], pairwise=spy))
     u = to_space("ps-geodesic", torch.randn(256, 4, 8))
     s = similarity("ps-geodesic", u, u, chunk_size=32)
     assert s.shape == (256, 256) and max(seen) == 32 * 256 * 4  # never 256 × 256 × 4

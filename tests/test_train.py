@@ -124,3 +124,29 @@ def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[SEP]", "[MASK]", "[CLS]", "a", "red", "circle"]) + "\n")
     with pytest.raises(ConfigError, match="the tokenizer's \\[CLS\\] id is 4 but model.text.cls_token_id=2"):
         train(load_config("tiny", SMALL + [f"data.tokenizer={vocab}"]), out_dir=tmp_path / "run", progress=False)
+
+
+def test_a_new_topology_is_one_function_and_one_registry_line(tmp_path, monkeypatch):
+    import torch
+
+    from topoclip import geometry
+    from topoclip.experiments.grid import describe_model
+
+    def twice_cosine(u, v):  # the toy topology: a sphere whose similarity spans [−2, 2]
+        return 2 * geometry.inner_product(u, v)
+
+    monkeypatch.setitem(geometry.TOPOLOGIES, "scaled-sphere", geometry.Topology(
+        geometry.normalize_whole, twice_cosine, lambda m: (-2.0, 2.0), chunked=False, product=False,
+        label="Scaled sphere({d})"))
+    config = load_config("tiny", SMALL + ["model.topology=scaled-sphere", "train.steps=3", "model.class_tokens=2"])
+    run = train(config, out_dir=tmp_path / "run", progress=False)
+    model, _, loaded = load_checkpoint(run)
+    assert loaded.model.topology == "scaled-sphere" and loaded.model.sphere_count == 1  # not a product
+    assert describe_model(loaded.model) == f"Scaled sphere({2 * config.model.embed_dim}), 2 tokens"
+    u, v = torch.randn(3, 1, 2 * config.model.embed_dim), torch.randn(4, 1, 2 * config.model.embed_dim)
+    cosine = torch.nn.functional.normalize(u[:, 0], dim=-1) @ torch.nn.functional.normalize(v[:, 0], dim=-1).T
+    # Two fp32 routes to cos of unit vectors, each within (d + 2)·u of exact (d products summed, then the
+    # normalisation's rounding; Σ|u_i v_i| ≤ 1), so 2·cos differs by at most 2·2·(d + 2)·u.
+    d = 2 * config.model.embed_dim
+    assert torch.allclose(model.similarity(geometry.to_space("scaled-sphere", u), geometry.to_space("scaled-sphere", v)),
+                          2 * cosine, rtol=0, atol=4 * (d + 2) * 2 ** -24)

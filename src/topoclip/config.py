@@ -106,7 +106,7 @@ class ModelConfig:
         """m: the number of rows of an embedding."""
         if self.spheres:
             return self.spheres
-        return self.class_tokens if self.topology.startswith("ps-") else 1
+        return self.class_tokens if TOPOLOGIES[self.topology].product else 1
 
     @property
     def sphere_dim(self) -> int:
@@ -371,7 +371,7 @@ def validate_model(config: ModelConfig) -> None:
     if config.topology not in TOPOLOGIES:
         raise ConfigError(f"model.topology={config.topology!r} is unknown; choose one of {sorted(TOPOLOGIES)}")
     total = config.class_tokens * config.embed_dim
-    if config.spheres and not config.topology.startswith("ps-") and config.spheres != 1:
+    if config.spheres and not TOPOLOGIES[config.topology].product and config.spheres != 1:
         raise ConfigError(f"model.spheres={config.spheres} only applies to product-sphere topologies; "
                           f"set model.spheres=0 for {config.topology!r} or pick ps-inner / ps-geodesic")
     if total % config.sphere_count:

@@ -143,22 +143,30 @@ def negative_geodesic(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Topology:
-    """One embedding space: its projection, its pairwise similarity and the range of s."""
+    """One embedding space: its projection, its pairwise similarity, the range of s, and how it is named."""
 
     project: Callable[[torch.Tensor], torch.Tensor]
     pairwise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     similarity_range: Callable[[int], tuple[float, float]]  # m -> (lowest, highest) s
     # True when `pairwise` holds a (rows, Bv, ·) intermediate and must run in row chunks.
     chunked: bool
+    # True for a product of m spheres: an embedding is m unit rows, one per class token unless model.spheres
+    # says otherwise; False when the m rows are one vector (m is then 1 whatever the class tokens).
+    product: bool
+    # Display name; {d} total dimension, {n} and {m} a row's size and the rows, {kind} "Multi" for several
+    # class tokens and "PS" for one (product spheres only).
+    label: str
 
 
 TOPOLOGIES: dict[str, Topology] = {
-    "sphere": Topology(normalize_whole, inner_product, lambda m: (-1.0, 1.0), chunked=False),
-    "euclidean": Topology(identity, negative_euclidean, lambda m: (-math.inf, 0.0), chunked=False),
-    "ps-geodesic": Topology(
-        normalize_rows, negative_geodesic, lambda m: (-math.sqrt(m) * math.pi, 0.0), chunked=True
-    ),
-    "ps-inner": Topology(normalize_rows, inner_product, lambda m: (-float(m), float(m)), chunked=False),
+    "sphere": Topology(normalize_whole, inner_product, lambda m: (-1.0, 1.0), chunked=False, product=False,
+                       label="Sphere({d})"),
+    "euclidean": Topology(identity, negative_euclidean, lambda m: (-math.inf, 0.0), chunked=False, product=False,
+                          label="Euclidean R^{d}"),
+    "ps-geodesic": Topology(normalize_rows, negative_geodesic, lambda m: (-math.sqrt(m) * math.pi, 0.0),
+                            chunked=True, product=True, label="{kind}({n},{m}) geodesic"),
+    "ps-inner": Topology(normalize_rows, inner_product, lambda m: (-float(m), float(m)), chunked=False, product=True,
+                         label="{kind}({n},{m})"),
 }
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from topoclip.analysis.inputs import LoadedModel, scene_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
+from topoclip.geometry import get_topology
 from topoclip.config import ConfigError
 
 
@@ -63,7 +64,7 @@ class _BlockInput:
 def pair_scores(model, u: torch.Tensor, v: torch.Tensor) -> tuple[list[str], torch.Tensor]:
     """u, v (1, m, n) -> (names, (P,) scores): the total, then each sub-sphere's u_kᵀv_k for product spheres."""
     total = model.similarity(u, v)[0, 0]
-    if not model.config.topology.startswith("ps-"):
+    if not get_topology(model.config.topology).product:
         return ["total"], total[None]
     per_pair = (u[0].float() * v[0].float()).sum(-1)  # (m,)
     return ["total"] + [f"pair {k}" for k in range(per_pair.shape[0])], torch.cat([total[None], per_pair])

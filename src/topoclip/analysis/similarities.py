@@ -22,6 +22,7 @@ import torch
 
 from topoclip.analysis.inputs import STYLES, EncodedPairs, LoadedModel, encode_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
+from topoclip.geometry import get_topology
 
 KINDS = ("positive image-text", "negative image-text", "negative image-image", "negative text-text")
 BINS = 60
@@ -87,7 +88,7 @@ def domain_distributions(loaded: LoadedModel, encoded: EncodedPairs) -> dict:
     """Summed and (for product spheres) per-sub-sphere distributions of one domain."""
     model = loaded.model
     result = {"summed": distributions(similarity_samples(model.similarity, encoded.images, encoded.texts))}
-    if model.config.topology.startswith("ps-"):
+    if get_topology(model.config.topology).product:
         result["per_sphere"] = [distributions(similarity_samples(sphere_score(k), encoded.images, encoded.texts))
                                 for k in range(encoded.images.shape[1])]
     return result

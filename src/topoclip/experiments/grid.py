@@ -115,13 +115,13 @@ def cell_label(levels: Sequence[Level]) -> str:
 
 def describe_model(model: ModelConfig) -> str:
     """"Sphere(128)", "Euclidean R^128", "PS(16,8)", "PS(16,8) geodesic", "Multi(16,8)"."""
-    m, n, d = model.sphere_count, model.sphere_dim, model.class_tokens * model.embed_dim
-    if model.topology == "sphere":
-        return f"Sphere({d})" + (f", {model.class_tokens} tokens" if model.class_tokens > 1 else "")
-    if model.topology == "euclidean":
-        return f"Euclidean R^{d}" + (f", {model.class_tokens} tokens" if model.class_tokens > 1 else "")
-    shape = f"Multi({n},{m})" if model.class_tokens > 1 else f"PS({n},{m})"
-    return shape + (" geodesic" if model.topology == "ps-geodesic" else "")
+    from topoclip.geometry import get_topology
+
+    topology = get_topology(model.topology)
+    several = model.class_tokens > 1
+    label = topology.label.format(d=model.class_tokens * model.embed_dim, n=model.sphere_dim, m=model.sphere_count,
+                                  kind="Multi" if several else "PS")
+    return label + (f", {model.class_tokens} tokens" if several and not topology.product else "")
 
 
 # --------------------------------------------------------------------------- planning
