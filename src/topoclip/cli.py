@@ -430,8 +430,9 @@ def command_ablate(args) -> int:
     from topoclip.experiments.runner import ablate
 
     out = Path(args.out or Path("ablations") / Path(args.grid).stem)
-    ablate(args.grid, out, args.seeds, args.steps, args.overrides, args.jobs, args.preset, args.probe_size,
-           args.cells, args.reuse or (), command=recorded_command())
+    ablate(args.grid, out, seeds=args.seeds, steps=args.steps, overrides=args.overrides, jobs=args.jobs,
+           preset=args.preset, probe_size=args.probe_size, cells=args.cells, reuse=args.reuse or (),
+           command=recorded_command())
     return 0
 
 
@@ -458,7 +459,8 @@ def add_ablate(commands) -> None:
 def command_compare(args) -> int:
     from topoclip.experiments.compare import compare
 
-    compare(args.out, args.seeds, args.steps, args.overrides, args.jobs, args.preset, command=recorded_command())
+    compare(args.out, seeds=args.seeds, steps=args.steps, overrides=args.overrides, jobs=args.jobs, preset=args.preset,
+            command=recorded_command())
     return 0
 
 

@@ -3,8 +3,9 @@ ours), the late-rise test of each cell's validation curve, and the plots (curves
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import TOLERANCE, plot_curves, read_curve
 from topoclip.experiments.grid import Grid
 from topoclip.experiments.statistics import mean_std, paired
@@ -164,3 +165,16 @@ def plot_temperatures(records: Sequence[dict], out_dir) -> Path:
     curves = [read_curve(Path(out_dir) / r["run_dir"]) for r in records]
     return plot_curves(curves, out_dir, "temperature", groups=[r["label"] for r in records],
                        panels=[r["model"] for r in records])
+
+
+def write_report(grid: Grid, records: Sequence[dict], meta: dict, out_dir: Path, log: Callable[[str], None] = print) -> dict:
+    """OUT/table.md, OUT/ablation.json and the plots from every run's record and how the grid was run (meta)."""
+    rows = summary_rows(records, meta["steps"], grid.zero_shot_set)
+    (out_dir / "table.md").write_text(markdown_table(grid, rows, meta))
+    plots = [plot for plot in (plot_temperatures(records, out_dir), plot_evaluations(records, out_dir, grid.zero_shot_set))
+             if plot]
+    result = {"analysis": "ablation", **meta, "description": grid.description, "rows": rows, "runs": list(records),
+              "plots": [plot.name for plot in plots], "table": "table.md"}
+    write_json(out_dir, "ablation", result)
+    log(f"wrote {out_dir / 'table.md'}, {out_dir / 'ablation.json'}, {', '.join(map(str, plots))}")
+    return result

@@ -24,9 +24,8 @@ from typing import Callable, Optional, Sequence
 from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import read_curve
 from topoclip.config import ConfigError, load_config
-from topoclip.experiments.grid import RUNS, Grid, RunSpec, config_differences, describe_model, load_grid, plan
-from topoclip.experiments.report import (PROBE_TASK, markdown_table, plot_evaluations, plot_temperatures,
-                                         summary_rows)
+from topoclip.experiments.grid import RUNS, RunSpec, config_differences, describe_model, load_grid, plan
+from topoclip.experiments.report import PROBE_TASK, write_report
 from topoclip.training.run_folder import claim_folder
 
 EVAL = "eval.json"
@@ -157,7 +156,7 @@ def relative_run_dir(spec: RunSpec) -> str:
 def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (),
            jobs: int = 1, preset: Optional[str] = None, probe_size: int = 1000, cells: Optional[Sequence[str]] = None,
            reuse: Sequence = (), command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
-    """Train every missing run of the grid (J at a time), probe them, write table.md, ablation.json, temperature.png.
+    """Train every missing run of the grid (J at a time), probe them, write the report; returns ablation.json's data.
 
     cells: shell patterns of cell names to run and tabulate (a reduced grid); None for every cell.
     reuse: other ablation folders whose finished runs with the same config are copied instead of trained.
@@ -167,25 +166,35 @@ def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None,
         raise ConfigError("--seeds and --jobs must be ≥ 1 and --probe-size ≥ 0")
     grid = load_grid(grid_name)
     out_dir = Path(out_dir)
+    overrides = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     # One owner per ablation folder: a second ablate on the same --out would delete "new" run folders the
     # first is about to train, and write one's settings beside the other's results.
     with claim_folder(out_dir, "ablation folder"):
-        return _ablate(grid, grid_name, out_dir, seeds, steps, overrides, jobs, preset, probe_size, cells, reuse,
-                       command, log)
+        specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells)
+        started = time.perf_counter()
+        reused = reuse_runs(specs, reuse, log)
+        log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds); "
+            f"logs in {out_dir / 'logs'}")
+        records, trained = finish_runs(specs, jobs, probe_size, log)
+        meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds,
+                "preset": preset or grid.preset, "steps": load_config(values=specs[0].config).train.steps,
+                "command": command or f"ablate({grid_name!r}, seeds={seeds}, steps={steps}, jobs={jobs}, preset={preset!r})",
+                "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": trained, "reused_now": reused,
+                "reused": sum(r["reused_from"] is not None for r in records),
+                "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                            "python": platform.python_version(), **_torch_info()}}
+        return write_report(grid, records, meta, out_dir, log)
 
 
-def _ablate(grid: Grid, grid_name: str, out_dir: Path, seeds: int, steps: Optional[int], overrides: Sequence[str],
-            jobs: int, preset: Optional[str], probe_size: int, cells: Optional[Sequence[str]], reuse: Sequence,
-            command: Optional[str], log: Callable[[str], None]) -> dict:
-    overrides = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
-    specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells)
-    started = time.perf_counter()
-    reused = reuse_runs(specs, reuse, log)
+def finish_runs(specs: Sequence[RunSpec], jobs: int, probe_size: int, log: Callable[[str], None]) -> tuple[list, int]:
+    """Train (or resume) every unfinished run and probe every unprobed one, `jobs` at a time.
+
+    Returns every spec's record, in plan order, and how many runs were trained.
+    """
     todo = [s for s in specs if run_state(s) != "finished" or (probe_size and not (Path(s.run_dir) / PROBE).is_file())]
     to_train = sum(run_state(s) != "finished" for s in todo)  # the rest only need their probe
-    log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds), "
-        f"{len(specs) - len(todo)} already done, {len(todo)} to run ({len(todo) - to_train} of them only to probe), "
-        f"{jobs} at a time; logs in {out_dir / 'logs'}")
+    log(f"{len(specs) - len(todo)} already done, {len(todo)} to run ({len(todo) - to_train} of them only to probe), "
+        f"{jobs} at a time")
     by_dir = {}
     for done, record in enumerate(_execute(todo, jobs), start=1):
         by_dir[record["run_dir"]] = record
@@ -194,23 +203,7 @@ def _ablate(grid: Grid, grid_name: str, out_dir: Path, seeds: int, steps: Option
     records = [by_dir.get(relative_run_dir(s)) or run_record(s) for s in specs]
     for record in records:
         record.pop("state_before", None)
-    steps_of_run = load_config(values=specs[0].config).train.steps
-    rows = summary_rows(records, steps_of_run, grid.zero_shot_set)
-    meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "preset": preset or grid.preset,
-            "steps": steps_of_run,
-            "command": command or f"ablate({grid_name!r}, seeds={seeds}, steps={steps}, jobs={jobs}, preset={preset!r})",
-            "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": to_train, "reused_now": reused,
-            "reused": sum(r["reused_from"] is not None for r in records),
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                        "python": platform.python_version(), **_torch_info()}}
-    (out_dir / "table.md").write_text(markdown_table(grid, rows, meta))
-    plots = [plot for plot in (plot_temperatures(records, out_dir), plot_evaluations(records, out_dir, grid.zero_shot_set))
-             if plot]
-    result = {"analysis": "ablation", **meta, "description": grid.description, "rows": rows, "runs": records,
-              "plots": [plot.name for plot in plots], "table": "table.md"}
-    write_json(out_dir, "ablation", result)
-    log(f"wrote {out_dir / 'table.md'}, {out_dir / 'ablation.json'}, {', '.join(map(str, plots))}")
-    return result
+    return records, to_train
 
 
 def _torch_info() -> dict:
