@@ -219,3 +219,17 @@ def test_malformed_presets_and_deep_values_are_config_errors(tmp_path):
         load(str(loop))
     with pytest.raises(ConfigError, match="nests lists 50000 deep"):
         load("tiny", ["data.weights=" + "[" * 50000 + "]" * 50000])
+
+
+def test_data_sources_are_a_registry(tmp_path, capsys):
+    from topoclip.cli import main
+    from topoclip.data.sources import SOURCES, epoch_steps
+
+    assert sorted(SOURCES) == ["csv", "scenes", "shards"]
+    assert [name for name, source in SOURCES.items() if not source.stream] == ["scenes"]
+    config = load_config("tiny")
+    assert epoch_steps(config.data, 64) == -(-config.data.scenes.train_size // 64)
+    with pytest.raises(ConfigError, match=r"data.source='lmdb' is unknown; choose one of \['csv', 'scenes', 'shards'\]"):
+        load_config("tiny", ["data.source=lmdb"])
+    assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--set", "data.source=lmdb"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1  # one line, no traceback

@@ -13,7 +13,6 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from topoclip.data.scenes import SceneConfig
+from topoclip.data.sources import SOURCES, SourceError, get_source
 from topoclip.errors import UserError
 from topoclip.geometry import TOPOLOGIES
 
@@ -159,7 +159,7 @@ class TrainConfig:
 class DataConfig:
     """Where training pairs come from: the built-in scenes, a CSV/TSV, or WebDataset shards."""
 
-    source: Literal["scenes", "csv", "shards"] = "scenes"
+    source: str = "scenes"  # a name in topoclip.data.sources.SOURCES
     scenes: SceneConfig = field(default_factory=SceneConfig)
     # csv: the CSV/TSV path; shards: brace patterns, several sources joined by "::"
     # (e.g. "web/{00000..00099}.tar::cc/{000..009}.tar").
@@ -675,25 +675,11 @@ def describe_preset(name: str) -> str:
     return json.loads(files[name].read_text()).get("description", "") if name in files else ""
 
 
-# URL schemes webdataset opens without running a program: a plain path (no scheme) and file:. Every
-# other scheme it opens through a command (pipe: is a shell command; http(s)/s3/gs/ais go through curl,
-# aws, gsutil, ... in a shell), so it may come only from the user: typed on the command line, in a
-# preset the user names, or in a config passed to the library, never from a config.json read out of a
-# folder (a checkpoint may come from anyone).
-NO_COMMAND_SCHEMES = ("file",)
-
-
 def command_urls(data: DataConfig) -> list[str]:
-    """The parts of data.train_data that webdataset would open by running a command (see NO_COMMAND_SCHEMES)."""
-    if data.source != "shards":
-        return []
-    parts = [part.strip() for part in data.train_data.split("::") if part.strip()]
-    found = []
-    for part in parts:
-        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", part)
-        if part == "-" or (scheme and scheme.group(1).lower() not in NO_COMMAND_SCHEMES):
-            found.append(part)
-    return found
+    """The parts of data.train_data that would be opened by running a command (a shard URL with a scheme but
+    file:); such a value may come only from the user, never from a config.json read out of a folder."""
+    source = SOURCES.get(data.source)  # an unknown source is refused by validate_source, with the choices
+    return source.commands(data) if source else []
 
 
 def refuse_folder_commands(config: Config, file: Path, typed: Optional[str] = None) -> None:
@@ -708,8 +694,6 @@ def refuse_folder_commands(config: Config, file: Path, typed: Optional[str] = No
 
 def validate_data(config: DataConfig) -> None:
     """Refuse data settings that cannot work."""
-    if config.source in ("csv", "shards") and not config.train_data:
-        raise ConfigError(f"data.source={config.source!r} needs data.train_data (a CSV path or a shard pattern)")
     if config.weights and not config.resampled:
         raise ConfigError("data.weights need data.resampled=true (without resampling every shard is read once per epoch)")
     if config.weights and not any(weight > 0 for weight in config.weights):
@@ -723,20 +707,12 @@ def validate_data(config: DataConfig) -> None:
                           f"e.g. data.augment_scale=[0.8, 1.0]")
 
 
-def validate_scenes(config: "Config") -> None:
-    """The built-in scenes must hold a training batch and the evaluations' images (when they are the data)."""
-    scenes, train = config.data.scenes, config.train
-    if config.data.source != "scenes":
-        return
-    if scenes.train_size < train.batch_size:
-        raise ConfigError(f"data.scenes.train_size={scenes.train_size} is smaller than train.batch_size={train.batch_size}; "
-                          f"raise data.scenes.train_size or lower train.batch_size")
-    if scenes.test_size < 1:
-        raise ConfigError("data.scenes.test_size=0 leaves the final evaluation no image; set data.scenes.test_size ≥ 1 "
-                          "(e.g. 2000, the default)")
-    if train.eval_every and scenes.val_size < 1:
-        raise ConfigError(f"data.scenes.val_size=0 leaves the evaluations every {train.eval_every} steps no image; "
-                          f"set data.scenes.val_size ≥ 1 or train.eval_every=0")
+def validate_source(config: Config) -> None:
+    """The data source's own checks (topoclip.data.sources), e.g. the scenes must hold a training batch."""
+    try:
+        get_source(config.data.source).check(config)
+    except SourceError as error:
+        raise ConfigError(str(error)) from None
 
 
 def validate_evaluate(config: EvaluateConfig) -> None:
@@ -750,8 +726,8 @@ def validate(config: Config) -> None:
     validate_numbers(config)
     validate_model(config.model)
     validate_train(config.train)
+    validate_source(config)
     validate_data(config.data)
-    validate_scenes(config)
     validate_evaluate(config.evaluate)
     if config.name and (Path(config.name).name != config.name or config.name in (".", "..")):
         raise ConfigError(f"name={config.name!r} must be a plain folder name (no '/', no '..'): it names the run "

@@ -35,12 +35,9 @@ TAU_TICKS = (0.5, 1, 2, 3, 5, 7, 10, 12, 15, 20, 30, 50, 70, 100, 150, 200, 300)
 
 def epoch_steps(config: Config) -> Optional[int]:
     """Optimiser steps per epoch of the run's training data, or None when the data has no fixed epoch."""
-    data, batch = config.data, config.train.batch_size
-    if data.source == "scenes":
-        return max(1, math.ceil(data.scenes.train_size / batch))
-    if data.source == "shards" and data.samples_per_epoch:
-        return max(1, math.ceil(data.samples_per_epoch / batch))
-    return None
+    from topoclip.data.sources import epoch_steps as source_epoch_steps
+
+    return source_epoch_steps(config.data, config.train.batch_size)
 
 
 def default_window(config: Config) -> int:

@@ -27,23 +27,12 @@ TEMPLATES_FILE = "templates.txt"
 
 
 def evaluation_sets(config: Config, split: str = "test") -> tuple[list[ClassificationSet], list[RetrievalSet]]:
-    """The classification and retrieval sets of `config` (built-in scenes when data.source is scenes).
+    """The classification and retrieval sets of `config`: the data source's own (the built-in scenes bring
+    theirs), then the user's evaluate.classification / evaluate.retrieval."""
+    from topoclip.data.sources import get_source
 
-    The "val" split (periodic evaluation during training) uses evaluate.validation_size images per set.
-    """
-    classification: list[ClassificationSet] = []
-    retrieval: list[RetrievalSet] = []
-    settings = config.evaluate
     user_classification, user_retrieval = user_evaluation_sets(config, split)  # first: a broken one fails fast
-    if config.data.source == "scenes":
-        from topoclip.data.scenes import classification_sets, retrieval_set
-
-        scenes = config.data.scenes
-        wanted = settings.validation_size if split == "val" else settings.size
-        classification += classification_sets(scenes, split, size=wanted)
-        size = min(wanted, scenes.size_of(split))  # retrieval reads the split's own images
-        retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image))
-        retrieval.append(retrieval_set(scenes, split, size, settings.captions_per_image, style="out-of-domain"))
+    classification, retrieval = get_source(config.data.source).evaluation_sets(config, split)
     return classification + user_classification, retrieval + user_retrieval
 
 

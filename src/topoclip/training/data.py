@@ -21,6 +21,7 @@ from topoclip.config import Config, ConfigError
 from topoclip.data.batch import RawBatch, derived_seed
 from topoclip.data.quality import DataQualityError
 from topoclip.data.scenes import SceneDataset
+from topoclip.data.sources import get_source
 from topoclip.training.run_folder import close_inherited_locks
 from topoclip.transforms import RandomResizedCrop, resized_crops, train_transform
 
@@ -193,7 +194,8 @@ def training_batches(config: Config, start_step: int, rank: int = 0, world_size:
     workers = train.num_workers
     loader_options = dict(num_workers=workers, persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
                           worker_init_fn=close_inherited_locks if workers else None)
-    if data.source == "scenes":
+    source = get_source(data.source)
+    if not source.stream:  # the built-in scenes: indexed by the step, exactly resumable
         scenes = SceneDataset(data.scenes, "train")
         sampler = StepBatchSampler(len(scenes), train.batch_size, train.seed, start_step, rank, world_size)
         if len(scenes) * 3 * data.scenes.image_size**2 <= SCENES_IN_MEMORY_BYTES:
@@ -212,22 +214,8 @@ def training_batches(config: Config, start_step: int, rank: int = 0, world_size:
     transform = train_transform(vision.image_size, vision.mean, vision.std, scale=data.augment_scale,
                                 generator=generator)
     resume = StreamPosition(workers, world_size, stream)
-    if data.source == "csv":
-        from topoclip.data.csv import CsvDataset
-
-        dataset = CsvDataset(data.train_data, transform=transform, batch_size=local_batch,
-                             image_key=data.csv_image_key, caption_key=data.csv_caption_key,
-                             separator=data.csv_separator or None, seed=train.seed, drop_last=True,
-                             rank=rank, world_size=world_size, allow_outside_paths=data.csv_allow_outside_paths,
-                             crop_generator=generator)
-    else:
-        from topoclip.data.shards import ShardDataset
-
-        dataset = ShardDataset(data.train_data, transform=transform, batch_size=local_batch,
-                               weights=data.weights or None, resampled=data.resampled,
-                               samples_per_epoch=data.samples_per_epoch or None, shuffle_buffer=data.shuffle_buffer,
-                               seed=train.seed, drop_last=True, rank=rank, world_size=world_size,
-                               crop_generator=generator)
+    dataset = source.open(data, transform=transform, batch_size=local_batch, seed=train.seed, rank=rank,
+                          world_size=world_size, crop_generator=generator)
     if tokenizer is not None:
         dataset = TokenizedBatches(dataset, tokenizer)
     # A worker that found no good sample (e.g. its only shard is unreadable) yields an empty batch that

@@ -45,6 +45,7 @@ from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, check_weights_f
                                  load_weights, prune_checkpoints, save_checkpoint, step_checkpoints)
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, refuse_folder_commands, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
+from topoclip.data.sources import get_source
 from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects,
                                   init_distributed, is_initialized, sum_across_ranks)
 from topoclip.errors import (CheckpointError, DiskFullError, NonFiniteError, RunFolderError, UserError,
@@ -97,29 +98,7 @@ def build_tokenizer(config: Config, saved: Optional[Path] = None) -> Tokenizer:
 
 def training_captions(config: Config) -> list[str]:
     """Up to TOKENIZER_TRAINING_CAPTIONS captions of the training data (for a new vocabulary)."""
-    data = config.data
-    if data.source == "scenes":
-        from topoclip.data.scenes import SceneDataset
-
-        scenes = SceneDataset(data.scenes, "train")
-        count = min(len(scenes), TOKENIZER_TRAINING_CAPTIONS)
-        return [scenes.clean_caption(i).text for i in range(count)]
-    if data.source == "csv":
-        from topoclip.data.csv import read_caption_table
-        from topoclip.data.images import clean_caption
-        from topoclip.data.quality import BadSample
-
-        rows = read_caption_table(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
-        captions = []
-        for _, raw in rows[:TOKENIZER_TRAINING_CAPTIONS]:
-            try:
-                captions.append(clean_caption(raw))
-            except BadSample:  # counted when training reads the row; here it is only left out
-                pass
-        return captions
-    from topoclip.data.shards import read_captions
-
-    return read_captions(data.train_data, TOKENIZER_TRAINING_CAPTIONS)
+    return get_source(config.data.source).captions(config.data, TOKENIZER_TRAINING_CAPTIONS)
 
 
 def check_tokenizer(tokenizer: Tokenizer, config: Config) -> None:
@@ -341,7 +320,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
 
     start_step, streams = 0, None
     counter = BadSampleCounter()
-    user_stream = config.data.source != "scenes"  # the scenes are a function of the step; streams keep a position
+    user_stream = get_source(config.data.source).stream  # the scenes are a function of the step; streams keep a position
     position = StreamPosition(settings.num_workers, info.world_size)
     if resuming:
         found = step_checkpoints(checkpoints_dir)

@@ -1,0 +1,165 @@
+"""Training data sources: one registry entry each, as the topologies are in geometry.py.
+
+    scenes   the built-in generated scenes: a function of the step (exactly resumable, no position)
+    csv      a CSV/TSV of image path + caption, read as a stream
+    shards   WebDataset tar shards (img2dataset's layout), read as a stream
+
+An entry says what the rest of topoclip asks of a source: its config checks, whether it is a stream
+(a stream keeps a position that a checkpoint saves; the scenes are indexed by the step instead), how a
+stream's dataset is opened for one rank, up to N captions for a new vocabulary, the samples of one
+epoch (for τ's convergence window), and which parts of `data.train_data` would run a command.
+Adding a source is one entry here (and its reader in topoclip/data/).
+
+Functions take the config sections they read (duck-typed: this module sits below topoclip.config).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+# A shard "URL" with any scheme but these is opened by webdataset through a command (pipe:, or curl/aws/
+# gsutil for http/s3/gs); a config read from a folder must never set one (topoclip.config.refuse_folder_commands).
+NO_COMMAND_SCHEMES = ("file",)
+
+
+class SourceError(ValueError):
+    """Settings a data source cannot use; topoclip.config turns it into a ConfigError."""
+
+
+@dataclass(frozen=True)
+class DataSource:
+    # Refuse settings this source cannot use (data and the rest of the config): raise SourceError.
+    check: Callable[[Any], None]
+    # A stream (True) is read in order and resumes from a saved position; False: indexed by the step.
+    stream: bool
+    # A stream's dataset for one rank: open(data, transform=, batch_size=, seed=, rank=, world_size=,
+    # crop_generator=) -> an IterableDataset of RawBatch with set_epoch(); None for a source that is not a stream.
+    open: Optional[Callable[..., Any]]
+    # Up to `count` clean captions of the training data (for training a new vocabulary).
+    captions: Callable[[Any, int], list[str]]
+    # Samples of one epoch, or None when the data has no fixed epoch.
+    epoch_samples: Callable[[Any], Optional[int]]
+    # The parts of data.train_data that would run a command to be read (see NO_COMMAND_SCHEMES).
+    commands: Callable[[Any], list[str]] = lambda data: []
+    # Evaluation sets the source brings itself: (config, split) -> (classification sets, retrieval sets).
+    evaluation_sets: Callable[[Any, str], tuple[list, list]] = lambda config, split: ([], [])
+
+
+# --------------------------------------------------------------------------- scenes
+
+
+def check_scenes(config) -> None:
+    """The built-in scenes must hold a training batch and the evaluations' images."""
+    scenes, train = config.data.scenes, config.train
+    if scenes.train_size < train.batch_size:
+        raise SourceError(f"data.scenes.train_size={scenes.train_size} is smaller than train.batch_size="
+                          f"{train.batch_size}; raise data.scenes.train_size or lower train.batch_size")
+    if scenes.test_size < 1:
+        raise SourceError("data.scenes.test_size=0 leaves the final evaluation no image; set data.scenes.test_size ≥ 1 "
+                          "(e.g. 2000, the default)")
+    if train.eval_every and scenes.val_size < 1:
+        raise SourceError(f"data.scenes.val_size=0 leaves the evaluations every {train.eval_every} steps no image; "
+                          f"set data.scenes.val_size ≥ 1 or train.eval_every=0")
+
+
+def scene_evaluation_sets(config, split: str) -> tuple[list, list]:
+    """Every built-in classification set, and in- and out-of-domain retrieval, of the split's scenes.
+
+    The "val" split (periodic evaluation during training) uses evaluate.validation_size images per set.
+    """
+    from topoclip.data.scenes import classification_sets, retrieval_set
+
+    scenes, settings = config.data.scenes, config.evaluate
+    wanted = settings.validation_size if split == "val" else settings.size
+    size = min(wanted, scenes.size_of(split))  # retrieval reads the split's own images
+    return (classification_sets(scenes, split, size=wanted),
+            [retrieval_set(scenes, split, size, settings.captions_per_image),
+             retrieval_set(scenes, split, size, settings.captions_per_image, style="out-of-domain")])
+
+
+def scene_captions(data, count: int) -> list[str]:
+    from topoclip.data.scenes import SceneDataset
+
+    scenes = SceneDataset(data.scenes, "train")
+    return [scenes.clean_caption(i).text for i in range(min(len(scenes), count))]
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def check_stream(config) -> None:
+    if not config.data.train_data:
+        raise SourceError(f"data.source={config.data.source!r} needs data.train_data (a CSV path or a shard pattern)")
+
+
+def open_csv(data, **options):
+    from topoclip.data.csv import CsvDataset
+
+    return CsvDataset(data.train_data, image_key=data.csv_image_key, caption_key=data.csv_caption_key,
+                      separator=data.csv_separator or None, drop_last=True,
+                      allow_outside_paths=data.csv_allow_outside_paths, **options)
+
+
+def csv_captions(data, count: int) -> list[str]:
+    from topoclip.data.csv import read_caption_table
+    from topoclip.data.images import clean_caption
+    from topoclip.data.quality import BadSample
+
+    rows = read_caption_table(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
+    captions = []
+    for _, raw in rows[:count]:
+        try:
+            captions.append(clean_caption(raw))
+        except BadSample:  # counted when training reads the row; here it is only left out
+            pass
+    return captions
+
+
+def open_shards(data, **options):
+    from topoclip.data.shards import ShardDataset
+
+    return ShardDataset(data.train_data, weights=data.weights or None, resampled=data.resampled,
+                        samples_per_epoch=data.samples_per_epoch or None, shuffle_buffer=data.shuffle_buffer,
+                        drop_last=True, **options)
+
+
+def shard_captions(data, count: int) -> list[str]:
+    from topoclip.data.shards import read_captions
+
+    return read_captions(data.train_data, count)
+
+
+def shard_commands(data) -> list[str]:
+    """The "::"-joined parts of data.train_data that webdataset would open through a command."""
+    found = []
+    for part in (part.strip() for part in data.train_data.split("::")):
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", part)
+        if part == "-" or (scheme and scheme.group(1).lower() not in NO_COMMAND_SCHEMES):
+            found.append(part)
+    return found
+
+
+SOURCES: dict[str, DataSource] = {
+    "scenes": DataSource(check_scenes, stream=False, open=None, captions=scene_captions,
+                         epoch_samples=lambda data: data.scenes.train_size, evaluation_sets=scene_evaluation_sets),
+    "csv": DataSource(check_stream, stream=True, open=open_csv, captions=csv_captions,
+                      epoch_samples=lambda data: None),
+    "shards": DataSource(check_stream, stream=True, open=open_shards, captions=shard_captions,
+                         epoch_samples=lambda data: data.samples_per_epoch or None, commands=shard_commands),
+}
+
+
+def get_source(name: str) -> DataSource:
+    """The registry entry for `name`, or a SourceError listing the known names."""
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise SourceError(f"data.source={name!r} is unknown; choose one of {sorted(SOURCES)}") from None
+
+
+def epoch_steps(data, batch_size: int) -> Optional[int]:
+    """Optimiser steps per epoch of the training data, or None when it has no fixed epoch."""
+    samples = get_source(data.source).epoch_samples(data)
+    return max(1, math.ceil(samples / batch_size)) if samples else None
