@@ -8,7 +8,7 @@ The documents hold generated blocks between ``<!-- results:NAME -->`` and ``<!--
 The source of each is in docs/results/: NAME.json (``default-run``: `topoclip train`'s eval.json plus
 how it was run; ``compare``: what `topoclip compare` wrote; ``claims``: the paper's claims, which
 cells measure each, and our verdict), or NAME/ablation.json (what `topoclip ablate` wrote), or
-NAME/*.json (``experts``, ``equilibrium``: that `topoclip analyze` command on each seed's run).
+NAME/*.json (``experts``, ``equilibrium``, ``similarities``: that `topoclip analyze` command on each run).
 tests/test_readme_results.py runs `check`.
 """
 from __future__ import annotations
@@ -130,6 +130,29 @@ def equilibrium_table(runs: list[dict], batch_size: int = 128) -> str:
     return "\n".join(lines)
 
 
+def similarities_table(runs: list[dict]) -> str:
+    """Markdown (the paper's Fig. 6 as numbers): per model and domain, the median similarity of each kind of pair,
+    the positive–negative image–text gap as a fraction of the similarity's range, and the share of negative
+    image–text pairs above the median positive, from `topoclip analyze similarities` JSONs."""
+    from topoclip.geometry import get_topology
+
+    kinds = ("positive image-text", "negative image-text", "negative image-image", "negative text-text")
+    lines = [f"{runs[0]['size']} test pairs per domain; median s in the topology's own units (a sum of m cosines for "
+             "the product sphere, so in [−m, m]).", "",
+             "| model | topology | domain | " + " | ".join(f"median s, {kind}" for kind in kinds)
+             + " | image–text gap / range of s | negative image–text above the median positive |",
+             "|---|---|---|" + "---|" * (len(kinds) + 2)]
+    for run in runs:
+        low, high = get_topology(run["topology"]).similarity_range(run["spheres"])
+        for domain, record in run["domains"].items():
+            summed = record["summed"]
+            medians = [summed[kind]["median"] for kind in kinds]
+            lines.append(f"| {run['file']} | {run['topology']} | {domain} | " + " | ".join(f"{m:.2f}" for m in medians)
+                         + f" | {(medians[0] - medians[1]) / (high - low):.3f} | "
+                         f"{summed['negatives_above_median_positive']:.1%} |")
+    return "\n".join(lines)
+
+
 def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list[float]:
     """Each seed's value of one metric of one cell of the results in docs/results/SOURCE.
 
@@ -183,7 +206,7 @@ def claims_table(claims: dict) -> str:
 
 
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table, "claims": claims_table,
-             "experts": experts_table, "equilibrium": equilibrium_table}
+             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table}
 
 
 def load_results(name: str):

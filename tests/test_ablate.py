@@ -222,10 +222,10 @@ def test_jobs_children_end_with_a_killed_parent(tmp_path):
     pytest.fail(f"the --jobs child {child} outlived its killed parent")
 
 
-def test_recorded_command_names_no_machine_path(monkeypatch):
+def test_recorded_command_names_no_machine_path(monkeypatch, tmp_path):
     from topoclip.cli import recorded_command
 
-    monkeypatch.setattr("sys.argv", ["topoclip", "ablate", "--grid", "table3", "--out", "/home/me/exp/table3",
-                                     "--reuse=/srv/runs/compare", "--cells", "*_t-0-fixed", "--set", "train.lr=1e-3"])
+    monkeypatch.setattr("sys.argv", ["topoclip", "ablate", "--grid", "table3", "--out", str(tmp_path / "exp" / "table3"),
+                                     f"--reuse={tmp_path / 'compare'}", "--cells", "*_t-0-fixed", "--set", "train.lr=1e-3"])
     assert recorded_command() == ("topoclip ablate --grid table3 --out X/table3 --reuse=X/compare "
                                   "--cells '*_t-0-fixed' --set train.lr=1e-3")

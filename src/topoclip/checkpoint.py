@@ -28,10 +28,9 @@ from safetensors.torch import load_file, save_file
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
 from topoclip.errors import CheckpointError, DiskFullError, NonFiniteError, is_disk_full
 from topoclip.model import CLIP
+from topoclip.training.run_folder import CHECKPOINTS, CONFIG, TOKENIZER  # a run folder's names too
 
 WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-TOKENIZER = "tokenizer.json"
 TRAINING_STATE = "training_state.pt"
 STEP_PREFIX = "step-"
 
@@ -111,7 +110,7 @@ def resolve_checkpoint(path: Path) -> Path:
         path = path.parent
     if (path / WEIGHTS).is_file():
         return path
-    for folder in (path / "checkpoints", path):
+    for folder in (path / CHECKPOINTS, path):
         found = step_checkpoints(folder)
         if found:
             return found[-1]

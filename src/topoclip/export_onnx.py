@@ -25,6 +25,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from topoclip.checkpoint import CONFIG, TOKENIZER
 from topoclip.config import Config, to_dict
 from topoclip.convert import check_destination
 from topoclip.errors import UserError
@@ -109,9 +110,9 @@ def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, 
         _export(ImageEncoder(model), (inputs["images"],), ["images"], destination / IMAGE_FILE)
         _export(TextEncoder(model), (inputs["input_ids"], inputs["attention_mask"]), ["input_ids", "attention_mask"],
                 destination / TEXT_FILE)
-    (destination / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    (destination / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
     if tokenizer is not None:
-        tokenizer.save(destination / "tokenizer.json")
+        tokenizer.save(destination / TOKENIZER)
     report = f"wrote {destination}: {IMAGE_FILE}, {TEXT_FILE}, config.json" + (", tokenizer.json" if tokenizer else "")
     if check:
         differences = compare_with_pytorch(model, config, destination)

@@ -21,9 +21,9 @@ from topoclip.config import Config, ConfigError
 from topoclip.data.types import RetrievalSet
 from topoclip.errors import resolve_device
 from topoclip.evaluation.zeroshot import embed_images, embed_texts
+from topoclip.training.run_folder import METRICS, RunFolder
 from topoclip.transforms import eval_transform
 
-METRICS_FILE = "metrics.jsonl"
 STYLES = ("in-domain", "out-of-domain")
 
 
@@ -54,14 +54,6 @@ class LoadedModel:
         return torch.stack([transform(image) for image in images]).to(self.device)
 
 
-def run_folder_of(checkpoint: Path) -> Optional[Path]:
-    """The run folder a checkpoint folder belongs to (…/RUN/checkpoints/step-N), or None."""
-    checkpoint = Path(checkpoint)
-    if checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / "config.json").is_file():
-        return checkpoint.parent.parent
-    return None
-
-
 def load_model(path, device: str = "auto") -> LoadedModel:
     """A run folder, checkpoint folder or weights file -> LoadedModel (eval mode, on `device`)."""
     folder = resolve_checkpoint(Path(path))  # FileNotFoundError with the expected layout when absent
@@ -70,22 +62,23 @@ def load_model(path, device: str = "auto") -> LoadedModel:
         raise ConfigError(f"{folder} has no tokenizer.json; the analyses need it to encode captions")
     target = resolve_device(device, "--device")
     model = model.to(target).eval()
-    return LoadedModel(model, tokenizer, config, folder, run_folder_of(folder), target)
+    owner = RunFolder.of_checkpoint(folder)
+    return LoadedModel(model, tokenizer, config, folder, owner.path if owner else None, target)
 
 
 def find_run_folder(path) -> Path:
     """A run folder (with metrics.jsonl) from itself or from one of its checkpoints."""
     path = Path(path)
-    if (path / METRICS_FILE).is_file():
+    if RunFolder(path).metrics.is_file():
         return path
     if path.is_dir():
         try:
-            owner = run_folder_of(resolve_checkpoint(path))
+            owner = RunFolder.of_checkpoint(resolve_checkpoint(path))
         except FileNotFoundError:
             owner = None
-        if owner is not None and (owner / METRICS_FILE).is_file():
-            return owner
-    raise FileNotFoundError(f"{path} is not a run folder: expected {METRICS_FILE} there (made by `topoclip train`)")
+        if owner is not None and owner.metrics.is_file():
+            return owner.path
+    raise FileNotFoundError(f"{path} is not a run folder: expected {METRICS} there (made by `topoclip train`)")
 
 
 # --------------------------------------------------------------------------- the built-in pairs

@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from topoclip.analysis.inputs import METRICS_FILE, find_run_folder
+from topoclip.analysis.inputs import find_run_folder
+from topoclip.training.run_folder import RunFolder
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.checkpoint import load_config_from
 from topoclip.config import Config
@@ -99,7 +100,7 @@ def read_curve(path, window: Optional[int] = None, tolerance: float = TOLERANCE,
 
     run_dir = find_run_folder(path)
     config = load_config_from(run_dir)
-    logged = [r for r in read_metrics(run_dir / METRICS_FILE) if "scale" in r and "t" in r]
+    logged = [r for r in read_metrics(RunFolder(run_dir).metrics) if "scale" in r and "t" in r]
     steps = [int(r["step"]) for r in logged]
     scales = [float(r["scale"]) for r in logged]
     t_values = [float(r["t"]) for r in logged]

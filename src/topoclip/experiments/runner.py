@@ -1,8 +1,8 @@
 """`topoclip ablate`: train every run of a grid that is not finished, J at a time, probe it, report the grid.
 
-Runs live in ``OUT/runs/CELL/seed-K/`` (the trainer's run folders). **Resumable**: a run whose
-eval.json exists is finished and is not trained again; a run folder with a config.json but no
-eval.json (killed) is resumed from its newest checkpoint; anything else starts afresh. A folder
+Runs live in ``OUT/runs/CELL/seed-K/`` (the trainer's run folders). **Resumable**: a run that trained
+all its steps and wrote eval.json is finished and is not trained again; a run folder with a
+config.json but not finished (killed) is resumed from its newest checkpoint; anything else starts afresh. A folder
 made with other settings is refused (use another OUT). ``--jobs J`` trains J runs at once in
 separate processes (each with cores / J threads). After training, each run gets a linear probe
 (``probe.json`` beside eval.json, also resumable). Then the report (`topoclip.experiments.report`):
@@ -26,9 +26,8 @@ from topoclip.analysis.temperature import read_curve
 from topoclip.config import ConfigError, load_config
 from topoclip.experiments.grid import RUNS, RunSpec, config_differences, describe_model, load_grid, plan
 from topoclip.experiments.report import PROBE_TASK, write_report
-from topoclip.training.run_folder import claim_folder
+from topoclip.training.run_folder import EVALUATION, RunFolder, claim_folder
 
-EVAL = "eval.json"
 PROBE = "probe.json"
 REUSED = "reused.json"  # in a run folder copied from another ablation: where from
 
@@ -40,10 +39,10 @@ def reuse_runs(specs: Sequence[RunSpec], sources: Sequence, log: Callable[[str],
     equals the spec's config, the run's name aside, is copied whole, except its probe (re-run at this grid's
     --probe-size), and gets RUN/reused.json naming its source. Returns the number of runs copied.
     """
-    finished = [path.parent for source in sources for path in sorted(Path(source).glob(f"{RUNS}/*/seed-*/{EVAL}"))]
+    finished = [path.parent for source in sources for path in sorted(Path(source).glob(f"{RUNS}/*/seed-*/{EVALUATION}"))]
     if sources and not finished:
-        raise ConfigError(f"--reuse {' '.join(map(str, sources))}: no finished run there (expected OUT/{RUNS}/CELL/seed-K/{EVAL})")
-    configs = {run: json.loads((run / "config.json").read_text()) for run in finished}
+        raise ConfigError(f"--reuse {' '.join(map(str, sources))}: no finished run there (expected OUT/{RUNS}/CELL/seed-K/{EVALUATION})")
+    configs = {run: json.loads(RunFolder(run).config.read_text()) for run in finished}
     copied = 0
     for spec in specs:
         source = next((run for run, config in configs.items() if not config_differences(config, spec.config)), None)
@@ -61,13 +60,8 @@ def reuse_runs(specs: Sequence[RunSpec], sources: Sequence, log: Callable[[str],
 
 
 def run_state(spec: RunSpec) -> str:
-    """"finished" (eval.json there), "killed" (config.json but no eval.json) or "new"."""
-    run_dir = Path(spec.run_dir)
-    if (run_dir / EVAL).is_file():
-        return "finished"
-    if (run_dir / "config.json").is_file():
-        return "killed"
-    return "new"
+    """"finished" (all steps trained and evaluated), "killed" (config.json but not finished) or "new"."""
+    return RunFolder(spec.run_dir).state(spec.config["train"]["steps"])
 
 
 def run_one(spec: RunSpec, threads: int = 0) -> dict:
@@ -119,9 +113,10 @@ def run_record(spec: RunSpec) -> dict:
     from topoclip.training.logger import read_metrics
 
     run_dir = Path(spec.run_dir)
-    records = json.loads((run_dir / EVAL).read_text())
+    folder = RunFolder(run_dir)
+    records = json.loads(folder.evaluation.read_text())
     curve = read_curve(run_dir)
-    evaluations = [{"step": r["step"], **r["eval"]} for r in read_metrics(run_dir / "metrics.jsonl")
+    evaluations = [{"step": r["step"], **r["eval"]} for r in read_metrics(folder.metrics)
                    if "eval" in r and not r.get("final")]  # the validation split's; the final one is the test split's
     retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
                       and not r["dataset"].endswith("-ood")), {})
@@ -141,7 +136,7 @@ def run_record(spec: RunSpec) -> dict:
             "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale},
             "evaluations": evaluations,  # the periodic validation evaluations (train.eval_every), headline keys
             # wall time from the (last) start, when config.json is written, to the final evaluation
-            "train_seconds": (run_dir / EVAL).stat().st_mtime - (run_dir / "config.json").stat().st_mtime,
+            "train_seconds": folder.evaluation.stat().st_mtime - folder.config.stat().st_mtime,
             "reused_from": os.path.relpath(reused, out_dir) if reused else None}
 
 

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from topoclip.config import flat_dict
-from topoclip.training.run_folder import save_png_atomic
+from topoclip.training.run_folder import METRICS, PLOTS, save_png_atomic
 
-METRICS = "metrics.jsonl"
 
 
 def _parse_lines(path: Path) -> tuple[list[dict], list[str]]:
@@ -110,7 +109,7 @@ class MetricsLogger:
         """PNG plots of loss, τ, learning rate and the evaluation metrics; returns their paths."""
         if not self.enabled:
             return []
-        return plot_metrics(self.path, self.path.parent / "plots")
+        return plot_metrics(self.path, self.path.parent / PLOTS)
 
     def close(self) -> None:
         if self.handle is not None:

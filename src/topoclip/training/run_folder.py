@@ -1,4 +1,11 @@
-"""Who owns a run folder: a fresh run starts only in an empty folder, one process at a time holds it.
+"""A run folder: where each of its files lives (`RunFolder`), what state the run is in, and who owns it.
+
+    RUN/config.json      the resolved config        RUN/checkpoints/step-NNNNNN/   weights, config, tokenizer,
+    RUN/tokenizer.json   the run's vocabulary                                         training state
+    RUN/metrics.jsonl    one JSON record per log    RUN/eval.json                  the final evaluation
+    RUN/plots/*.png      loss, τ, lr, evaluation    RUN/.lock                      the owner (see below)
+
+Who owns it: a fresh run starts only in an empty folder, one process at a time holds it.
 
 The owner holds an advisory lock on ``RUN_DIR/.lock`` (flock(2)); the file names its pid and host.
 The kernel drops the lock when its process ends, however it ends, so the lock file a `kill -9`'d
@@ -18,6 +25,63 @@ from pathlib import Path
 from typing import Optional
 
 from topoclip.errors import RunFolderError
+
+CONFIG = "config.json"  # also the names in each checkpoint folder (topoclip.checkpoint)
+TOKENIZER = "tokenizer.json"
+METRICS = "metrics.jsonl"
+EVALUATION = "eval.json"
+CHECKPOINTS = "checkpoints"
+PLOTS = "plots"
+
+
+
+class RunFolder:
+    """The files of one training run: every reader and writer of a run folder names them through this."""
+
+    def __init__(self, path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    config = property(lambda self: self.path / CONFIG)
+    tokenizer = property(lambda self: self.path / TOKENIZER)
+    metrics = property(lambda self: self.path / METRICS)
+    evaluation = property(lambda self: self.path / EVALUATION)
+    checkpoints = property(lambda self: self.path / CHECKPOINTS)
+    plots = property(lambda self: self.path / PLOTS)
+
+    def step_checkpoints(self) -> list[Path]:
+        """Its complete step checkpoints, oldest first."""
+        from topoclip.checkpoint import step_checkpoints
+
+        return step_checkpoints(self.checkpoints)
+
+    def newest_step(self) -> Optional[int]:
+        """The step of its newest complete checkpoint, or None."""
+        from topoclip.checkpoint import STEP_PREFIX
+
+        found = self.step_checkpoints()
+        return int(found[-1].name[len(STEP_PREFIX):]) if found else None
+
+    def finished(self, steps: int) -> bool:
+        """It trained all `steps` and was evaluated."""
+        return self.newest_step() == steps and self.evaluation.is_file()
+
+    def state(self, steps: int) -> str:
+        """"finished" (see `finished`), "killed" (started: config.json, but not finished) or "new"."""
+        if self.finished(steps):
+            return "finished"
+        return "killed" if self.config.is_file() else "new"
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint) -> Optional["RunFolder"]:
+        """The run folder a checkpoint folder belongs to (…/RUN/checkpoints/step-N), or None."""
+        checkpoint = Path(checkpoint)
+        if checkpoint.parent.name == CHECKPOINTS and (checkpoint.parent.parent / CONFIG).is_file():
+            return cls(checkpoint.parent.parent)
+        return None
+
 
 try:
     import fcntl

@@ -55,7 +55,7 @@ from topoclip.tokenizer import Tokenizer
 from topoclip.training.data import StreamPosition, prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
-from topoclip.training.run_folder import claim_run_folder, write_text_atomic
+from topoclip.training.run_folder import RunFolder, claim_run_folder, write_text_atomic
 from topoclip.training.step import (SkippedSteps, autocast_context, contrastive_loss, forward_backward_loss,
                                     nonfinite_anywhere, optimizer_step, set_tf32)
 
@@ -183,14 +183,14 @@ def finished(run_dir: Path, config: Config) -> Optional[str]:
 
     ConfigError when train.steps is below the newest checkpoint's step (nothing could be trained).
     """
-    found = step_checkpoints(run_dir / "checkpoints")
-    if not found:
+    folder, steps = RunFolder(run_dir), config.train.steps
+    newest = folder.newest_step()
+    if newest is None:
         return None
-    newest, steps = checkpoint_step(found[-1]), config.train.steps
     if newest > steps:
         raise ConfigError(f"train.steps={steps} is below step {newest} of the newest checkpoint in {run_dir}; "
                           f"to train it longer set train.steps above {newest}")
-    if newest == steps and (run_dir / "eval.json").is_file():
+    if folder.finished(steps):
         return (f"run {run_dir} is complete: it trained all {steps} steps and was evaluated (eval.json); nothing to do. "
                 f"To train it longer: topoclip train --resume {run_dir} --set train.steps=N (N > {steps})")
     return None
@@ -242,9 +242,9 @@ def finish_leftovers(run_dir: Path, config: Config) -> None:
 
     logger = MetricsLogger(run_dir)
     if not any(record.get("final") for record in read_metrics(logger.path)):
-        records = json.loads((run_dir / "eval.json").read_text(encoding="utf-8"))
+        records = json.loads(RunFolder(run_dir).evaluation.read_text(encoding="utf-8"))
         logger.log({"step": config.train.steps, "eval": headline(records), "final": True})
-    if not all((run_dir / "plots" / f"{name}.png").is_file() for name in ("loss", "evaluation")):
+    if not all((RunFolder(run_dir).plots / f"{name}.png").is_file() for name in ("loss", "evaluation")):
         print(f"topoclip: note: drawing the plots of {run_dir}, which its run did not finish", file=sys.stderr)
         logger.plot()
     logger.close()
@@ -304,11 +304,11 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         write_text_atomic(run_dir / CONFIG, json.dumps(to_dict(config), indent=2))
         tokenizer.save(run_dir / TOKENIZER)
 
-    checkpoints_dir = run_dir / "checkpoints"
+    checkpoints_dir = RunFolder(run_dir).checkpoints
     if resuming and step_checkpoints(checkpoints_dir):  # the folder's config: its shapes checked before allocating
         require_fitting_checkpoint(step_checkpoints(checkpoints_dir), config.model)
     model = CLIP(config.model).to(device)
-    if settings.init_from and not (resuming and step_checkpoints(run_dir / "checkpoints")):
+    if settings.init_from and not (resuming and RunFolder(run_dir).step_checkpoints()):
         from topoclip.training.init_from import load_initial_weights
 
         load_initial_weights(model, config)
@@ -447,7 +447,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         from topoclip.evaluation.run import headline, no_evaluation_sets, summary_table, temperature_summary
 
         records = final_evaluation(model, tokenizer, config, device)
-        write_text_atomic(run_dir / "eval.json", json.dumps(records, indent=2))
+        write_text_atomic(RunFolder(run_dir).evaluation, json.dumps(records, indent=2))
         logger.log({"step": settings.steps, "eval": headline(records), "final": True})
         logger.plot()
         print(summary_table(records) if records else no_evaluation_sets(config))
