@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from topoclip.config import TextConfig
+from topoclip.config.schema import TextConfig
 from topoclip.pooling import POOLINGS
 from topoclip.transformer import Transformer, projection
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from topoclip.config import VisionConfig
+from topoclip.config.schema import VisionConfig
 from topoclip.transformer import Transformer, projection
 
 

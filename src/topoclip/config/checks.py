@@ -1,0 +1,266 @@
+"""The configuration's checks: every number in its range (NUMERIC_RANGES), then each section's rules; a config
+read from a folder may not run a command. All raise ConfigError naming the field and the fix, before anything
+is built."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from topoclip.config.schema import Config, ConfigError, DataConfig, EvaluateConfig, ModelConfig, TrainConfig
+from topoclip.data.sources import SOURCES, SourceError, get_source
+from topoclip.geometry import TOPOLOGIES
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts; every number must also be finite (no NaN, no ±Infinity)."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+    note: str = ""  # what a boundary value means, e.g. "0 turns it off"
+
+    def __contains__(self, value: float) -> bool:
+        above = value >= self.low if self.low_inclusive else value > self.low
+        below = value <= self.high if self.high_inclusive else value < self.high
+        return math.isfinite(value) and above and below
+
+    def describe(self) -> str:
+        """'≥ 1', '> 0', 'in [0, 1)', 'in [1, 4,194,304]', ... (empty when any finite number will do)."""
+        low, high = _bound(self.low), _bound(self.high)
+        if self.low > -math.inf and self.high < math.inf:
+            return f"in {'[' if self.low_inclusive else '('}{low}, {high}{']' if self.high_inclusive else ')'}"
+        if self.low > -math.inf:
+            return f"{'≥' if self.low_inclusive else '>'} {low}"
+        if self.high < math.inf:
+            return f"{'≤' if self.high_inclusive else '<'} {high}"
+        return ""
+
+
+def _bound(value: float) -> str:
+    """A range's bound as a person reads it: 4,194,304 rather than 4.1943e+06; 0.5 as 0.5."""
+    return f"{int(value):,}" if math.isfinite(value) and value == int(value) else f"{value:g}"
+
+
+FINITE = Range()
+POSITIVE = Range(0, low_inclusive=False)
+AT_LEAST_ONE = Range(1)
+NON_NEGATIVE = Range(0)
+FRACTION = Range(0, 1)
+OFF_AT_ZERO = Range(0, note="0 turns it off")
+
+# Every numeric field of Config (a list or tuple: each item), by its dotted key. A field missing here
+# is only checked to be finite; tests/test_config.py checks the table covers every numeric field.
+# data.scenes.* repeat SceneConfig's own checks so every range is read in one place.
+NUMERIC_RANGES: dict[str, Range] = {
+    # Upper bounds on sizes: what a config may ask for before memory is sized from it (a config may come from
+    # anyone's folder). Each note names the memory the bound stands for; real models sit far below them.
+    "model.vision.image_size": Range(1, 8192, note="a batch of 8192 px images is 805 MB an image in fp32"),
+    "model.vision.patch_size": AT_LEAST_ONE,
+    "model.vision.width": Range(1, 16384, note="a layer holds about 12 · width² fp32 weights: 12 GiB at 16384"),
+    "model.vision.layers": Range(1, 1024, note="each layer holds about 12 · width² fp32 weights"),
+    "model.vision.heads": AT_LEAST_ONE,
+    "model.vision.mlp_ratio": POSITIVE,
+    "model.vision.mean": FINITE,
+    "model.vision.std": POSITIVE,
+    "model.text.vocab_size": Range(1, 2**22, note="the token embedding is vocab_size · model.text.width fp32 "
+                                                   "numbers: 16 GiB at 4,194,304 × 1024"),
+    "model.text.context_length": Range(2, 65536, note="room for [CLS] and [SEP]; attention is context² a head"),
+    "model.text.width": Range(1, 16384, note="a layer holds about 12 · width² fp32 weights: 12 GiB at 16384"),
+    "model.text.layers": Range(1, 1024, note="each layer holds about 12 · width² fp32 weights"),
+    "model.text.heads": AT_LEAST_ONE,
+    "model.text.mlp_ratio": POSITIVE,
+    "model.text.cls_token_id": NON_NEGATIVE,
+    "model.temperature.init": FINITE,
+    "model.temperature.max_scale": POSITIVE,
+    "model.temperature.bias_init": FINITE,
+    "model.class_tokens": Range(1, 4096, note="each class token adds a sequence position and an output row"),
+    "model.embed_dim": Range(1, 65536, note="the projections are width · embed_dim fp32 numbers each"),
+    "model.spheres": Range(0, note="0 = one sphere per class token"),
+    "train.batch_size": Range(1, 2**20, note="the similarity matrix is batch² fp32 numbers: 4 TiB at 2^20"),
+    "train.steps": Range(1, 10**12),
+    "train.lr": Range(0, 10, low_inclusive=False, note="AdamW moves every weight by about lr a step"),
+    "train.weight_decay": OFF_AT_ZERO,
+    "train.warmup_steps": Range(0, note="0 = no warm-up"),
+    "train.betas": Range(0, 1, high_inclusive=False),
+    "train.eps": POSITIVE,
+    "train.grad_clip": Range(0, note="0 turns clipping off"),
+    "train.seed": NON_NEGATIVE,
+    "train.threads": Range(0, 4096, note="0 keeps torch's default"),
+    "train.accumulation_steps": AT_LEAST_ONE,
+    "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
+                                            "holding its prefetched batches"),
+    "train.log_every": AT_LEAST_ONE,
+    "train.eval_every": Range(0, note="0 = only at the end"),
+    "train.checkpoint_every": Range(0, note="0 = only at the end"),
+    "train.keep_checkpoints": AT_LEAST_ONE,
+    "data.scenes.image_size": Range(16),
+    "data.scenes.min_objects": AT_LEAST_ONE,
+    "data.scenes.max_objects": Range(1, 9, note="one object per 3x3 grid cell"),
+    "data.scenes.seed": NON_NEGATIVE,
+    "data.scenes.train_size": Range(0, 10**8, note="its shuffle order is 8 B a sample and its rendered pixels "
+                                                    "3 KB a sample at 32 px: 800 MB and 300 GB at 10^8"),
+    "data.scenes.val_size": Range(0, 10**7, note="rendered pixels are 3 KB a sample at 32 px: 30 GB at 10^7"),
+    "data.scenes.test_size": Range(0, 10**7, note="rendered pixels are 3 KB a sample at 32 px: 30 GB at 10^7"),
+    "data.scenes.noise": FRACTION,
+    "data.scenes.object_scale": Range(0.5, 1.8, note="1.8 makes a large object 90 % of the image"),
+    "data.weights": NON_NEGATIVE,
+    "data.samples_per_epoch": Range(0, 10**12, note="0 = one pass over the shards"),
+    "data.shuffle_buffer": Range(0, 10**6, note="0 or 1 = no shuffling; each worker holds that many encoded "
+                                                "samples: ~100 GB at 10^6 web images of 100 KB"),
+    "data.max_bad_fraction": FRACTION,
+    "data.augment_scale": Range(0, 1, low_inclusive=False),
+    "evaluate.size": Range(1, 10**6, note="images rendered and embedded per set: 3 GB of pixels at 10^6, "
+                                          "and a 10^6 × captions similarity matrix for retrieval"),
+    "evaluate.validation_size": Range(1, 10**6, note="as evaluate.size"),
+    "evaluate.captions_per_image": Range(1, 100, note="retrieval scores images × captions pairs"),
+    "evaluate.batch_size": Range(1, 2**20, note="a batch of images is embedded at once"),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def numeric_fields(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every number, or list/tuple of numbers, in a (nested) config dataclass."""
+    found = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            found += numeric_fields(value, prefix + f.name + ".")
+        elif _is_number(value) or (isinstance(value, (list, tuple)) and value and all(map(_is_number, value))):
+            found.append((prefix + f.name, value))
+    return found
+
+
+def _default_of(key: str) -> Any:
+    """The dataclass default of a dotted key (for the fix a message suggests)."""
+    value: Any = Config()
+    for part in key.split("."):
+        value = getattr(value, part)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def validate_numbers(config: "Config") -> None:
+    """Refuse a non-finite number, or one outside its field's range, naming the field, value and a fix."""
+    for key, value in numeric_fields(config):
+        allowed = NUMERIC_RANGES.get(key, FINITE)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if all(item in allowed for item in items):
+            continue
+        shown = json.dumps(list(value) if isinstance(value, tuple) else value)  # NaN / Infinity as typed
+        integer = all(isinstance(item, int) for item in items)
+        what = ("integers" if integer else "finite numbers") if isinstance(value, (list, tuple)) else \
+            ("an integer" if integer else "a finite number")
+        rule = " ".join(part for part in (what, allowed.describe()) if part)
+        note = f" ({allowed.note})" if allowed.note else ""
+        default = _default_of(key)
+        if default is None:
+            fix = f"; or {key}=null (the default)"
+        elif default == []:
+            fix = ""
+        else:
+            fix = f"; e.g. {key}={json.dumps(default)} (the default)"
+        raise ConfigError(f"{key}={shown} must be {rule}{note}{fix}")
+
+
+def validate_model(config: ModelConfig) -> None:
+    """Refuse a model that cannot work, naming the field and the fix (numbers are range-checked first)."""
+    if config.topology not in TOPOLOGIES:
+        raise ConfigError(f"model.topology={config.topology!r} is unknown; choose one of {sorted(TOPOLOGIES)}")
+    total = config.class_tokens * config.embed_dim
+    if config.spheres and not TOPOLOGIES[config.topology].product and config.spheres != 1:
+        raise ConfigError(f"model.spheres={config.spheres} only applies to product-sphere topologies; "
+                          f"set model.spheres=0 for {config.topology!r} or pick ps-inner / ps-geodesic")
+    if total % config.sphere_count:
+        raise ConfigError(f"class_tokens·embed_dim = {config.class_tokens}·{config.embed_dim} = {total} is not divisible "
+                          f"by model.spheres={config.spheres}; choose spheres dividing {total}")
+    for tower, sub in [("vision", config.vision), ("text", config.text)]:
+        if sub.width % sub.heads:
+            raise ConfigError(f"model.{tower}.width={sub.width} is not divisible by model.{tower}.heads={sub.heads}; "
+                              f"pick heads dividing {sub.width}")
+    vision = config.vision
+    if vision.image_size % vision.patch_size:
+        raise ConfigError(f"model.vision.image_size={vision.image_size} is not a multiple of "
+                          f"model.vision.patch_size={vision.patch_size}; pick a patch size dividing it")
+    if not config.text.cls_token_id < config.text.vocab_size:
+        raise ConfigError(f"model.text.cls_token_id={config.text.cls_token_id} is outside the vocabulary "
+                          f"(vocab_size={config.text.vocab_size})")
+    if config.text.attention == "causal" and config.text.pooling == "class_tokens":
+        raise ConfigError("model.text.attention=causal with pooling=class_tokens: class tokens at the start would "
+                          "see only themselves; set model.text.pooling=end_of_text (OpenAI CLIP's layout)")
+
+
+def validate_train(config: TrainConfig) -> None:
+    """Refuse an optimisation recipe that cannot work (numbers are range-checked first)."""
+    if config.batch_size % config.accumulation_steps:
+        raise ConfigError(f"train.batch_size={config.batch_size} is not divisible by "
+                          f"train.accumulation_steps={config.accumulation_steps}")
+
+
+def command_urls(data: DataConfig) -> list[str]:
+    """The parts of data.train_data that would be opened by running a command (a shard URL with a scheme but
+    file:); such a value may come only from the user, never from a config.json read out of a folder."""
+    source = SOURCES.get(data.source)  # an unknown source is refused by validate_source, with the choices
+    return source.commands(data) if source else []
+
+
+def refuse_folder_commands(config: Config, file: Path, typed: Optional[str] = None) -> None:
+    """ConfigError when `file` (a config.json read from a folder) has data.train_data run a command,
+    unless the user typed that same value (`typed`, from the command line)."""
+    found = command_urls(config.data)
+    if found and config.data.train_data != typed:
+        raise ConfigError(f"{file} sets data.train_data to {found[0]!r}, which runs a command to read it; a config "
+                          f"read from a folder never runs commands. If this is your own run, give the value on the "
+                          f"command line: --set data.train_data='{config.data.train_data}'")
+
+
+def validate_data(config: DataConfig) -> None:
+    """Refuse data settings that cannot work."""
+    if config.weights and not config.resampled:
+        raise ConfigError("data.weights need data.resampled=true (without resampling every shard is read once per epoch)")
+    if config.weights and not any(weight > 0 for weight in config.weights):
+        raise ConfigError(f"data.weights={config.weights} has no positive weight; give each source a weight ≥ 0, "
+                          f"at least one > 0")
+    if config.resampled and config.samples_per_epoch < 1:
+        raise ConfigError("data.resampled=true draws shards endlessly: set data.samples_per_epoch")
+    low, high = config.augment_scale
+    if low > high:
+        raise ConfigError(f"data.augment_scale={list(config.augment_scale)} must satisfy low ≤ high, "
+                          f"e.g. data.augment_scale=[0.8, 1.0]")
+
+
+def validate_source(config: Config) -> None:
+    """The data source's own checks (topoclip.data.sources), e.g. the scenes must hold a training batch."""
+    try:
+        get_source(config.data.source).check(config)
+    except SourceError as error:
+        raise ConfigError(str(error)) from None
+
+
+def validate_evaluate(config: EvaluateConfig) -> None:
+    for mode in config.template_modes:
+        if mode not in ("distance", "embedding"):
+            raise ConfigError(f"evaluate.template_modes has {mode!r}; use \"distance\" (the paper's) and/or \"embedding\" (CLIP's)")
+
+
+def validate(config: Config) -> None:
+    """Validate every section; raises ConfigError before anything is built."""
+    validate_numbers(config)
+    validate_model(config.model)
+    validate_train(config.train)
+    validate_source(config)
+    validate_data(config.data)
+    validate_evaluate(config.evaluate)
+    if config.name and (Path(config.name).name != config.name or config.name in (".", "..")):
+        raise ConfigError(f"name={config.name!r} must be a plain folder name (no '/', no '..'): it names the run "
+                          f"folder runs/NAME-TIMESTAMP; to train somewhere else give --out FOLDER")
+    if config.train.loss == "infonce" and config.model.temperature.bias_init is not None:
+        raise ConfigError("model.temperature.bias_init is the sigmoid loss's β; InfoNCE has no bias "
+                          "(set train.loss=sigmoid, or model.temperature.bias_init=null)")

@@ -1,0 +1,195 @@
+"""The configuration's schema: one dataclass per section (model, train, data, evaluate) and the whole Config.
+
+The towers and the model read only these. Range checks are in `topoclip.config.checks`, loading presets
+and overrides in `topoclip.config.loading`; `topoclip.config` gathers all three.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from topoclip.data.scenes import SceneConfig
+from topoclip.errors import UserError
+from topoclip.geometry import TOPOLOGIES
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration that cannot work; the message names the field and the fix."""
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class VisionConfig:
+    """ViT image tower (pre-norm by default, as the reference release)."""
+
+    image_size: int = 224
+    patch_size: int = 16
+    width: int = 768
+    layers: int = 12
+    heads: int = 12
+    mlp_ratio: float = 4.0
+    activation: Literal["gelu", "quick_gelu"] = "gelu"
+    norm_first: bool = True
+    # Normalisation of input pixels (OpenAI CLIP's statistics).
+    mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass
+class TextConfig:
+    """BERT-style bidirectional text tower (post-norm with an embedding LayerNorm by default)."""
+
+    vocab_size: int = 30522
+    context_length: int = 77
+    width: int = 512
+    layers: int = 12
+    heads: int = 8
+    mlp_ratio: float = 4.0
+    activation: Literal["gelu", "quick_gelu"] = "gelu"
+    norm_first: bool = False
+    embedding_norm: bool = True
+    # The m class tokens are this id repeated m times; the tokenizer's [CLS] ([CLS] = 101 in BERT
+    # vocabularies, 2 in vocabularies topoclip trains).
+    cls_token_id: int = 101
+    # OpenAI CLIP's text tower is "causal" (each token attends to itself and earlier ones) and
+    # pooled at its end-of-text token; see topoclip.pooling for the two layouts of the m tokens.
+    attention: Literal["bidirectional", "causal"] = "bidirectional"
+    pooling: Literal["class_tokens", "end_of_text"] = "class_tokens"
+
+
+@dataclass
+class TemperatureConfig:
+    """τ = exp(t): init is t; max_scale clamps τ after each step; SigLIP's bias is optional."""
+
+    init: float = 2.659
+    max_scale: float = 100.0
+    learnable: bool = True
+    bias_init: Optional[float] = None
+
+
+@dataclass
+class ModelConfig:
+    """A CLIP with `class_tokens` class tokens per tower, each projected to `embed_dim`.
+
+    The (class_tokens · embed_dim) outputs are read as `spheres` rows of
+    n = class_tokens · embed_dim / spheres: Multi(32, 16) is class_tokens=16, embed_dim=32,
+    spheres=16; the single-token Ob(64, 8) is class_tokens=1, embed_dim=512, spheres=8.
+    `spheres` 0 means one per class token (and 1 for sphere and euclidean, whose space is not a
+    product).
+    """
+
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
+    topology: str = "ps-inner"
+    class_tokens: int = 1
+    embed_dim: int = 512
+    spheres: int = 0
+
+    @property
+    def sphere_count(self) -> int:
+        """m: the number of rows of an embedding."""
+        if self.spheres:
+            return self.spheres
+        return self.class_tokens if TOPOLOGIES[self.topology].product else 1
+
+    @property
+    def sphere_dim(self) -> int:
+        """n: the dimension of each row."""
+        return self.class_tokens * self.embed_dim // self.sphere_count
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation recipe (paper Table 5) and run mechanics."""
+
+    batch_size: int = 256
+    steps: int = 1000
+    lr: float = 5e-4
+    weight_decay: float = 0.2
+    warmup_steps: int = 100
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global-norm clip; 0 turns it off
+    loss: Literal["infonce", "sigmoid"] = "infonce"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    seed: int = 0
+    device: str = "auto"  # "auto" = cuda if available else cpu
+    threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
+    accumulation_steps: int = 1  # exact contrastive gradient accumulation (micro-batches per step)
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    # fp32 matrix products on CUDA in TF32 (OpenCLIP's trainer does the same); false: bit-level fp32.
+    allow_tf32: bool = True
+    # torch's fused AdamW kernel where it exists (CUDA): one kernel for all weights, and a step skipped
+    # for a non-finite loss without the host waiting for the GPU. Ignored on CPU.
+    fused_optimizer: bool = True
+    num_workers: int = 2
+    log_every: int = 10
+    eval_every: int = 0  # steps between evaluations; 0 = only at the end
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    # A checkpoint whose weights and tokenizer start the run (`topoclip train --init-from`); its model
+    # must match this one (topoclip.training.init_from). "" = random initialisation.
+    init_from: str = ""
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    """Where training pairs come from: the built-in scenes, a CSV/TSV, or WebDataset shards."""
+
+    source: str = "scenes"  # a name in topoclip.data.sources.SOURCES
+    scenes: SceneConfig = field(default_factory=SceneConfig)
+    # csv: the CSV/TSV path; shards: brace patterns, several sources joined by "::"
+    # (e.g. "web/{00000..00099}.tar::cc/{000..009}.tar").
+    train_data: str = ""
+    weights: list[float] = field(default_factory=list)  # one per "::" source; needs resampled
+    csv_image_key: str = "filepath"
+    csv_caption_key: str = "title"
+    csv_separator: str = ""  # "" = tab for .tsv, comma otherwise
+    # CSV image paths must lie inside the CSV's folder; true also reads absolute paths and "../" ones
+    # (refused by default and counted as path_outside_root: a table should not reach other files).
+    csv_allow_outside_paths: bool = False
+    resampled: bool = False  # shards drawn with replacement (endless stream; needs samples_per_epoch)
+    samples_per_epoch: int = 0  # shards: fixed epoch length (0 = one pass over the shards)
+    shuffle_buffer: int = 1000
+    max_bad_fraction: float = 0.01  # stop when skipped samples exceed this share of those seen
+    # "" = train a WordPiece vocabulary of model.text.vocab_size on the training captions;
+    # else a BERT vocab.txt or a tokenizer.json.
+    tokenizer: str = ""
+    augment_scale: tuple[float, float] = (0.8, 1.0)  # RandomResizedCrop area fraction
+
+
+@dataclass
+class EvaluateConfig:
+    """What is evaluated during and after training (and by `topoclip eval`)."""
+
+    template_modes: list[str] = field(default_factory=lambda: ["distance", "embedding"])
+    size: int = 1000  # images per built-in evaluation set (scenes), final evaluation
+    validation_size: int = 200  # the same for the periodic evaluations during training (train.eval_every)
+    captions_per_image: int = 5
+    classification: list[str] = field(default_factory=list)  # class-folder roots of the user's own sets
+    retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files
+    batch_size: int = 256
+
+
+# --------------------------------------------------------------------------- top level
+
+
+@dataclass
+class Config:
+    """Everything a run needs."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    name: str = ""
