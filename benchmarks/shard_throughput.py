@@ -33,7 +33,7 @@ WORDS = ("a red cube on the left of a small blue ball under green light near two
 
 def make_shards(folder: Path, samples: int, image_size: int, per_shard: int = 256) -> str:
     """Write (or reuse) `samples` JPEG image–caption pairs as shards in `folder`; returns their brace pattern."""
-    from topoclip.data.shards import shard_pattern, write_shards
+    from topoclip.data.shard_writer import shard_pattern, write_shards
 
     existing = sorted(folder.glob("*.tar"))
     if len(existing) == -(-samples // per_shard):

@@ -122,7 +122,7 @@ def test_perf_settings_have_defaults_and_the_cpu_optimizer_is_not_fused():
 
 
 def test_user_data_batches_arrive_tokenized_by_the_loader_workers(tmp_path):
-    from topoclip.data.shards import write_shards
+    from topoclip.data.shard_writer import write_shards
     from topoclip.training.data import training_batches
 
     captions = [f"a photo number {i} of a {'red' if i % 2 else 'blue'} thing" for i in range(16)]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from topoclip.config import load_config
-from topoclip.data.shards import shard_pattern, write_shards
+from topoclip.data.shard_writer import shard_pattern, write_shards
 from topoclip.training.data import StreamPosition, training_batches
 
 from test_train_user_data import scene_samples

@@ -19,7 +19,7 @@ from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.data.quality import DataQualityError
 from topoclip.data.scenes import SceneConfig, SceneDataset
-from topoclip.data.shards import shard_pattern, write_shards
+from topoclip.data.shard_writer import shard_pattern, write_shards
 from topoclip.tokenizer import Tokenizer
 from topoclip.training import trainer
 from topoclip.training.logger import read_metrics

@@ -25,14 +25,8 @@ from topoclip.data.quality import (
     DataQualityError,
     check_bad_fraction,
 )
-from topoclip.data.shards import (
-    ShardDataset,
-    csv_to_shards,
-    expand_shard_sources,
-    read_captions,
-    shard_pattern,
-    write_shards,
-)
+from topoclip.data.shard_writer import csv_to_shards, shard_pattern, write_shards
+from topoclip.data.shards import ShardDataset, expand_shard_sources, read_captions
 from topoclip.transforms import ToTensor, eval_transform
 
 SIZE = 16

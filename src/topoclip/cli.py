@@ -231,7 +231,7 @@ def add_presets(commands) -> None:
 
 
 def command_make_shards(args) -> int:
-    from topoclip.data.shards import csv_to_shards, write_shards
+    from topoclip.data.shard_writer import csv_to_shards, write_shards
 
     if args.csv:
         paths, counter = csv_to_shards(args.csv, args.out, image_key=args.image_key, caption_key=args.caption_key,

@@ -1,4 +1,4 @@
-"""WebDataset tar shards as img2dataset writes them: read them as RawBatches, write them from samples.
+"""WebDataset tar shards as img2dataset writes them, read as RawBatches (writing: topoclip.data.shard_writer).
 
 A shard is a tar of samples; the members of one sample share a key: `000000123.jpg` (or .png, .webp, ...),
 `000000123.txt` (the caption) and optionally `000000123.json`. Reading goes through the `webdataset`
@@ -13,28 +13,22 @@ are drawn with replacement with probability proportional to their source's weigh
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
 import logging
 import math
 import os
 import random
 import re
-import tarfile
 import warnings
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
 import torch.utils.data
 import webdataset as wds
-from PIL import Image
 
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
-from topoclip.data.csv import read_caption_table
-from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image, resolve_image_path
-from topoclip.data.quality import BadSample, BadSampleCounter, DataQualityError
+from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image
+from topoclip.data.quality import BadSample, DataQualityError
 
 logger = logging.getLogger(__name__)
 
@@ -281,169 +275,3 @@ def read_captions(urls: Union[str, Sequence[str]], limit: int) -> list[str]:
         if len(captions) >= limit:
             break
     return captions
-
-
-# ----------------------------------------------------------------------------------------------------
-# Writing shards
-
-
-_MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"BM", "bmp"))
-_SAVE_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
-
-
-def _sniff_extension(data: bytes) -> Optional[str]:
-    """File extension of encoded image bytes from their magic number, or None."""
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    return next((ext for magic, ext in _MAGIC if data.startswith(magic)), None)
-
-
-def _encode(image: Image.Image, image_format: str, quality: int) -> bytes:
-    buffer = io.BytesIO()
-    options = {"quality": quality} if _SAVE_FORMATS[image_format] in ("JPEG", "WEBP") else {}
-    image.save(buffer, format=_SAVE_FORMATS[image_format], **options)
-    return buffer.getvalue()
-
-
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = 0o444
-    info.mtime = 0  # byte-identical shards for identical samples
-    tar.addfile(info, io.BytesIO(data))
-
-
-def write_shards(
-    samples: Iterable[tuple],
-    out_dir: Union[str, Path],
-    samples_per_shard: int = 1000,
-    image_format: str = "jpg",
-    quality: int = 95,
-) -> list[Path]:
-    """Write (image, caption) or (image, caption, json dict) samples as img2dataset-style tar shards.
-
-    image: uint8 array (H, W, 3) / (H, W), PIL image (encoded as `image_format`: jpg, png or webp) or
-    encoded bytes (written unchanged, extension from the magic number, else `image_format`).
-    caption: str (written as UTF-8) or bytes (unchanged). Shards are `out_dir/00000.tar`, `00001.tar`, ...;
-    keys are the shard number (5 digits) + the index in the shard, as img2dataset writes them. Each shard
-    is written to a temporary name and renamed when complete. Returns the shard paths in order.
-    """
-    image_format = image_format.lower().lstrip(".")
-    if image_format not in _SAVE_FORMATS:
-        raise ValueError(f"image_format must be one of {sorted(_SAVE_FORMATS)}, got {image_format!r}")
-    if samples_per_shard < 1:
-        raise ValueError(f"samples_per_shard must be at least 1, got {samples_per_shard}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    index_digits = len(str(samples_per_shard - 1))
-    paths: list[Path] = []
-    tar: Optional[tarfile.TarFile] = None
-    temporary: Optional[Path] = None
-    try:
-        for count, sample in enumerate(samples):
-            shard, index = divmod(count, samples_per_shard)
-            if index == 0:
-                if tar is not None:
-                    tar.close()
-                    os.replace(temporary, paths[-1])
-                paths.append(out_dir / f"{shard:05d}.tar")
-                temporary = paths[-1].with_name(paths[-1].name + ".partial")
-                tar = tarfile.open(temporary, "w", format=tarfile.GNU_FORMAT)
-            image, caption, metadata = (tuple(sample) + (None,))[:3]
-            key = f"{shard:05d}{index:0{index_digits}d}"
-            if isinstance(image, (bytes, bytearray, memoryview)):
-                data = bytes(image)
-                extension = _sniff_extension(data) or image_format
-            else:
-                if isinstance(image, np.ndarray):
-                    if image.dtype != np.uint8:
-                        raise TypeError(f"sample {count}: image arrays must be uint8, got {image.dtype}")
-                    image = Image.fromarray(image)
-                if not isinstance(image, Image.Image):
-                    raise TypeError(f"sample {count}: image must be a uint8 array, PIL image or bytes")
-                data, extension = _encode(image.convert("RGB"), image_format, quality), image_format
-            _add_member(tar, f"{key}.{extension}", data)
-            _add_member(tar, f"{key}.txt", caption.encode("utf-8") if isinstance(caption, str) else bytes(caption))
-            if metadata is not None:
-                _add_member(tar, f"{key}.json", json.dumps({"key": key, **metadata}).encode("utf-8"))
-        if tar is not None:
-            tar.close()
-            os.replace(temporary, paths[-1])
-            tar = None
-    finally:
-        if tar is not None:  # an error mid-shard: leave no half-written shard behind
-            tar.close()
-            temporary.unlink(missing_ok=True)
-            paths.pop()
-    return paths
-
-
-def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
-    """A brace pattern for consecutive shards written by write_shards, e.g. 'out/{00000..00009}.tar'."""
-    if not paths:
-        raise ValueError("no shard paths")
-    first, last = Path(paths[0]), Path(paths[-1])
-    if len(paths) == 1:
-        return str(first)
-    return str(first.parent / f"{{{first.stem}..{last.stem}}}.tar")
-
-
-def csv_to_shards(
-    csv_path: Union[str, Path],
-    out_dir: Union[str, Path],
-    *,
-    image_key: str = "filepath",
-    caption_key: str = "title",
-    separator: Optional[str] = None,
-    image_root: Union[str, Path, None] = None,
-    samples_per_shard: int = 1000,
-    image_format: str = "jpg",
-    image_size: Optional[int] = None,
-    quality: int = 95,
-    decode: DecodeSettings = DecodeSettings(),
-    allow_outside_paths: bool = False,
-) -> tuple[list[Path], BadSampleCounter]:
-    """Convert a CSV / TSV of image path + caption into tar shards, skipping and counting bad rows.
-
-    Image paths must stay inside the CSV's folder (or `image_root`) unless `allow_outside_paths`
-    (as CsvDataset; else "path_outside_root"). Every image is decoded to check it. With `image_size`, images whose shorter side is larger are
-    downscaled to it and re-encoded as `image_format`; without, JPEG / PNG / WebP files are copied
-    byte for byte and other formats re-encoded. Returns (shard paths, counter of kept and skipped rows).
-    """
-    csv_path = Path(csv_path)
-    rows = read_caption_table(csv_path, image_key, caption_key, separator)
-    root = Path(image_root) if image_root is not None else csv_path.parent
-    counter = BadSampleCounter()
-    settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode
-
-    def good_samples() -> Iterator[tuple[Any, str, dict]]:
-        for number, (written, raw_caption) in enumerate(rows, start=1):
-            try:
-                caption = clean_caption(raw_caption)
-                if not written.strip():
-                    raise BadSample("missing_file", f"data row {number} has no image path")
-                path = resolve_image_path(written, root, allow_outside_paths)
-                try:
-                    data = path.read_bytes()
-                except OSError as error:
-                    raise BadSample("missing_file", f"{path}: {error}") from None
-                image = decode_image(data, **dataclasses.asdict(settings))
-            except BadSample as bad:
-                logger.debug("skipped data row %d of %s: %s", number, csv_path, bad)
-                counter.add(bad.kind)
-                continue
-            counter.keep()
-            metadata = {"caption": caption, "source": written, "width": image.width, "height": image.height}
-            if image_size is not None and min(image.size) > image_size:
-                scale = image_size / min(image.size)
-                size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-                image = image.resize(size, Image.Resampling.BICUBIC)
-                metadata.update(width=image.width, height=image.height)
-                yield image, caption, metadata
-            elif image_size is None and _sniff_extension(data) in ("jpg", "png", "webp"):
-                yield data, caption, metadata
-            else:
-                yield image, caption, metadata
-
-    paths = write_shards(good_samples(), out_dir, samples_per_shard, image_format, quality)
-    return paths, counter
