@@ -17,7 +17,7 @@ from topoclip.checkpoint import TOKENIZER, WEIGHTS, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.errors import UserError
-from topoclip.training import run_folder, trainer
+from topoclip.training import resume, run_folder, trainer
 from topoclip.training.trainer import train
 
 SMALL = ["train.num_workers=0", "train.log_every=1", "train.warmup_steps=1", "evaluate.size=16",
@@ -208,7 +208,7 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, monkeypatch):
     def bug(args):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(trainer, "resume_config", lambda *a, **k: bug(None))
+    monkeypatch.setattr(resume, "resume_config", lambda *a, **k: bug(None))
     with pytest.raises(KeyError):  # not a user error: the traceback is kept
         main(["train", "--resume", missing])
 

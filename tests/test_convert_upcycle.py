@@ -11,7 +11,7 @@ from topoclip.convert.upcycle import shared_basis, upcycle
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.init_from import check_initial_checkpoint, starting_config
-from topoclip.training.trainer import build_tokenizer
+from topoclip.training.tokenizer_setup import build_tokenizer
 
 from _tolerance import TINY, fp32_pair, model_roundings
 

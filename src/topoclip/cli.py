@@ -31,7 +31,8 @@ INTERRUPTED_STATUS = 130
 
 
 def command_train(args) -> int:
-    from topoclip.training.trainer import resume_config, train
+    from topoclip.training.resume import resume_config
+    from topoclip.training.trainer import train
 
     if args.resume:
         if args.preset is not None:

@@ -1,13 +1,7 @@
-"""`topoclip.train(config)`: the training loop, its run folder, checkpoints and resumption.
+"""`topoclip.train(config)`: the training loop in its run folder (layout: topoclip.training.run_folder).
 
-    runs/NAME/
-      config.json         the resolved config (what `--resume` continues)
-      tokenizer.json      the tokenizer the run uses
-      metrics.jsonl       one JSON object per logged step and per evaluation
-      eval.json           the final evaluation records (CLIP_benchmark-style)
-      checkpoints/step-NNNNNN/   (see topoclip.checkpoint)
-      plots/*.png         loss, temperature, learning rate, evaluation metrics over training
-      .lock               while a process trains in it (see topoclip.training.run_folder)
+Around the loop: the tokenizer (training.tokenizer_setup), saving and resuming checkpoints
+(training.resume), the step and its guards (training.step), the batches (training.data).
 
 Only rank 0 writes; every rank resumes from the same checkpoint. The data stream of the built-in
 scenes is a function of the step, so an interrupted and resumed CPU fp32 run reproduces the
@@ -28,7 +22,6 @@ step, the last good checkpoint and what to change (a lower train.lr, most often)
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -41,89 +34,28 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TOKENIZER, check_weights_fit, load_config_from, load_training_state,
-                                 load_weights, prune_checkpoints, save_checkpoint, step_checkpoints)
-from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, refuse_folder_commands, to_dict, validate
+from topoclip.checkpoint import CONFIG, TOKENIZER, step_checkpoints
+from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.data.sources import get_source
 from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects,
                                   init_distributed, is_initialized, sum_across_ranks)
-from topoclip.errors import (CheckpointError, DiskFullError, NonFiniteError, RunFolderError, UserError,
-                             require_device)
+from topoclip.errors import NonFiniteError, UserError, require_device
 from topoclip.model import CLIP
-from topoclip.tokenizer import Tokenizer
 from topoclip.training.data import StreamPosition, prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
+from topoclip.training.resume import (finish_leftovers, finished, require_fitting_checkpoint, resume_config,
+                                      resume_newest_good, rng_states, save_checkpoint_and_prune)
 from topoclip.training.run_folder import RunFolder, claim_run_folder, write_text_atomic
 from topoclip.training.step import (SkippedSteps, autocast_context, contrastive_loss, forward_backward_loss,
-                                    nonfinite_anywhere, optimizer_step, set_tf32)
+                                    nonfinite_anywhere, optimizer_step, parameters_finite, set_tf32)
+from topoclip.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
 
-# Captions read to train a vocabulary when the config names none.
-TOKENIZER_TRAINING_CAPTIONS = 20_000
 # Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).
 BAD_FRACTION_MIN_SEEN = 1000
 # Steps with a non-finite loss skipped in a row before the run stops.
 MAX_SKIPPED_STEPS = 5
-# What a resume may change ("section.*": every key of the section). The rest (the model's shape, the
-# data and its order, the batch, the seed, the loss, the optimiser's betas/eps) is fixed by the checkpoint.
-RESUMABLE_SETTINGS = ("name", "train.steps", "train.lr", "train.warmup_steps", "train.weight_decay",
-                      "train.grad_clip", "train.log_every", "train.eval_every", "train.checkpoint_every",
-                      "train.keep_checkpoints", "train.device", "train.threads", "train.num_workers",
-                      "train.precision", "train.compile", "train.gradient_checkpointing", "train.accumulation_steps",
-                      "train.allow_tf32", "train.fused_optimizer",
-                      "model.temperature.max_scale", "data.max_bad_fraction", "evaluate.*")
-
-
-def build_tokenizer(config: Config, saved: Optional[Path] = None) -> Tokenizer:
-    """The run's tokenizer: `saved` (a resumed run's), else data.tokenizer, else trained on the captions.
-
-    A malformed vocabulary or tokenizer file is a UserError naming the file.
-    """
-    context = config.model.text.context_length
-    try:
-        if saved is not None:
-            return Tokenizer.load(saved, context_length=context)
-        if config.train.init_from and not config.data.tokenizer:  # the starting checkpoint's vocabulary
-            from topoclip.training.init_from import initial_tokenizer
-
-            return Tokenizer.load(initial_tokenizer(config), context_length=context)
-        if config.data.tokenizer:
-            return Tokenizer.from_vocab(config.data.tokenizer, context_length=context)
-        return Tokenizer.train(training_captions(config), vocab_size=config.model.text.vocab_size, context_length=context)
-    except ValueError as error:  # the tokenizer's messages name the file or the captions and the fix
-        where = "the run's tokenizer" if saved is not None else ("data.tokenizer" if config.data.tokenizer else "tokenizer")
-        raise UserError(f"{where}: {error}") from None
-
-
-def training_captions(config: Config) -> list[str]:
-    """Up to TOKENIZER_TRAINING_CAPTIONS captions of the training data (for a new vocabulary)."""
-    return get_source(config.data.source).captions(config.data, TOKENIZER_TRAINING_CAPTIONS)
-
-
-def check_tokenizer(tokenizer: Tokenizer, config: Config) -> None:
-    """The tokenizer must fit the text tower; refused before training starts."""
-    text = config.model.text
-    if tokenizer.vocab_size > text.vocab_size:
-        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.text.vocab_size={text.vocab_size}; "
-                          f"set model.text.vocab_size={tokenizer.vocab_size}")
-    if tokenizer.cls_id != text.cls_token_id:
-        raise ConfigError(f"the tokenizer's [CLS] id is {tokenizer.cls_id} but model.text.cls_token_id={text.cls_token_id}; "
-                          f"set model.text.cls_token_id={tokenizer.cls_id}")
-
-
-def fit_to_trained_tokenizer(config: Config, tokenizer: Tokenizer) -> Config:
-    """A vocabulary topoclip trains (data.tokenizer "") sets model.text.cls_token_id to its own [CLS] id.
-
-    So a paper preset (cls_token_id 101, BERT's) runs on one's own captions as it is; the resolved
-    config (config.json) records the id used. model.text.vocab_size stays: the trained vocabulary has
-    at most that many tokens, the text tower keeps that many rows (unused ones cost only memory) and
-    the model's shape stays the preset's. A given vocabulary (data.tokenizer set) is checked instead.
-    """
-    if config.data.tokenizer or tokenizer.cls_id == config.model.text.cls_token_id:
-        return config
-    text = dataclasses.replace(config.model.text, cls_token_id=tokenizer.cls_id)
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, text=text))
 
 
 def resolve_device(name: str, info: DistributedInfo) -> torch.device:
@@ -135,65 +67,6 @@ def resolve_device(name: str, info: DistributedInfo) -> torch.device:
 def new_run_dir(config: Config) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{config.name or 'run'}-{stamp}"
-
-
-def flat_settings(config: Config) -> dict[str, Any]:
-    """{"train.lr": 0.0005, "model.vision.width": 768, ...}: every leaf setting by its dotted key."""
-    return flat_dict(to_dict(config))
-
-
-def resumable(key: str) -> bool:
-    """Whether a resume may change the setting `key` (see RESUMABLE_SETTINGS)."""
-    return any(key == allowed or (allowed.endswith(".*") and key.startswith(allowed[:-1]))
-               for allowed in RESUMABLE_SETTINGS)
-
-
-def resume_config(run_dir, config: Optional[Config] = None, typed_train_data: Optional[str] = None) -> Config:
-    """The config a resume of `run_dir` trains with: its saved config, or `config` if it changes only
-    RESUMABLE_SETTINGS of it. RunFolderError / CheckpointError / ConfigError otherwise, before anything is written.
-
-    The saved config is the folder's, so it may not run a command to read its data (config.refuse_folder_commands)
-    unless the user typed that data.train_data (`typed_train_data`); a `config` given is the caller's own.
-    """
-    run_dir = Path(run_dir)
-    if not (run_dir / CONFIG).is_file():
-        raise RunFolderError(f"cannot resume {run_dir}: no {CONFIG} there; give the run folder of an earlier run")
-    saved = load_config_from(run_dir)
-    if config is None:
-        refuse_folder_commands(saved, run_dir / CONFIG, typed_train_data)
-        return saved
-    before, after = flat_settings(saved), flat_settings(config)
-    changed = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
-    refused = [key for key in changed if not resumable(key)]
-    if refused:
-        shown = "; ".join(f"{key} {before.get(key)!r} -> {after.get(key)!r}" for key in refused[:3])
-        raise ConfigError(f"--resume cannot change {shown}{'; ...' if len(refused) > 3 else ''}: the checkpoint's "
-                          f"weights, optimiser state or data order depend on it (start a new run with --out for that); "
-                          f"a resume may change only {', '.join(RESUMABLE_SETTINGS)}")
-    return config
-
-
-def checkpoint_step(folder: Path) -> int:
-    """The step of a checkpoint folder `step-NNNNNN`."""
-    return int(Path(folder).name[len(STEP_PREFIX):])
-
-
-def finished(run_dir: Path, config: Config) -> Optional[str]:
-    """A one-line note when the run in `run_dir` has trained all train.steps and was evaluated, else None.
-
-    ConfigError when train.steps is below the newest checkpoint's step (nothing could be trained).
-    """
-    folder, steps = RunFolder(run_dir), config.train.steps
-    newest = folder.newest_step()
-    if newest is None:
-        return None
-    if newest > steps:
-        raise ConfigError(f"train.steps={steps} is below step {newest} of the newest checkpoint in {run_dir}; "
-                          f"to train it longer set train.steps above {newest}")
-    if folder.finished(steps):
-        return (f"run {run_dir} is complete: it trained all {steps} steps and was evaluated (eval.json); nothing to do. "
-                f"To train it longer: topoclip train --resume {run_dir} --set train.steps=N (N > {steps})")
-    return None
 
 
 def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: bool = True) -> Path:
@@ -233,21 +106,6 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
         return _train(config, run_dir, resume is not None, info, progress)
     finally:
         cleanup()
-
-
-def finish_leftovers(run_dir: Path, config: Config) -> None:
-    """What a run killed after writing eval.json left undone: the final record in metrics.jsonl, the plots."""
-    from topoclip.evaluation.run import headline
-    from topoclip.training.logger import read_metrics
-
-    logger = MetricsLogger(run_dir)
-    if not any(record.get("final") for record in read_metrics(logger.path)):
-        records = json.loads(RunFolder(run_dir).evaluation.read_text(encoding="utf-8"))
-        logger.log({"step": config.train.steps, "eval": headline(records), "final": True})
-    if not all((RunFolder(run_dir).plots / f"{name}.png").is_file() for name in ("loss", "evaluation")):
-        print(f"topoclip: note: drawing the plots of {run_dir}, which its run did not finish", file=sys.stderr)
-        logger.plot()
-    logger.close()
 
 
 def on_main(main: bool, action: Callable[[], Any]) -> Any:
@@ -476,18 +334,6 @@ def batch_loss(model, images, text, loss_name: str, precision: str) -> torch.Ten
                                 is_initialized())
 
 
-def parameters_finite(model: torch.nn.Module) -> bool:
-    """True when every parameter is finite (one device sync for all of them).
-
-    Reads the sum of all weights: an inf or NaN anywhere makes it non-finite (NaN + x = NaN, inf - inf
-    = NaN). It is 6x cheaper on CPU than isfinite per element; only weights summing past 3e38, broken
-    anyway, would also count as non-finite.
-    """
-    with torch.no_grad():
-        sums = torch.stack([p.sum(dtype=torch.float32) for p in model.parameters()])
-        return bool(torch.isfinite(sums.sum()))
-
-
 def stop_message(what: str, step: int, checkpoints_dir: Path, run_dir: Path, config: Config) -> str:
     """One line for a run stopped by non-finite values: the step, the last good checkpoint, what to change."""
     settings = config.train
@@ -536,99 +382,3 @@ def final_evaluation(model, tokenizer, config: Config, device) -> list[dict]:
         print(f"evaluating on {len(names)} sets ({', '.join(names)})...", flush=True)
     return evaluate(model, tokenizer, config, "test", device, sets=sets)
 
-
-def rng_states() -> dict:
-    """This process's torch RNG states (CPU and every CUDA device), as a checkpoint stores them."""
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def save_checkpoint_and_prune(folder: Path, model, config, tokenizer, optimizer, scheduler, scaler, *, step: int,
-                              counter: BadSampleCounter, rng: dict, keep: int, streams: Optional[list] = None) -> None:
-    """Write checkpoint `step`, then delete all but the newest `keep` (only once the new one is complete)."""
-    write_checkpoint(folder, step, model, config, tokenizer, optimizer, scheduler, scaler, counter, rng, streams)
-    prune_checkpoints(folder, keep)
-
-
-def write_checkpoint(folder: Path, step: int, model, config, tokenizer, optimizer, scheduler, scaler, counter,
-                     rng: Optional[dict] = None, streams: Optional[list] = None) -> None:
-    """Save checkpoint `step` under `folder`; a full disk is a DiskFullError that says what is intact.
-
-    rng: the RNG states as of `step` (default: now); counter: the data counts as of `step`;
-    streams: each rank's StreamPosition.state() as of `step` (user data; None for the scenes).
-    """
-    state = {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else {},
-        "rng": rng if rng is not None else rng_states(),
-        # The scenes stream is a function of the step; a user stream continues from each rank's position.
-        "data": {"step": step, **counter.as_dict(), **({"streams": streams} if streams is not None else {})},
-    }
-    try:
-        save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", model, config, tokenizer, state)
-    except DiskFullError as error:
-        earlier = [path for path in step_checkpoints(folder) if checkpoint_step(path) < step]
-        intact = (f"the previous checkpoint step {checkpoint_step(earlier[-1])} ({earlier[-1]}) is intact" if earlier
-                  else "there is no earlier checkpoint")
-        raise DiskFullError(f"no space left on {error.path} while writing checkpoint step {step}; {intact}; free space "
-                            f"and run `topoclip train --resume {folder.parent}`", error.path) from error
-
-
-def require_fitting_checkpoint(found: list[Path], model_config) -> None:
-    """The newest error of check_weights_fit when no checkpoint of `found` fits `model_config` (nothing allocated)."""
-    errors = []
-    for folder in reversed(found):
-        try:
-            return check_weights_fit(folder, model_config)
-        except CheckpointError as error:
-            errors.append(error)
-    raise errors[0]
-
-
-def resume_newest_good(found: list[Path], model, optimizer, scheduler, scaler, counter: BadSampleCounter,
-                       main: bool) -> tuple[int, Path, Optional[list]]:
-    """Resume from the newest of `found` that loads (weights, finite, and training state), falling back to
-    the one before with a note when the newest is damaged; returns (step, the checkpoint used, the ranks'
-    stream positions or None)."""
-    for folder in reversed(found):
-        try:
-            step, streams = resume_from(folder, model, optimizer, scheduler, scaler, counter)
-            return step, folder, streams
-        except CheckpointError as error:
-            if folder == found[0]:
-                raise CheckpointError(f"no checkpoint of {folder.parent} can be resumed; the oldest: {error}") from None
-            if main:
-                print(f"topoclip: note: skipping damaged checkpoint {folder.name} ({error}); trying the one before",
-                      file=sys.stderr)
-    raise AssertionError("unreachable: found is not empty")
-
-
-def resume_from(folder: Path, model, optimizer, scheduler, scaler, counter: BadSampleCounter) -> tuple[int, Optional[list]]:
-    """Load weights and training state from a checkpoint folder; returns (the step to continue from, each
-    rank's data-stream position, or None when the checkpoint has none: the scenes, or an older topoclip).
-
-    CheckpointError when the weights or the state cannot be read, or the weights are not finite.
-    """
-    load_weights(model, folder)
-    if not parameters_finite(model):
-        raise CheckpointError(f"{folder} holds inf/NaN weights")
-    state = load_training_state(folder)
-    # The hyperparameters follow the *current* config (a resume may change train.lr, weight decay,
-    # steps): keep the ones the optimizer was just built with, and recompute this step's lr.
-    current = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state["optimizer"])
-    for group, settings in zip(optimizer.param_groups, current):
-        group.update(settings)
-    scheduler.load_state_dict(state["scheduler"])
-    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
-    for group, base, schedule in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * schedule(scheduler.last_epoch)
-    if scaler is not None and state["scaler"]:
-        scaler.load_state_dict(state["scaler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if torch.cuda.is_available() and state["rng"]["cuda"]:
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    data = state["data"]
-    counter += BadSampleCounter(data["kept"], data["bad"])
-    return int(state["step"]), data.get("streams")
