@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import inspect
 import json
 import os
 import shlex
@@ -352,7 +353,20 @@ def command_analyze_cost(args) -> int:
     return analysis_written("cost", analyze_cost(configs, out, args.batch_sizes, names), out)
 
 
+def default_of(function, parameter: str):
+    """The library's default for `parameter` of `function`: an option's default is stated once, in the library."""
+    return inspect.signature(function).parameters[parameter].default
+
+
 def add_analyze(commands) -> None:
+    from topoclip.analysis.cost import analyze_cost
+    from topoclip.analysis.equilibrium import analyze_equilibrium
+    from topoclip.analysis.experts import analyze_experts
+    from topoclip.analysis.gradcam import analyze_gradcam
+    from topoclip.analysis.landscape import analyze_landscape
+    from topoclip.analysis.probe import analyze_probe
+    from topoclip.analysis.similarities import analyze_similarities
+
     analyze = add_command(commands, "analyze", None, "the paper's analyses of a trained run or checkpoint: each "
                           "writes PNG plots and a JSON of the numbers (default into RUN/analysis/)")
     analyses = analyze.add_subparsers(dest="analysis", required=True)
@@ -372,48 +386,60 @@ def add_analyze(commands) -> None:
                      "quarter of the run)")
     sub = analysis("similarities", command_analyze_similarities, "histograms of positive and negative similarities, "
                    "in- and out-of-domain, summed and per sub-sphere (paper Fig. 6)")
-    sub.add_argument("--size", type=int, default=500, help="test pairs per domain (default 500)")
+    sub.add_argument("--size", type=int, default=default_of(analyze_similarities, "size"),
+                     help="test pairs per domain (default %(default)s)")
     sub = analysis("equilibrium", command_analyze_equilibrium, "alignment / uniformity term of InfoNCE as τ varies, "
                    "with p %% of captions shuffled and batch size b")
-    sub.add_argument("--size", type=int, default=512, help="test pairs to draw batches from (default 512)")
-    sub.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.15, 0.3, 0.5], help="shuffled shares")
-    sub.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128, 512])
-    sub.add_argument("--draws", type=int, default=8, help="random batches averaged per (b, p)")
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--size", type=int, default=default_of(analyze_equilibrium, "size"),
+                     help="test pairs to draw batches from (default %(default)s)")
+    sub.add_argument("--fractions", type=float, nargs="+", default=default_of(analyze_equilibrium, "fractions"),
+                     help="shuffled shares")
+    sub.add_argument("--batch-sizes", type=int, nargs="+", default=default_of(analyze_equilibrium, "batch_sizes"))
+    sub.add_argument("--draws", type=int, default=default_of(analyze_equilibrium, "draws"),
+                     help="random batches averaged per (b, p)")
+    sub.add_argument("--seed", type=int, default=default_of(analyze_equilibrium, "seed"))
     sub = analysis("landscape", command_analyze_landscape, "loss on a random filter-normalised weight plane at "
                    "τ = 1 and 100, and gradient norms along a random direction as τ varies")
-    sub.add_argument("--batch-size", type=int, default=64)
-    sub.add_argument("--resolution", type=int, default=15, help="grid points per side (odd; default 15)")
-    sub.add_argument("--radius", type=float, default=1.0, help="the plane spans [−radius, radius]² (default 1)")
-    sub.add_argument("--scales", type=float, nargs="+", default=[1.0, 100.0], help="τ of the contour planes")
-    sub.add_argument("--gradient-scales", type=float, nargs="+", default=[1.0, 3.0, 10.0, 30.0, 100.0])
-    sub.add_argument("--gradient-points", type=int, default=9)
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--batch-size", type=int, default=default_of(analyze_landscape, "batch_size"))
+    sub.add_argument("--resolution", type=int, default=default_of(analyze_landscape, "resolution"),
+                     help="grid points per side (odd; default %(default)s)")
+    sub.add_argument("--radius", type=float, default=default_of(analyze_landscape, "radius"),
+                     help="the plane spans [−radius, radius]² (default %(default)s)")
+    sub.add_argument("--scales", type=float, nargs="+", default=default_of(analyze_landscape, "plane_scales"),
+                     help="τ of the contour planes")
+    sub.add_argument("--gradient-scales", type=float, nargs="+", default=default_of(analyze_landscape, "gradient_scales"))
+    sub.add_argument("--gradient-points", type=int, default=default_of(analyze_landscape, "gradient_points"))
+    sub.add_argument("--seed", type=int, default=default_of(analyze_landscape, "seed"))
     sub = analysis("gradcam", command_analyze_gradcam, "Grad-CAM of the matching score, total and per class-token "
                    "pair, on image patches and text tokens (paper Fig. 5)")
-    sub.add_argument("--examples", type=int, default=4, help="built-in test pairs to explain (default 4)")
+    sub.add_argument("--examples", type=int, default=default_of(analyze_gradcam, "examples"),
+                     help="built-in test pairs to explain (default %(default)s)")
     sub.add_argument("--image", action="append", default=[], help="an image file to explain instead (repeatable)")
     sub.add_argument("--caption", action="append", default=[], help="its caption (one per --image)")
-    sub.add_argument("--layer", type=int, default=-1, help="explain the input of this block (default −1, the last)")
-    sub.add_argument("--pairs", type=int, default=4, help="class-token pairs drawn per example (default 4)")
+    sub.add_argument("--layer", type=int, default=default_of(analyze_gradcam, "layer"),
+                     help="explain the input of this block (default %(default)s, the last)")
+    sub.add_argument("--pairs", type=int, default=default_of(analyze_gradcam, "pairs_shown"),
+                     help="class-token pairs drawn per example (default %(default)s)")
     sub = analysis("experts", command_analyze_experts, "zero-shot accuracy from random subsets of k of the m "
                    "sub-spheres (paper Table 10)")
-    sub.add_argument("--size", type=int, default=400, help="images per classification set (default 400)")
-    sub.add_argument("--draws", type=int, default=10, help="random subsets per k (default 10)")
-    sub.add_argument("--mode", default="distance", choices=["distance", "embedding"])
-    sub.add_argument("--sets", nargs="+", default=["shape", "colour", "composition"])
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--size", type=int, default=default_of(analyze_experts, "size"),
+                     help="images per classification set (default %(default)s)")
+    sub.add_argument("--draws", type=int, default=default_of(analyze_experts, "draws"),
+                     help="random subsets per k (default %(default)s)")
+    sub.add_argument("--mode", default=default_of(analyze_experts, "mode"), choices=["distance", "embedding"])
+    sub.add_argument("--sets", nargs="+", default=default_of(analyze_experts, "sets"))
+    sub.add_argument("--seed", type=int, default=default_of(analyze_experts, "seed"))
     sub = analysis("probe", command_analyze_probe, "linear probe on the frozen class-token features (SPEC §8)")
-    sub.add_argument("--tasks", nargs="+", default=["shape", "colour", "composition"])
-    sub.add_argument("--train-size", type=int, default=2000)
-    sub.add_argument("--validation-size", type=int, default=500)
-    sub.add_argument("--test-size", type=int, default=1000)
+    sub.add_argument("--tasks", nargs="+", default=default_of(analyze_probe, "tasks"))
+    sub.add_argument("--train-size", type=int, default=default_of(analyze_probe, "train_size"))
+    sub.add_argument("--validation-size", type=int, default=default_of(analyze_probe, "validation_size"))
+    sub.add_argument("--test-size", type=int, default=default_of(analyze_probe, "test_size"))
     sub = analysis("cost", command_analyze_cost, "parameters, forward FLOPs (counted and SPEC §6's formula) and "
                    "logit memory of presets or checkpoints", model=False)
     sub.add_argument("models", nargs="*", help="checkpoint or run folders (optional)")
     sub.add_argument("--preset", action="append", help=f"a preset to cost (repeatable; default {DEFAULT_PRESET} "
                      f"when no folder is given)")
-    sub.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 1024, 2048, 4096, 16384, 32768])
+    sub.add_argument("--batch-sizes", type=int, nargs="+", default=default_of(analyze_cost, "batch_sizes"))
     add_overrides(sub)
 
 
