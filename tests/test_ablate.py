@@ -223,7 +223,7 @@ def test_jobs_children_end_with_a_killed_parent(tmp_path):
 
 
 def test_recorded_command_names_no_machine_path(monkeypatch, tmp_path):
-    from topoclip.cli import recorded_command
+    from topoclip.cli.experiments import recorded_command
 
     monkeypatch.setattr("sys.argv", ["topoclip", "ablate", "--grid", "table3", "--out", str(tmp_path / "exp" / "table3"),
                                      f"--reuse={tmp_path / 'compare'}", "--cells", "*_t-0-fixed", "--set", "train.lr=1e-3"])

@@ -1,0 +1,109 @@
+"""`topoclip convert`, `export` and `shards`: checkpoints and data in and out."""
+from __future__ import annotations
+
+
+from topoclip.cli.common import add_command, add_overrides
+from topoclip.config import DEFAULT_PRESET, ConfigError, load_config
+
+
+# --------------------------------------------------------------------------- convert and export
+
+
+def command_convert(args) -> int:
+    from topoclip.convert import convert
+
+    folder = convert(args.source_format, args.source, args.destination, vocab=args.vocab, activation=args.activation,
+                     overrides=args.overrides, class_tokens=args.class_tokens, embed_dim=args.embed_dim,
+                     noise=args.noise)
+    print(f"wrote {folder} (model.safetensors, config.json{', tokenizer.json' if (folder / 'tokenizer.json').is_file() else ''})")
+    return 0
+
+
+def add_convert(commands) -> None:
+    from topoclip.convert import FORMATS
+
+    convert = add_command(commands, "convert", command_convert, "import a foreign checkpoint (the authors' release, "
+                          "OpenAI, OpenCLIP), and/or upcycle a single-token model to m class tokens; writes a "
+                          "topoclip folder (safetensors + config + tokenizer)")
+    convert.add_argument("source", help="weights file (.safetensors, .pt, .bin) or folder; a topoclip checkpoint or run "
+                         "folder with --from topoclip")
+    convert.add_argument("destination", help="new (or empty) folder to write")
+    convert.add_argument("--from", dest="source_format", choices=FORMATS, default="topoclip",
+                         help="the source's format (default topoclip)")
+    convert.add_argument("--vocab", help="its tokenizer: a BERT vocab.txt (mtob), bpe_simple_vocab_16e6.txt.gz "
+                         "(openai, openclip) or a tokenizer.json")
+    convert.add_argument("--activation", choices=["gelu", "quick_gelu"], help="openclip: the activation the weights "
+                         "were trained with, when no open_clip_config.json beside them says it")
+    convert.add_argument("--class-tokens", type=int, help="upcycle to this many class tokens (m)")
+    convert.add_argument("--embed-dim", type=int, help="upcycle: dimensions per token (n; default the source's)")
+    convert.add_argument("--noise", type=float, help="upcycle: noise on the copied tokens, relative (default 0.02)")
+    add_overrides(convert)
+
+
+def command_export(args) -> int:
+    from topoclip.checkpoint import load_checkpoint, save_checkpoint
+    from topoclip.convert import check_destination
+    from topoclip.inference import checkpoint_folder
+
+    if not (args.onnx or args.weights):
+        raise ConfigError("say what to export: --onnx DST (ONNX encoders) and/or --weights DST (safetensors folder)")
+    model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
+    if args.weights:
+        save_checkpoint(check_destination(args.weights), model, config, tokenizer)
+        print(f"wrote {args.weights} (model.safetensors, config.json{', tokenizer.json' if tokenizer else ''})")
+    if args.onnx:
+        from topoclip.export_onnx import export_onnx
+
+        print(export_onnx(model, config, tokenizer, args.onnx, check=not args.no_check))
+    return 0
+
+
+def add_export(commands) -> None:
+    export = add_command(commands, "export", command_export, "export a checkpoint: ONNX image and text encoders "
+                         "(served without PyTorch), or a clean safetensors folder")
+    export.add_argument("checkpoint", help="a checkpoint, run or exported folder, or a Hugging Face Hub repo id")
+    export.add_argument("--onnx", metavar="DST", help="write image_encoder.onnx, text_encoder.onnx, config.json and "
+                        "tokenizer.json into this new folder, checked against PyTorch with onnxruntime")
+    export.add_argument("--weights", metavar="DST", help="write model.safetensors, config.json and tokenizer.json "
+                        "(no training state) into this new folder")
+    export.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def command_make_shards(args) -> int:
+    from topoclip.data.shard_writer import csv_to_shards, write_shards
+
+    if args.csv:
+        paths, counter = csv_to_shards(args.csv, args.out, image_key=args.image_key, caption_key=args.caption_key,
+                                       samples_per_shard=args.samples_per_shard, image_size=args.image_size)
+        print(counter.describe())
+    else:
+        from topoclip.data.scenes import SceneDataset
+        from tqdm.auto import tqdm
+
+        config = load_config(args.preset, args.overrides)
+        scenes = SceneDataset(config.data.scenes, args.split)
+        count = min(args.count or len(scenes), len(scenes))
+        samples = ((scenes[i][0], scenes[i][1], {"index": i, "split": args.split}) for i in tqdm(range(count), desc="render"))
+        paths = write_shards(samples, args.out, samples_per_shard=args.samples_per_shard, image_format="png")
+    print(f"wrote {len(paths)} shards to {args.out}")
+    return 0
+
+
+def add_data(commands) -> None:
+    data = add_command(commands, "data", None, "data tools")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    shards = add_command(data_commands, "make-shards", command_make_shards, "write WebDataset tar shards "
+                         "(img2dataset layout) from a CSV of image paths and captions, or from the built-in scenes")
+    shards.add_argument("--csv", help="CSV/TSV with image paths and captions (default: render the built-in scenes)")
+    shards.add_argument("--image-key", default="filepath")
+    shards.add_argument("--caption-key", default="title")
+    shards.add_argument("--image-size", type=int, help="resize images so the shorter side is this (CSV only)")
+    shards.add_argument("--preset", default=DEFAULT_PRESET, help="scenes: the preset whose data.scenes settings to use")
+    shards.add_argument("--split", default="train", choices=["train", "val", "test"])
+    shards.add_argument("--count", type=int, default=0, help="scenes: how many samples (default: the whole split)")
+    add_overrides(shards)
+    shards.add_argument("--samples-per-shard", type=int, default=1000)
+    shards.add_argument("--out", required=True, help="output folder")

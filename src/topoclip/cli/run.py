@@ -1,0 +1,147 @@
+"""`topoclip train`, `eval`, `predict` and `presets`: runs and their models."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from topoclip.cli.common import add_command, add_overrides
+from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, override_value, presets, to_dict
+from topoclip.errors import EvaluationSetError, UserError, resolve_device
+
+
+# --------------------------------------------------------------------------- train
+
+
+def command_train(args) -> int:
+    from topoclip.training.resume import resume_config
+    from topoclip.training.trainer import train
+
+    if args.resume:
+        if args.preset is not None:
+            raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its saved config; "
+                              "change what a resume allows with --set (e.g. --set train.steps=N), or start a new run "
+                              "with --preset and a new --out")
+        if args.out:
+            raise ConfigError("--out cannot be combined with --resume: a resumed run stays in its own folder")
+        if args.init_from:
+            raise ConfigError("--init-from starts a new run and --resume continues one; give one of them")
+        saved = resume_config(args.resume, typed_train_data=override_value(args.overrides, "data.train_data"))
+        # Refused here, before anything is written, when an override changes what the checkpoint fixes.
+        config = resume_config(args.resume, load_config(values=to_dict(saved), overrides=args.overrides))
+    elif args.init_from:
+        from topoclip.training.init_from import starting_config
+
+        config = starting_config(args.init_from, args.preset, args.overrides)
+    else:
+        config = load_config(args.preset or DEFAULT_PRESET, args.overrides)
+    if args.print_config:
+        print(json.dumps(to_dict(config), indent=2))
+        return 0
+    train(config, out_dir=args.out, resume=args.resume, progress=not args.quiet)
+    return 0
+
+
+def add_train(commands) -> None:
+    train = add_command(commands, "train", command_train, "train a model (default: the proposed multi-token "
+                        "product-sphere model at CPU size on the built-in scenes)")
+    train.add_argument("--preset", help=f"a preset name (see `topoclip presets`) or a JSON file "
+                       f"(default {DEFAULT_PRESET})")
+    add_overrides(train)
+    train.add_argument("--out", help="run folder, new or empty (default runs/PRESET-TIMESTAMP)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint "
+                       "(--set may change its steps, lr, cadences, device and evaluation sets)")
+    train.add_argument("--init-from", metavar="CHECKPOINT", help="start from this checkpoint's weights and tokenizer "
+                       "(e.g. one `topoclip convert` wrote); without --preset the run takes the checkpoint's config")
+    train.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit "
+                       "(nothing is trained or written)")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+# --------------------------------------------------------------------------- eval
+
+
+def command_eval(args) -> int:
+    from topoclip.checkpoint import load_checkpoint
+    from topoclip.config import Config, apply_overrides, from_dict, validate
+    from topoclip.evaluation.run import evaluate, no_evaluation_sets, summary_table
+
+    device = resolve_device(args.device, "--device")
+    model, tokenizer, config = load_checkpoint(args.checkpoint)
+    if args.overrides:  # e.g. evaluate on other sets: --set evaluate.classification='["folder"]'
+        config = from_dict(Config, apply_overrides(to_dict(config), args.overrides))
+        validate(config)
+    if tokenizer is None:
+        raise ConfigError(f"{args.checkpoint} has no tokenizer.json; it cannot encode prompts")
+    records = evaluate(model.to(device), tokenizer, config, args.split, device, model_name=args.name or config.name)
+    if not records:
+        raise EvaluationSetError(no_evaluation_sets(config))
+    print(summary_table(records))
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=2))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def add_eval(commands) -> None:
+    evaluate = add_command(commands, "eval", command_eval, "zero-shot classification and retrieval of a checkpoint")
+    evaluate.add_argument("checkpoint", help="a checkpoint folder, or a run folder (its newest checkpoint)")
+    evaluate.add_argument("--json", help="also write the records (CLIP_benchmark-style) to this file")
+    evaluate.add_argument("--split", default="test", choices=["val", "test"], help="built-in data split")
+    evaluate.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda or cuda:N")
+    evaluate.add_argument("--name", help="model name in the records")
+    add_overrides(evaluate)
+
+
+# --------------------------------------------------------------------------- predict
+
+
+def command_predict(args) -> int:
+    from topoclip.inference import DEFAULT_TEMPLATES, load
+
+    labels = [label.strip() for label in args.labels.split(",") if label.strip()]
+    if not labels:
+        raise ConfigError('--labels needs at least one class name, e.g. --labels "cat,dog"')
+    if args.top < 1:
+        raise ConfigError(f"--top {args.top}: give how many labels to print per image, at least 1")
+    from topoclip.evaluation.zeroshot import check_template
+
+    for template in args.template or []:  # before a model is loaded
+        try:
+            check_template(template)
+        except UserError as error:
+            raise UserError(f"--{error}") from None
+    clip = load(args.checkpoint, device=args.device)
+    probabilities = clip.classify([Path(image) for image in args.image], labels, args.template or DEFAULT_TEMPLATES)
+    top = min(args.top, len(labels))
+    for image, row in zip(args.image, probabilities):
+        values, indices = row.topk(top)
+        print(image)
+        for value, index in zip(values.tolist(), indices.tolist()):
+            print(f"  {100 * value:6.2f} %  {labels[index]}")
+    return 0
+
+
+def add_predict(commands) -> None:
+    predict = add_command(commands, "predict", command_predict, "zero-shot classify images with a checkpoint: "
+                          "print the most likely labels")
+    predict.add_argument("checkpoint", help="a checkpoint, run or exported folder, or a Hugging Face Hub repo id")
+    predict.add_argument("--image", action="append", required=True, help="an image file (repeatable)")
+    predict.add_argument("--labels", required=True, help='class names, comma-separated: "cat,dog,car"')
+    predict.add_argument("--template", action="append", help='prompt with {} for the label (repeatable; default '
+                         '"a photo of a {}."); several are averaged as the paper does')
+    predict.add_argument("--top", type=int, default=5, help="how many labels to print per image (default 5)")
+    predict.add_argument("--device", default="cpu", help="cpu (default), auto, cuda or cuda:N")
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def command_presets(args) -> int:
+    width = max(len(name) for name in presets())
+    for name in presets():
+        print(f"{name:<{width}}  {describe_preset(name)}")
+    return 0
+
+
+def add_presets(commands) -> None:
+    add_command(commands, "presets", command_presets, "list the named presets")
