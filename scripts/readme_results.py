@@ -191,6 +191,30 @@ def tested(item: dict) -> str:
     return f"{item['label']}: {welch(a, b).describe(item.get('digits', 1))}"
 
 
+def comparison_table(spec: dict) -> str:
+    """Markdown: Welch's t of each comparison (a − b, two cells of one ablation) on each metric; spec is
+    docs/results/NAME.json: {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label",
+    "a", "b"}]}."""
+    metrics = spec["metrics"]
+    lines = [spec.get("about", ""), "", "| comparison | " + " | ".join(m["label"] for m in metrics) + " |",
+             "|---|" + "---|" * len(metrics)]
+    counts = set()
+    for row in spec["rows"]:
+        cells = []
+        for metric in metrics:
+            a, b = (cell_values(spec["source"], cell, metric["metric"]) for cell in (row["a"], row["b"]))
+            d, digits = welch(a, b), metric.get("digits", 1)
+            counts.add((d.n_a, d.n_b))
+            p = "p < 0.001" if d.p < 0.001 else f"p = {d.p:.3f}"
+            cells.append(f"{'**' if d.significant else ''}{d.effect:+.{digits}f}{'**' if d.significant else ''} "
+                         f"({d.low:+.{digits}f} to {d.high:+.{digits}f}), {p}")
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    sizes = ", ".join(f"{a} and {b}" for a, b in sorted(counts))
+    lines += ["", f"Each cell: the difference of means a − b, its 95 % confidence interval and the p-value of "
+                  f"Welch's t; n = {sizes} runs; bold where the interval excludes 0."]
+    return "\n".join(line for line in lines if line is not None).lstrip("\n")
+
+
 def claims_table(claims: dict) -> str:
     """Markdown: each claim of the paper with the paper's numbers, ours (mean ± sample std over seeds), Welch's
     t for the comparisons the claim rests on, and the verdict."""
@@ -206,7 +230,8 @@ def claims_table(claims: dict) -> str:
 
 
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table, "claims": claims_table,
-             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table}
+             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table,
+             "tau-range-4800-tests": comparison_table}
 
 
 def load_results(name: str):
