@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from topoclip.errors import resolve_device
+
 # When srun starts the tasks without torchrun, nobody sets MASTER_PORT; every task derives the
 # same port from the job id: MASTER_PORT_BASE + job_id mod MASTER_PORT_SPAN (inside 20000–29999,
 # below Linux's ephemeral range 32768+ so a client socket rarely holds it).
@@ -103,16 +105,6 @@ def _launch_env() -> tuple[int, int, int]:
     return 0, 0, 1
 
 
-def _resolve_device(device: str, local_rank: int) -> torch.device:
-    """"auto" -> cuda:local_rank if CUDA is available, else cpu; "cuda" -> cuda:local_rank."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and resolved.index is None:
-        resolved = torch.device("cuda", local_rank)
-    return resolved
-
-
 def init_distributed(device: str = "auto") -> DistributedInfo:
     """Read the launcher's environment, pick the device, and join the process group.
 
@@ -122,7 +114,7 @@ def init_distributed(device: str = "auto") -> DistributedInfo:
     same answer without re-initialising.
     """
     rank, local_rank, world_size = _launch_env()
-    resolved = _resolve_device(device, local_rank)
+    resolved = resolve_device(device, "train.device", local_rank)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
     if world_size > 1 and not is_initialized():

@@ -87,11 +87,17 @@ def require_device(name: str, setting: str = "train.device") -> None:
         raise UserError(f"{setting}={name!r} but Apple MPS is not available here; use {setting}=cpu")
 
 
-def resolve_device(name: str = "auto", setting: str = "device"):
-    """ "auto" -> cuda when available, else cpu; any other name checked by `require_device`. Returns a torch.device."""
+def resolve_device(name: str = "auto", setting: str = "device", local_rank: Optional[int] = None):
+    """The torch.device a setting names: "auto" -> CUDA when available, else cpu; any other name checked by
+    `require_device`. Under a launcher (`local_rank` given) a CUDA device without an index is this process's
+    GPU, cuda:local_rank. The one device resolver: the trainer, the distributed set-up and the loaders use it."""
     import torch
 
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    require_device(name, setting)
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        require_device(name, setting)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and local_rank is not None:
+        device = torch.device("cuda", local_rank)
+    return device

@@ -58,12 +58,6 @@ BAD_FRACTION_MIN_SEEN = 1000
 MAX_SKIPPED_STEPS = 5
 
 
-def resolve_device(name: str, info: DistributedInfo) -> torch.device:
-    if info.world_size > 1 or name == "auto":
-        return info.device
-    return torch.device(name)
-
-
 def new_run_dir(config: Config) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{config.name or 'run'}-{stamp}"
@@ -143,7 +137,7 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
 def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
     settings = config.train
     main = info.rank == 0
-    device = resolve_device(settings.device, info)
+    device = info.device  # train.device, resolved for this rank by init_distributed
     if settings.threads:
         torch.set_num_threads(settings.threads)
     if device.type == "cuda":
