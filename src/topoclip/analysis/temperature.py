@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from topoclip.analysis.inputs import find_run_folder
+from topoclip.data.sources import epoch_steps
 from topoclip.training.run_folder import RunFolder
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.checkpoint import load_config_from
@@ -34,17 +35,10 @@ TOLERANCE = 0.02
 TAU_TICKS = (0.5, 1, 2, 3, 5, 7, 10, 12, 15, 20, 30, 50, 70, 100, 150, 200, 300)  # right-hand axis of the t plots
 
 
-def epoch_steps(config: Config) -> Optional[int]:
-    """Optimiser steps per epoch of the run's training data, or None when the data has no fixed epoch."""
-    from topoclip.data.sources import epoch_steps as source_epoch_steps
-
-    return source_epoch_steps(config.data, config.train.batch_size)
-
-
 def default_window(config: Config) -> int:
     """W in steps: one epoch, capped at a quarter of the run (a quarter of the run when no epoch is known)."""
     quarter = max(1, config.train.steps // 4)
-    epoch = epoch_steps(config)
+    epoch = epoch_steps(config.data, config.train.batch_size)
     return quarter if epoch is None else min(epoch, quarter)
 
 

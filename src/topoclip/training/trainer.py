@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import CONFIG, TOKENIZER, step_checkpoints
+from topoclip.checkpoint import TOKENIZER, step_checkpoints
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.data.sources import get_source
@@ -152,15 +152,17 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     tokenizer = build_tokenizer(config, saved_tokenizer)
     config = fit_to_trained_tokenizer(config, tokenizer)
     check_tokenizer(tokenizer, config)
+    folder = RunFolder(run_dir)
     if main and not resuming:
-        write_text_atomic(run_dir / CONFIG, json.dumps(to_dict(config), indent=2))
-        tokenizer.save(run_dir / TOKENIZER)
+        write_text_atomic(folder.config, json.dumps(to_dict(config), indent=2))
+        tokenizer.save(folder.tokenizer)
 
-    checkpoints_dir = RunFolder(run_dir).checkpoints
-    if resuming and step_checkpoints(checkpoints_dir):  # the folder's config: its shapes checked before allocating
-        require_fitting_checkpoint(step_checkpoints(checkpoints_dir), config.model)
+    checkpoints_dir = folder.checkpoints
+    found = folder.step_checkpoints() if resuming else []  # this process holds the folder: the list stays true
+    if found:  # the folder's config: its shapes checked before allocating
+        require_fitting_checkpoint(found, config.model)
     model = CLIP(config.model).to(device)
-    if settings.init_from and not (resuming and RunFolder(run_dir).step_checkpoints()):
+    if settings.init_from and not found:
         from topoclip.training.init_from import load_initial_weights
 
         load_initial_weights(model, config)
@@ -175,7 +177,6 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     user_stream = get_source(config.data.source).stream  # the scenes are a function of the step; streams keep a position
     position = StreamPosition(settings.num_workers, info.world_size)
     if resuming:
-        found = step_checkpoints(checkpoints_dir)
         if found:
             start_step, used, streams = resume_newest_good(found, model, optimizer, scheduler, scaler, counter, main)
             streams = streams[min(info.rank, len(streams) - 1)] if streams else None  # this rank's
@@ -185,8 +186,8 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
             print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
             # Only now that the checkpoint has loaded does the saved config take the resume's changes.
             text = json.dumps(to_dict(config), indent=2)
-            if (run_dir / CONFIG).read_text(encoding="utf-8") != text:
-                write_text_atomic(run_dir / CONFIG, text)
+            if folder.config.read_text(encoding="utf-8") != text:
+                write_text_atomic(folder.config, text)
 
     trained = model
     if info.world_size > 1:
@@ -299,7 +300,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         from topoclip.evaluation.run import headline, no_evaluation_sets, summary_table, temperature_summary
 
         records = final_evaluation(model, tokenizer, config, device)
-        write_text_atomic(RunFolder(run_dir).evaluation, json.dumps(records, indent=2))
+        write_text_atomic(folder.evaluation, json.dumps(records, indent=2))
         logger.log({"step": settings.steps, "eval": headline(records), "final": True})
         logger.plot()
         print(summary_table(records) if records else no_evaluation_sets(config))
