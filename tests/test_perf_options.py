@@ -12,7 +12,8 @@ from topoclip.model import CLIP
 from topoclip.text import LENGTH_BUCKET, trimmed_length
 from topoclip.tokenizer import TextBatch, Tokenizer
 from topoclip.training.optim import build_optimizer
-from topoclip.training.step import SkippedSteps, forward_backward_loss, nonfinite_anywhere, optimizer_step
+from topoclip.training.guard import SkippedSteps
+from topoclip.training.step import forward_backward_loss, nonfinite_anywhere, optimizer_step
 
 from _tolerance import TINY, fp32_pair, model_roundings
 

@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from topoclip.checkpoint import WEIGHTS, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
-from topoclip.training import trainer
+from topoclip.errors import NonFiniteError
+from topoclip.training import guard, trainer
 from topoclip.training.logger import read_metrics
 from topoclip.training.optim import cosine_with_warmup
 from topoclip.training.run_folder import LOCK, claim_run_folder
@@ -271,7 +272,7 @@ def test_a_diverging_run_stops_in_one_line_without_saving_bad_weights(tmp_path, 
     line = err.splitlines()[-1]
     assert line.startswith("topoclip: error: training stopped at step ")
     assert "non-finite" in line and "lower train.lr (now 0.001)" in line and "no checkpoint was written" in line
-    assert err.count("step skipped") == trainer.MAX_SKIPPED_STEPS - 1  # the policy: skip, then stop
+    assert err.count("step skipped") == guard.MAX_SKIPPED_STEPS - 1  # the policy: skip, then stop
     assert not step_checkpoints(run / "checkpoints")  # the only weights written would have given NaN
 
 
@@ -290,7 +291,7 @@ def test_weights_that_become_non_finite_stop_the_run_before_a_checkpoint(tmp_pat
 
     monkeypatch.setattr(trainer, "optimizer_step", poisoned_step)
     config = load_config("tiny", SMALL + ["train.steps=6", "train.checkpoint_every=1", "train.keep_checkpoints=9"])
-    with pytest.raises(trainer.NonFiniteError, match=r"step 3: the update made some weights inf/NaN.*step-000002"):
+    with pytest.raises(NonFiniteError, match=r"step 3: the update made some weights inf/NaN.*step-000002"):
         train(config, out_dir=tmp_path / "run", progress=False)
     assert [p.name for p in step_checkpoints(tmp_path / "run" / "checkpoints")] == ["step-000001", "step-000002"]
     assert all_checkpoints_finite(tmp_path / "run")

@@ -13,6 +13,7 @@ from topoclip import checkpoint
 from topoclip.checkpoint import step_checkpoints
 from topoclip.cli import main
 from topoclip.config import load_config
+from topoclip.errors import NonFiniteError
 from topoclip.training.trainer import train
 
 SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
@@ -98,7 +99,7 @@ def test_the_last_update_is_checked_before_it_is_saved(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(trainer, "batch_loss", lambda *args: torch.tensor(float("nan")))
     config = load_config("tiny", SMALL + ["train.steps=1"])
-    with pytest.raises(trainer.NonFiniteError, match="the last update made the loss non-finite"):
+    with pytest.raises(NonFiniteError, match="the last update made the loss non-finite"):
         train(config, out_dir=tmp_path / "run", progress=False)
     assert not step_checkpoints(tmp_path / "run" / "checkpoints")
 

@@ -17,7 +17,7 @@ from topoclip.data.quality import BadSampleCounter
 from topoclip.errors import CheckpointError, DiskFullError, RunFolderError
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.run_folder import RunFolder
-from topoclip.training.step import parameters_finite
+from topoclip.training.guard import parameters_finite
 
 # What a resume may change ("section.*": every key of the section). The rest (the model's shape, the
 # data and its order, the batch, the seed, the loss, the optimiser's betas/eps) is fixed by the checkpoint.

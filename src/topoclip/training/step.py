@@ -202,31 +202,6 @@ def nonfinite_anywhere(loss: torch.Tensor) -> torch.Tensor:
     return flag
 
 
-class SkippedSteps:
-    """Steps skipped for a non-finite loss, counted on the device; the host reads the counts only when it checks.
-
-    `record` every step; `read` returns (in a row now, the longest run in a row since the last read,
-    total so far) as ints — the one host read, at the steps that read values anyway (logging,
-    checkpoints) on a GPU, or every step on a CPU, where a read costs nothing.
-    """
-
-    def __init__(self, device: torch.device):
-        self.in_row = torch.zeros((), device=device)
-        self.longest = torch.zeros((), device=device)
-        self.total = torch.zeros((), device=device)
-
-    def record(self, nonfinite: torch.Tensor) -> None:
-        """nonfinite: 0-d float, 1 = this step was skipped."""
-        self.in_row = (self.in_row + 1) * nonfinite
-        self.longest = torch.maximum(self.longest, self.in_row)
-        self.total = self.total + nonfinite
-
-    def read(self) -> tuple[int, int, int]:
-        in_row, longest, total = torch.stack([self.in_row, self.longest, self.total]).tolist()
-        self.longest = self.in_row.clone()
-        return int(in_row), int(longest), int(total)
-
-
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether `optimizer` can skip an update on the device (torch's fused Adam/AdamW/SGD read `found_inf`)."""
     return bool(optimizer.defaults.get("fused")) and getattr(optimizer, "_step_supports_amp_scaling", False)
@@ -242,13 +217,10 @@ def set_tf32(allowed: bool) -> None:
     torch.backends.cudnn.allow_tf32 = allowed
 
 
-def parameters_finite(model: torch.nn.Module) -> bool:
-    """True when every parameter is finite (one device sync for all of them).
-
-    Reads the sum of all weights: an inf or NaN anywhere makes it non-finite (NaN + x = NaN, inf - inf
-    = NaN). It is 6x cheaper on CPU than isfinite per element; only weights summing past 3e38, broken
-    anyway, would also count as non-finite.
-    """
+def batch_loss(model, images, text, loss_name: str, precision: str) -> torch.Tensor:
+    """The loss of the current weights on a batch, without gradients (0-d, on the model's device)."""
     with torch.no_grad():
-        sums = torch.stack([p.sum(dtype=torch.float32) for p in model.parameters()])
-        return bool(torch.isfinite(sums.sum()))
+        with autocast_context(precision, images.device.type):
+            out = model(images, text)
+        return contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name,
+                                is_initialized())

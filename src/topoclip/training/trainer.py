@@ -1,7 +1,7 @@
 """`topoclip.train(config)`: the training loop in its run folder (layout: topoclip.training.run_folder).
 
 Around the loop: the tokenizer (training.tokenizer_setup), saving and resuming checkpoints
-(training.resume), the step and its guards (training.step), the batches (training.data).
+(training.resume), the step (training.step) and its guards (training.guard), the batches (training.data).
 
 Only rank 0 writes; every rank resumes from the same checkpoint. The data stream of the built-in
 scenes is a function of the step, so an interrupted and resumed CPU fp32 run reproduces the
@@ -14,17 +14,13 @@ it is evaluated on); any other change is refused before anything is written, and
 replaced (atomically) only once the checkpoint has loaded. Resuming a finished run says so and
 changes nothing.
 
-Non-finite values: a step whose loss is inf/NaN is skipped (no update; its batch and its learning-
-rate step still pass), as mixed-precision trainers skip overflowing steps; MAX_SKIPPED_STEPS such
-steps in a row stop the run. Parameters are checked after every update: weights that became
-inf/NaN stop the run at once, so no checkpoint is ever written from them. Either stop names the
-step, the last good checkpoint and what to change (a lower train.lr, most often).
+Non-finite values never reach a checkpoint: the step's guards (training.guard) skip a step whose
+loss is inf/NaN and stop the run, in one line, on weights that became inf/NaN.
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import warnings
 from datetime import datetime
@@ -34,13 +30,13 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import TOKENIZER, step_checkpoints
+from topoclip.checkpoint import TOKENIZER
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.data.sources import get_source
 from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects,
-                                  init_distributed, is_initialized, sum_across_ranks)
-from topoclip.errors import NonFiniteError, UserError, require_device
+                                  init_distributed, sum_across_ranks)
+from topoclip.errors import UserError, require_device
 from topoclip.model import CLIP
 from topoclip.training.data import StreamPosition, prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
@@ -48,14 +44,12 @@ from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.resume import (finish_leftovers, finished, require_fitting_checkpoint, resume_config,
                                       resume_newest_good, rng_states, save_checkpoint_and_prune)
 from topoclip.training.run_folder import RunFolder, claim_run_folder, write_text_atomic
-from topoclip.training.step import (SkippedSteps, autocast_context, contrastive_loss, forward_backward_loss,
-                                    nonfinite_anywhere, optimizer_step, parameters_finite, set_tf32)
+from topoclip.training.guard import StepGuard
+from topoclip.training.step import batch_loss, forward_backward_loss, optimizer_step, set_tf32
 from topoclip.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
 
 # Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).
 BAD_FRACTION_MIN_SEEN = 1000
-# Steps with a non-finite loss skipped in a row before the run stops.
-MAX_SKIPPED_STEPS = 5
 
 
 def new_run_dir(config: Config) -> Path:
@@ -203,18 +197,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     bar = tqdm(range(start_step, settings.steps), initial=start_step, total=settings.steps,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
-    loss_value = float("nan")
-    skipped_in_row = skipped = 0
-    # A checkpoint due at step N is written during step N + 1, once N's weights have given a finite
-    # loss (before N + 1's update, so weights and optimiser state are still N's): a checkpoint never
-    # holds weights that give a non-finite loss. The last step's is written at once.
-    pending: Optional[dict] = None
-    # On a GPU the host reads device values (the loss, the weights' finiteness) only at the steps that
-    # need them — logging, checkpoints, the last step — so it queues the next step meanwhile; in between,
-    # a non-finite loss skips the update on the device (fused AdamW) and is counted there. On a CPU a
-    # read costs nothing: every step is checked.
-    deferred = device.type == "cuda"
-    skips = SkippedSteps(device)
+    guard = StepGuard(device, folder, config, main)
     for step in bar:
         batch = next(batches)
         position.advance(batch)
@@ -227,46 +210,26 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         model.train()
         loss = forward_backward_loss(trained, images, text, settings.loss, accumulation_steps=settings.accumulation_steps,
                                      precision=settings.precision, scaler=scaler)
-        # Decided over all ranks (their gradients are averaged): a non-finite loss anywhere skips the step.
-        nonfinite = nonfinite_anywhere(loss)
-        skips.record(nonfinite)
+        nonfinite = guard.record(loss)  # decided over all ranks: their gradients are averaged
         checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
         evaluation_due = settings.eval_every and done % settings.eval_every == 0
-        if deferred and pending is None and not (checkpoint_due or evaluation_due) and done % settings.log_every:
+        if not guard.must_check(checkpoint_due or evaluation_due or done % settings.log_every == 0):
             grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip, skip=nonfinite)
             advance_schedule(scheduler)
             window_images += settings.batch_size
             barrier()
             continue
-        if deferred and not parameters_finite(model):  # an update since the last check, before any checkpoint
-            raise NonFiniteError(stop_message("an update since the last check made some weights inf/NaN", done,
-                                              checkpoints_dir, run_dir, config))
-        loss_value = float(loss)
-        skipped_before = skipped
-        skipped_in_row, longest_in_row, skipped = skips.read()
-        finite = skipped_in_row == 0
-        if main and skipped - skipped_before > (0 if finite else 1):  # skipped on the device since the last check
-            tqdm.write(f"topoclip: {skipped - skipped_before - (0 if finite else 1)} step(s) before step {done} had a "
-                       f"non-finite loss and were skipped", file=sys.stderr)
-        if longest_in_row >= MAX_SKIPPED_STEPS:
-            shown = "" if finite else f" ({loss_value})"
-            raise NonFiniteError(stop_message(f"the loss was non-finite{shown} for {longest_in_row} steps in a row",
-                                              done, checkpoints_dir, run_dir, config))
-        if pending is not None and finite:
+        loss_value, finite = guard.check(model, loss, done)
+        vouched = guard.vouched(finite)  # the checkpoint held at the last step: its weights gave a finite loss
+        if vouched is not None:
             on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
-                                                           scheduler, scaler, **pending))
-        pending = None  # (not saved when these weights gave a non-finite loss)
-        if not finite:
+                                                           scheduler, scaler, **vouched))
+        if finite:
+            grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip)
+            guard.check_update(model, done)
+        else:
             optimizer.zero_grad(set_to_none=True)
             grad_norm = float("nan")
-            if main:
-                tqdm.write(f"topoclip: step {done}: the loss is {loss_value}; step skipped ({skipped_in_row} in a row; "
-                           f"the run stops at {MAX_SKIPPED_STEPS})", file=sys.stderr)
-        else:
-            grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip)
-            if not parameters_finite(model):  # before any checkpoint is written from them
-                raise NonFiniteError(stop_message("the update made some weights inf/NaN", done, checkpoints_dir,
-                                                  run_dir, config))
         advance_schedule(scheduler)
         window_images += settings.batch_size
 
@@ -277,22 +240,21 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
             logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
                         "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                         "images_per_s": window_images / max(elapsed, 1e-9), "data": counter.as_dict(),
-                        **({"skipped_steps": skipped} if skipped else {})})
+                        **({"skipped_steps": guard.skipped} if guard.skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
-        if settings.eval_every and done % settings.eval_every == 0 and done < settings.steps and main:
+        if evaluation_due and done < settings.steps and main:
             logger.log({"step": done, "eval": run_evaluation(model, tokenizer, config, "val", device)})
         if checkpoint_due:
-            pending = {"step": done, "counter": BadSampleCounter(counter.kept, counter.bad), "rng": rng_states(),
-                       "keep": settings.keep_checkpoints, "streams": gather_objects(position.state()) if user_stream else None}
-            if done == settings.steps:
-                # The last update has no next step to vouch for it: its weights must give a finite loss on
-                # this batch (on every rank) before they are saved and evaluated.
-                if bool(nonfinite_anywhere(batch_loss(model, images, text, settings.loss, settings.precision))):
-                    raise NonFiniteError(stop_message("the last update made the loss non-finite", done,
-                                                      checkpoints_dir, run_dir, config))
+            checkpoint = {"step": done, "counter": BadSampleCounter(counter.kept, counter.bad), "rng": rng_states(),
+                          "keep": settings.keep_checkpoints,
+                          "streams": gather_objects(position.state()) if user_stream else None}
+            if done < settings.steps:
+                guard.hold(checkpoint)
+            else:
+                guard.vouch_last(batch_loss(model, images, text, settings.loss, settings.precision), done)
                 on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
-                                                               scheduler, scaler, **pending))
+                                                               scheduler, scaler, **checkpoint))
         barrier()
     bar.close()
 
@@ -318,31 +280,6 @@ def advance_schedule(scheduler) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before", category=UserWarning)
         scheduler.step()
-
-
-def batch_loss(model, images, text, loss_name: str, precision: str) -> torch.Tensor:
-    """The loss of the current weights on a batch, without gradients (0-d, on the model's device)."""
-    with torch.no_grad():
-        with autocast_context(precision, images.device.type):
-            out = model(images, text)
-        return contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name,
-                                is_initialized())
-
-
-def stop_message(what: str, step: int, checkpoints_dir: Path, run_dir: Path, config: Config) -> str:
-    """One line for a run stopped by non-finite values: the step, the last good checkpoint, what to change."""
-    settings = config.train
-    changes = f"lower train.lr (now {settings.lr:g})"
-    if settings.precision != "fp32":
-        changes += f", or use train.precision=fp32 (now {settings.precision})"
-    changes += f", or lower model.temperature.max_scale (now {config.model.temperature.max_scale:g})"
-    found = step_checkpoints(checkpoints_dir)
-    if found:
-        where = (f"nothing after {found[-1].name} was saved; the last good checkpoint is {found[-1]}; {changes}, then "
-                 f"continue from it with `topoclip train --resume {run_dir} --set train.lr=...`")
-    else:
-        where = f"no checkpoint was written; {changes} and start a new run"
-    return f"training stopped at step {step}: {what}; {where}"
 
 
 def check_evaluation_sets(config: Config) -> None:
