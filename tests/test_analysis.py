@@ -223,7 +223,7 @@ def test_all_subspheres_equal_the_full_model(loaded, tmp_path):
     result = experts.analyze_experts(loaded, tmp_path, size=24, draws=3, sets=["shape"])
     written(tmp_path, "experts")
     shape = [s for s in classification_sets(loaded.config.data.scenes, "test", 24) if s.name == "shape"][0]
-    full = evaluate_classification(loaded.model, loaded.tokenizer, shape, loaded.image_transform(), "distance")
+    full = evaluate_classification(loaded.model, loaded.tokenizer, shape, loaded.transform, "distance")
     curve = result["sets"]["shape"]["subsets"]
     m = loaded.model.embedding_shape[0]
     assert [row["k"] for row in curve] == experts.subset_sizes(m)

@@ -67,6 +67,15 @@ def test_load_encode_classify_retrieve(checkpoint):
         clip.encode_image("cat.jpeg")
 
 
+def test_a_loaded_model_knows_where_it_came_from_and_reads_an_image_batch_array(checkpoint):
+    clip = topoclip.load(checkpoint)
+    assert clip.checkpoint == checkpoint and clip.run_dir is None and clip.name == checkpoint.name
+    assert clip.config.model.topology == "ps-inner"
+    batch = np.stack([np.full((40, 48, 3), value, dtype=np.uint8) for value in (0, 128, 255)])  # (B, H, W, 3)
+    assert torch.equal(clip.pixels(batch), clip.pixels(list(batch)))
+    assert clip.pixels(batch[0]).shape[0] == 1  # (H, W, 3) is one image
+
+
 def test_predict_prints_the_top_labels(checkpoint, capsys):
     if not CAT.is_file():
         pytest.skip("../shared/reference/cat.jpeg is not here")

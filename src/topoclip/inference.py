@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from PIL import Image
 
-from topoclip.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
+from topoclip.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, resolve_checkpoint
+from topoclip.config import Config
 from topoclip.errors import CheckpointError, UserError, resolve_device
 from topoclip.evaluation.zeroshot import ZeroShotClassifier, evaluating, zero_shot_classifier
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
+from topoclip.training.run_folder import RunFolder
 from topoclip.transforms import eval_transform
 
 HUB_PREFIX = "hf-hub:"  # forces a Hub lookup even when a local folder of that name exists
@@ -39,21 +42,39 @@ DEFAULT_TEMPLATES = ("a photo of a {}.",)  # CLIP's single prompt
 ImageInput = Union[Image.Image, np.ndarray, Path, torch.Tensor]
 
 
-class Pretrained(NamedTuple):
-    """A loaded model with its tokenizer and evaluation image transform (unpacks as a 3-tuple)."""
+@dataclass(frozen=True, eq=False)
+class Pretrained:
+    """A loaded model with its tokenizer and evaluation image transform (unpacks as that 3-tuple), and
+    where it came from: its config, checkpoint folder and run folder (None when not known)."""
 
     model: CLIP
     tokenizer: Optional[Tokenizer]
     transform: Callable
+    config: Optional[Config] = None
+    checkpoint: Optional[Path] = None
+    run_dir: Optional[Path] = None
+
+    def __iter__(self) -> Iterator:
+        return iter((self.model, self.tokenizer, self.transform))
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def name(self) -> str:
+        """A label for plots and result files: the run folder's name, else the checkpoint's."""
+        return (self.run_dir or self.checkpoint or Path("model")).name
+
     def pixels(self, images: Union[ImageInput, Sequence[ImageInput]]) -> torch.Tensor:
-        """Images -> (B, 3, H, W) float on the model's device, through the evaluation transform."""
+        """Images -> (B, 3, H, W) float on the model's device, through the evaluation transform.
+
+        A uint8 array (B, H, W, 3) is B images; (H, W, 3) is one.
+        """
         if isinstance(images, torch.Tensor) and images.is_floating_point():
             return (images[None] if images.dim() == 3 else images).to(self.device)
+        if isinstance(images, np.ndarray) and images.ndim == 4:
+            images = list(images)
         if isinstance(images, (Image.Image, np.ndarray, Path, torch.Tensor)):
             images = [images]
         if isinstance(images, str) or any(isinstance(image, str) for image in images):
@@ -148,17 +169,24 @@ def checkpoint_folder(source: Union[str, Path], revision: Optional[str] = None,
 
 def load(source: Union[str, Path], device: str = "cpu", revision: Optional[str] = None,
          cache_dir: Optional[Union[str, Path]] = None) -> Pretrained:
-    """(model in eval mode on `device`, tokenizer or None, image transform) from a local run folder,
-    checkpoint or exported folder, or a Hugging Face Hub repo id ("org/name" or "hf-hub:org/name")."""
-    folder = checkpoint_folder(source, revision, cache_dir)
+    """(model in eval mode on `device`, tokenizer or None, image transform) from a local run folder (its
+    newest checkpoint), checkpoint or exported folder, a model.safetensors file, or a Hugging Face Hub
+    repo id ("org/name" or "hf-hub:org/name")."""
+    return load_folder(checkpoint_folder(source, revision, cache_dir), resolve_device(device))
+
+
+def load_folder(path: Path, device: torch.device) -> Pretrained:
+    """A local run folder, checkpoint folder or weights file -> Pretrained on `device`, in eval mode."""
     try:
-        model, tokenizer, config = load_checkpoint(folder, map_location=str(resolve_device(device)))
+        folder = resolve_checkpoint(path)
     except FileNotFoundError as error:
         raise FileNotFoundError(f"{error}; foreign weights (OpenAI, OpenCLIP, the authors' release) are read "
                                 f"with `topoclip convert --from FORMAT SRC DST` first") from None
-    model.eval()
+    model, tokenizer, config = load_checkpoint(folder, map_location=str(device))
     vision = config.model.vision
-    return Pretrained(model, tokenizer, eval_transform(vision.image_size, vision.mean, vision.std))
+    owner = RunFolder.of_checkpoint(folder)
+    return Pretrained(model.eval(), tokenizer, eval_transform(vision.image_size, vision.mean, vision.std), config,
+                      folder, owner.path if owner else None)
 
 
 def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None) -> Path:

@@ -24,9 +24,10 @@ from typing import Sequence
 
 import torch
 
-from topoclip.analysis.inputs import LoadedModel, encode_pairs
+from topoclip.analysis.inputs import encode_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
+from topoclip.inference import Pretrained
 
 FRACTIONS = (0.0, 0.15, 0.3, 0.5)
 BATCH_SIZES = (32, 128, 512)
@@ -111,7 +112,7 @@ def plot_curves(result: dict, out_dir):
     return save_figure(figure, out_dir, "equilibrium")
 
 
-def analyze_equilibrium(loaded: LoadedModel, out_dir, size: int = 512, fractions: Sequence[float] = FRACTIONS,
+def analyze_equilibrium(loaded: Pretrained, out_dir, size: int = 512, fractions: Sequence[float] = FRACTIONS,
                         batch_sizes: Sequence[int] = BATCH_SIZES, scales: Sequence[float] = SCALES, draws: int = 8,
                         seed: int = 0) -> dict:
     """Encode `size` test pairs, compute the curves, write equilibrium.png and equilibrium.json."""

@@ -16,11 +16,11 @@ from typing import Sequence
 import torch
 
 from topoclip import geometry
-from topoclip.analysis.inputs import LoadedModel
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
 from topoclip.evaluation.metrics import ClassificationAccumulator
 from topoclip.evaluation.zeroshot import embed_images, evaluating, zero_shot_classifier
+from topoclip.inference import Pretrained
 
 SETS = ("shape", "colour", "composition")
 
@@ -96,7 +96,7 @@ def plot_curves(result: dict, out_dir):
     return save_figure(figure, out_dir, "experts")
 
 
-def analyze_experts(loaded: LoadedModel, out_dir, size: int = 400, draws: int = 10, mode: str = "distance",
+def analyze_experts(loaded: Pretrained, out_dir, size: int = 400, draws: int = 10, mode: str = "distance",
                     sets: Sequence[str] = SETS, seed: int = 0, batch_size: int = 256) -> dict:
     """Write experts.png and experts.json for the built-in classification sets named in `sets`."""
     from topoclip.data.scenes import classification_sets
@@ -115,7 +115,7 @@ def analyze_experts(loaded: LoadedModel, out_dir, size: int = 400, draws: int = 
         dataset = available[name]
         classifier = zero_shot_classifier(model, loaded.tokenizer, dataset.classnames, dataset.templates, mode,
                                           batch_size, loaded.device)
-        images = embed_images(model, dataset.images, loaded.image_transform(), batch_size, loaded.device)
+        images = embed_images(model, dataset.images, loaded.transform, batch_size, loaded.device)
         with evaluating(model):
             curve = subset_curve(classifier, images, dataset.labels, model.config.topology, draws, generator)
         result["sets"][name] = {"classes": len(dataset.classnames), "full_model_top1": curve[-1]["mean"],

@@ -24,10 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from topoclip.analysis.inputs import LoadedModel, scene_pairs
+from topoclip.analysis.inputs import scene_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.geometry import get_topology
 from topoclip.config import ConfigError
+from topoclip.inference import Pretrained
 
 
 @dataclass
@@ -178,7 +179,7 @@ def load_images(paths: Sequence) -> list[np.ndarray]:
     return arrays
 
 
-def analyze_gradcam(loaded: LoadedModel, out_dir, examples: int = 4, image_files: Sequence = (),
+def analyze_gradcam(loaded: Pretrained, out_dir, examples: int = 4, image_files: Sequence = (),
                     captions: Sequence[str] = (), layer: int = -1, pairs_shown: int = 4) -> dict:
     """Grad-CAM of the first `examples` built-in test pairs (or of the given image files and captions)."""
     if image_files or captions:

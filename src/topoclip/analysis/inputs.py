@@ -12,58 +12,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+
 
 import torch
 
-from topoclip.checkpoint import load_checkpoint, resolve_checkpoint
+from topoclip.checkpoint import resolve_checkpoint
 from topoclip.config import Config, ConfigError
 from topoclip.data.types import RetrievalSet
 from topoclip.errors import resolve_device
 from topoclip.evaluation.zeroshot import embed_images, embed_texts
+from topoclip.inference import Pretrained, load_folder
 from topoclip.training.run_folder import METRICS, RunFolder
-from topoclip.transforms import eval_transform
 
 STYLES = ("in-domain", "out-of-domain")
 
 
-@dataclass
-class LoadedModel:
-    """A trained model ready to analyse (eval mode, on `device`)."""
-
-    model: torch.nn.Module  # topoclip.model.CLIP
-    tokenizer: object  # topoclip.tokenizer.Tokenizer
-    config: Config
-    checkpoint: Path  # the checkpoint folder the weights came from
-    run_dir: Optional[Path]  # the run folder holding it (metrics.jsonl), when there is one
-    device: torch.device
-
-    @property
-    def name(self) -> str:
-        """A label for plots: the run folder's name, else the checkpoint's."""
-        return (self.run_dir or self.checkpoint).name
-
-    def image_transform(self):
-        """The evaluation transform of this model: image -> (3, S, S) normalised."""
-        vision = self.config.model.vision
-        return eval_transform(vision.image_size, vision.mean, vision.std)
-
-    def pixels(self, images) -> torch.Tensor:
-        """A list of images (uint8 (H, W, 3) arrays or PIL images) -> (B, 3, S, S) on the device."""
-        transform = self.image_transform()
-        return torch.stack([transform(image) for image in images]).to(self.device)
-
-
-def load_model(path, device: str = "auto") -> LoadedModel:
-    """A run folder, checkpoint folder or weights file -> LoadedModel (eval mode, on `device`)."""
-    folder = resolve_checkpoint(Path(path))  # FileNotFoundError with the expected layout when absent
-    model, tokenizer, config = load_checkpoint(folder)
-    if tokenizer is None:
-        raise ConfigError(f"{folder} has no tokenizer.json; the analyses need it to encode captions")
-    target = resolve_device(device, "--device")
-    model = model.to(target).eval()
-    owner = RunFolder.of_checkpoint(folder)
-    return LoadedModel(model, tokenizer, config, folder, owner.path if owner else None, target)
+def load_model(path, device: str = "auto") -> Pretrained:
+    """A run folder, checkpoint folder or weights file -> Pretrained with its tokenizer (eval mode, on `device`)."""
+    loaded = load_folder(Path(path), resolve_device(device, "--device"))
+    if loaded.tokenizer is None:
+        raise ConfigError(f"{loaded.checkpoint} has no tokenizer.json; the analyses need it to encode captions")
+    return loaded
 
 
 def find_run_folder(path) -> Path:
@@ -109,9 +78,9 @@ class EncodedPairs:
     texts: torch.Tensor  # (N, m, n) caption embeddings; row i is image i's positive
 
 
-def encode_pairs(loaded: LoadedModel, size: int, style: str = "in-domain", batch_size: int = 256) -> EncodedPairs:
+def encode_pairs(loaded: Pretrained, size: int, style: str = "in-domain", batch_size: int = 256) -> EncodedPairs:
     """Render and encode `size` test pairs of the built-in scenes in `style`."""
     pairs = scene_pairs(loaded.config, size, style)
-    images = embed_images(loaded.model, pairs.images, loaded.image_transform(), batch_size, loaded.device)
+    images = embed_images(loaded.model, pairs.images, loaded.transform, batch_size, loaded.device)
     texts = embed_texts(loaded.model, loaded.tokenizer, pairs.captions, batch_size, loaded.device)
     return EncodedPairs(style, pairs, images, texts)

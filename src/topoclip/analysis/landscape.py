@@ -18,9 +18,10 @@ from typing import Callable, Sequence
 import torch
 from torch.func import functional_call
 
-from topoclip.analysis.inputs import LoadedModel, scene_pairs
+from topoclip.analysis.inputs import scene_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
+from topoclip.inference import Pretrained
 from topoclip.losses import get_loss
 
 PLANE_SCALES = (1.0, 100.0)
@@ -60,7 +61,7 @@ def shifted(weights: dict, directions: Sequence[dict], coefficients: Sequence[fl
     return out
 
 
-def model_loss_function(loaded: LoadedModel) -> LossOfSimilarity:
+def model_loss_function(loaded: Pretrained) -> LossOfSimilarity:
     """The run's training loss as f(similarity, τ) (with the learned β for the sigmoid loss)."""
     loss = get_loss(loaded.config.train.loss)
     bias = loaded.model.temperature.bias
@@ -134,7 +135,7 @@ def plot_landscape(result: dict, out_dir):
     return save_figure(figure, out_dir, "landscape")
 
 
-def analyze_landscape(loaded: LoadedModel, out_dir, batch_size: int = 64, resolution: int = 15, radius: float = 1.0,
+def analyze_landscape(loaded: Pretrained, out_dir, batch_size: int = 64, resolution: int = 15, radius: float = 1.0,
                       plane_scales: Sequence[float] = PLANE_SCALES, gradient_scales: Sequence[float] = GRADIENT_SCALES,
                       gradient_points: int = 9, seed: int = 0) -> dict:
     """Compute the planes and the gradient norms, write landscape.png and landscape.json."""

@@ -20,10 +20,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from topoclip.analysis.inputs import LoadedModel
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
 from topoclip.evaluation.zeroshot import evaluating
+from topoclip.inference import Pretrained
 
 WEIGHT_DECAYS = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 TASKS = ("shape", "colour", "composition")
@@ -40,7 +40,7 @@ def class_token_features(model, pixels: torch.Tensor) -> torch.Tensor:
     return captured["value"].flatten(1).float()
 
 
-def extract_features(loaded: LoadedModel, images: Sequence, batch_size: int = 256) -> torch.Tensor:
+def extract_features(loaded: Pretrained, images: Sequence, batch_size: int = 256) -> torch.Tensor:
     """Images (uint8 arrays / PIL) -> (N, m·width) features on the CPU."""
     blocks = []
     with evaluating(loaded.model):
@@ -124,7 +124,7 @@ def train_linear_probe(train_features: torch.Tensor, train_labels: torch.Tensor,
     return best
 
 
-def task_sets(loaded: LoadedModel, train_size: int, validation_size: int, test_size: int) -> dict[str, dict]:
+def task_sets(loaded: Pretrained, train_size: int, validation_size: int, test_size: int) -> dict[str, dict]:
     """The built-in labelled sets, rendered once: {"train" | "val" | "test": {set name: ClassificationSet}}.
 
     The test split also has the "-ood" copies (out-of-domain rendering style)."""
@@ -136,7 +136,7 @@ def task_sets(loaded: LoadedModel, train_size: int, validation_size: int, test_s
             for split, size in sizes.items()}
 
 
-def probe_task(loaded: LoadedModel, task: str, sets: dict[str, dict], batch_size: int = 256) -> dict:
+def probe_task(loaded: Pretrained, task: str, sets: dict[str, dict], batch_size: int = 256) -> dict:
     """Fit and score the probe on one task -> {"test_top1", "test_ood_top1", "weight_decay", "sweep", …}."""
     train_set, validation_set, test_set = sets["train"][task], sets["val"][task], sets["test"][task]
     ood_set = sets["test"].get(task + "-ood")
@@ -177,7 +177,7 @@ def plot_probe(result: dict, out_dir):
     return save_figure(figure, out_dir, "probe")
 
 
-def analyze_probe(loaded: LoadedModel, out_dir, tasks: Sequence[str] = TASKS, train_size: int = 2000,
+def analyze_probe(loaded: Pretrained, out_dir, tasks: Sequence[str] = TASKS, train_size: int = 2000,
                   validation_size: int = 500, test_size: int = 1000, batch_size: int = 256) -> dict:
     """Probe each task, write probe.png and probe.json; returns the JSON dict."""
     unknown = [t for t in tasks if t not in TASKS]

@@ -20,9 +20,10 @@ from typing import Callable
 
 import torch
 
-from topoclip.analysis.inputs import STYLES, EncodedPairs, LoadedModel, encode_pairs
+from topoclip.analysis.inputs import STYLES, EncodedPairs, encode_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.geometry import get_topology
+from topoclip.inference import Pretrained
 
 KINDS = ("positive image-text", "negative image-text", "negative image-image", "negative text-text")
 BINS = 60
@@ -84,7 +85,7 @@ def distributions(samples: dict[str, torch.Tensor], bins: int = BINS) -> dict:
     return out
 
 
-def domain_distributions(loaded: LoadedModel, encoded: EncodedPairs) -> dict:
+def domain_distributions(loaded: Pretrained, encoded: EncodedPairs) -> dict:
     """Summed and (for product spheres) per-sub-sphere distributions of one domain."""
     model = loaded.model
     result = {"summed": distributions(similarity_samples(model.similarity, encoded.images, encoded.texts))}
@@ -129,7 +130,7 @@ def plot_distributions(result: dict, out_dir) -> list:
     return paths
 
 
-def analyze_similarities(loaded: LoadedModel, out_dir, size: int = 500, batch_size: int = 256) -> dict:
+def analyze_similarities(loaded: Pretrained, out_dir, size: int = 500, batch_size: int = 256) -> dict:
     """Encode `size` pairs per domain, write similarities*.png and similarities.json; returns the JSON dict."""
     model = loaded.model
     m, n = model.embedding_shape

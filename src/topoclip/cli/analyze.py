@@ -12,7 +12,7 @@ from topoclip.config import DEFAULT_PRESET, load_config
 
 
 def analysis_inputs(args):
-    """(LoadedModel, out folder) for an analysis of one trained model; the folder defaults to RUN/analysis."""
+    """(Pretrained, out folder) for an analysis of one trained model; the folder defaults to RUN/analysis."""
     from topoclip.analysis.inputs import load_model
 
     loaded = load_model(args.model, args.device)
