@@ -141,6 +141,7 @@ def test_openclip_activation_comes_from_its_config_file(tmp_path):
     merges = write_merges(tmp_path / "bpe.txt.gz")
     model, tokenizer, config = import_openai(folder, "openclip", merges)
     assert (config.model.vision.activation, config.model.vision.mean) == ("gelu", (0.5, 0.5, 0.5))
+    assert config.model.vision.eval_resize == "shortest"  # OpenCLIP's evaluation pixels (test_transforms.py)
     compare(topoclip.Pretrained(model.eval(), tokenizer, None), reference, tokenizer)
     # Its config says GELU: asking for QuickGELU, or calling it OpenAI's, is refused.
     with pytest.raises(ConfigError, match="does not match"):

@@ -1,4 +1,6 @@
 """Image transforms: shapes, ranges, crop statistics, determinism, centre cropping of non-square images."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +21,8 @@ from topoclip.transforms import (
 )
 
 from _tolerance import fp32_pair
+
+CAT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cat.jpeg"
 
 IDENTITY = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # leaves pixel values in [0, 1]
 
@@ -190,3 +194,44 @@ def test_eval_transform_of_extremely_wide_image_stays_small():
     assert out.shape == (3, 224, 224)
     # a constant image: interpolation weights summing to 1 (≤ 16 bicubic taps) times 77/255
     torch.testing.assert_close(out, torch.full((3, 224, 224), 77 / 255), **fp32_pair(16 + 1))
+
+
+# --------------------------------------------------------------------------- OpenCLIP's evaluation pixels
+
+
+def pil_resize_then_crop(image: Image.Image, size: int) -> np.ndarray:
+    """OpenCLIP's eval geometry written out with PIL alone (torchvision's Resize / CenterCrop arithmetic)."""
+    width, height = image.size
+    if width <= height:
+        resized = image.resize((size, int(size * height / width)), Image.Resampling.BICUBIC)
+    else:
+        resized = image.resize((int(size * width / height), size), Image.Resampling.BICUBIC)
+    left = int(round((resized.width - size) / 2.0))
+    top = int(round((resized.height - size) / 2.0))
+    return np.asarray(resized.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
+
+
+@pytest.mark.parametrize("shape", ["cat", (37, 53), (224, 224), (225, 300), (301, 97), (1, 224), (640, 7)])
+def test_shortest_eval_pixels_equal_pil_resize_then_centre_crop(shape):
+    # Both sides run the same PIL resize and crop on the same uint8 image, then the same division by 255, so
+    # the only room for a difference is none: the bound is 1/255 (one uint8 step), and the result is exact.
+    if shape == "cat":
+        image = Image.open(CAT).convert("RGB")
+    else:
+        image = Image.fromarray(np.random.default_rng(sum(shape)).integers(0, 256, (*shape, 3), dtype=np.uint8))
+    transform = eval_transform(224, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), resize="shortest")
+    ours = transform(image).permute(1, 2, 0).numpy()
+    assert np.abs(ours - pil_resize_then_crop(image, 224)).max() <= 1 / 255
+
+
+def test_the_two_eval_resizes_crop_the_same_box():
+    # A horizontal ramp: bicubic reproduces a linear ramp, so the two differ only by where the box falls, at most
+    # half a resized pixel (the rounding of the crop offset) = 0.5 * 255 / 106 = 1.2 levels here, plus the
+    # rounding to uint8 on each side: under 4 levels.
+    ramp = np.tile(np.linspace(0, 255, 500).astype(np.uint8)[None, :, None], (300, 1, 3))
+    plain = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    one_step = eval_transform(64, resize="crop-box", **plain)(ramp)
+    two_steps = eval_transform(64, resize="shortest", **plain)(ramp)
+    assert (one_step - two_steps).abs().max() < 4 / 255
+    with pytest.raises(ValueError, match="resize must be one of"):
+        eval_transform(64, resize="squash")

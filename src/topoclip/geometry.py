@@ -156,15 +156,22 @@ class Topology:
     # Display name; {d} total dimension, {n} and {m} a row's size and the rows, {kind} "Multi" for several
     # class tokens and "PS" for one (product spheres only).
     label: str
+    # Why no inner product of the flattened (B, m·n) embeddings equals the similarity; "" when Σ_k u_kᵀv_k
+    # does, so that `flatten`'s vectors serve an inner-product index, CLIP_benchmark and OpenCLIP-style code.
+    not_flat: str = ""
 
 
 TOPOLOGIES: dict[str, Topology] = {
     "sphere": Topology(normalize_whole, inner_product, lambda m: (-1.0, 1.0), chunked=False, product=False,
                        label="Sphere({d})"),
     "euclidean": Topology(identity, negative_euclidean, lambda m: (-math.inf, 0.0), chunked=False, product=False,
-                          label="Euclidean R^{d}"),
+                          label="Euclidean R^{d}",
+                          not_flat="its similarity −‖u − v‖ depends on the vectors' norms, which an inner product "
+                                   "ranks differently"),
     "ps-geodesic": Topology(normalize_rows, negative_geodesic, lambda m: (-math.sqrt(m) * math.pi, 0.0),
-                            chunked=True, product=True, label="{kind}({n},{m}) geodesic"),
+                            chunked=True, product=True, label="{kind}({n},{m}) geodesic",
+                            not_flat="its similarity −sqrt(Σ_k arccos²(u_kᵀv_k)) is not a function of Σ_k u_kᵀv_k; "
+                                     "rank ps-inner candidates by model.similarity instead"),
     "ps-inner": Topology(normalize_rows, inner_product, lambda m: (-float(m), float(m)), chunked=False, product=True,
                          label="{kind}({n},{m})"),
 }
@@ -185,6 +192,18 @@ def to_space(topology: str, x: torch.Tensor) -> torch.Tensor:
     """Map raw outputs (B, m, n) onto the topology's space -> (B, m, n), computed in fp32."""
     with torch.autocast(x.device.type, enabled=False):
         return get_topology(topology).project(fp32_or_wider(x))
+
+
+def flatten(topology: str, points: torch.Tensor) -> torch.Tensor:
+    """Points on the space (B, m, n) -> (B, m·n) whose inner product is the similarity: flat(u) flat(v)ᵀ = s(u, v).
+
+    For "sphere" and "ps-inner" (each sub-sphere unit-norm: the whole vector has norm √m). Refused with a
+    ValueError naming the reason for the topologies whose similarity no inner product reproduces.
+    """
+    reason = get_topology(topology).not_flat
+    if reason:
+        raise ValueError(f"{topology} embeddings have no flat form: {reason}")
+    return points.flatten(1)
 
 
 def chunk_rows(topology: str, num_columns: int, m: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:

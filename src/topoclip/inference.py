@@ -184,9 +184,9 @@ def load_folder(path: Path, device: torch.device) -> Pretrained:
                                 f"with `topoclip convert --from FORMAT SRC DST` first") from None
     model, tokenizer, config = load_checkpoint(folder, map_location=str(device))
     vision = config.model.vision
+    transform = eval_transform(vision.image_size, vision.mean, vision.std, resize=vision.eval_resize)
     owner = RunFolder.of_checkpoint(folder)
-    return Pretrained(model.eval(), tokenizer, eval_transform(vision.image_size, vision.mean, vision.std), config,
-                      folder, owner.path if owner else None)
+    return Pretrained(model.eval(), tokenizer, transform, config, folder, owner.path if owner else None)
 
 
 def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None) -> Path:

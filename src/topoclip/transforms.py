@@ -28,6 +28,8 @@ ImageLike = Union[Image.Image, np.ndarray, torch.Tensor]
 Generator = Union[torch.Generator, np.random.Generator, None]
 
 INTERPOLATIONS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+# ResizeThenCenterCrop's bound on the resized intermediate (about 200 MB of RGB): past it, one resize of the box.
+MAX_RESIZED_PIXELS = 224 * 224_000
 
 
 def to_pil(image: ImageLike) -> Image.Image:
@@ -196,6 +198,25 @@ class ResizeCenterCrop(Resize):
         return f"ResizeCenterCrop({self.size}, {self.interpolation})"
 
 
+class ResizeThenCenterCrop(Resize):
+    """OpenCLIP's evaluation geometry exactly: Resize (shorter side to `size`) then CenterCrop, PIL's own steps.
+
+    An image whose resized copy would exceed MAX_RESIZED_PIXELS (an aspect ratio past 1,000:1 at 224)
+    takes ResizeCenterCrop's one-step path instead: the same box, without a gigapixel intermediate.
+    """
+
+    def __call__(self, image: ImageLike) -> Image.Image:
+        image = to_pil(image)
+        width, height = image.size
+        short, long = min(width, height), max(width, height)
+        if self.size * int(self.size * long / short) > MAX_RESIZED_PIXELS:
+            return ResizeCenterCrop.__call__(self, image)
+        return CenterCrop(self.size)(Resize.__call__(self, image))
+
+    def __repr__(self) -> str:
+        return f"ResizeThenCenterCrop({self.size}, {self.interpolation})"
+
+
 class ToTensor:
     """uint8 image (H, W, 3) -> float tensor (3, H, W) in [0, 1]."""
 
@@ -291,11 +312,21 @@ def train_transform(
     )
 
 
+EVAL_RESIZES = {"crop-box": ResizeCenterCrop, "shortest": ResizeThenCenterCrop}
+
+
 def eval_transform(
     image_size: int,
     mean: Sequence[float] = OPENAI_MEAN,
     std: Sequence[float] = OPENAI_STD,
     interpolation: str = "bicubic",
+    resize: str = "crop-box",
 ) -> Compose:
-    """Evaluation transform: image -> float tensor (3, image_size, image_size): shorter side resize, centre crop."""
-    return Compose([ResizeCenterCrop(image_size, interpolation), ToTensor(), Normalize(mean, std)])
+    """Evaluation transform: image -> float tensor (3, image_size, image_size): shorter side resize, centre crop.
+
+    resize: "crop-box" (one resize of the crop box) or "shortest" (OpenCLIP's two steps; see
+    model.vision.eval_resize). The two give the same box; their pixels differ by resampling only.
+    """
+    if resize not in EVAL_RESIZES:
+        raise ValueError(f"resize must be one of {sorted(EVAL_RESIZES)}, got {resize!r}")
+    return Compose([EVAL_RESIZES[resize](image_size, interpolation), ToTensor(), Normalize(mean, std)])

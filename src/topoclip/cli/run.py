@@ -1,6 +1,7 @@
 """`topoclip train`, `eval`, `predict` and `presets`: runs and their models."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def command_train(args) -> int:
         config = starting_config(args.init_from, args.preset, args.overrides)
     else:
         config = load_config(args.preset or DEFAULT_PRESET, args.overrides)
+    with_imagenet_val(config, args.imagenet_val)
     if args.print_config:
         print(json.dumps(to_dict(config), indent=2))
         return 0
@@ -55,6 +57,20 @@ def add_train(commands) -> None:
     train.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit "
                        "(nothing is trained or written)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_imagenet_val(train)
+
+
+def add_imagenet_val(parser) -> None:
+    parser.add_argument("--imagenet-val", metavar="PATH", help="also evaluate zero-shot ImageNet-1k (CLIP's class "
+                        "names and 80 templates) on the synset folders under PATH, as OpenCLIP's --imagenet-val; "
+                        "the same as adding imagenet1k=PATH to evaluate.classification")
+
+
+def with_imagenet_val(config, path) -> None:
+    """Adds "imagenet1k=PATH" to the config's classification sets (once) when --imagenet-val is given."""
+    entry = f"imagenet1k={path}"
+    if path and entry not in config.evaluate.classification:
+        config.evaluate.classification = [*config.evaluate.classification, entry]
 
 
 # --------------------------------------------------------------------------- eval
@@ -63,33 +79,77 @@ def add_train(commands) -> None:
 def command_eval(args) -> int:
     from topoclip.checkpoint import load_checkpoint
     from topoclip.config import Config, apply_overrides, from_dict, validate
+    from topoclip.evaluation.clip_benchmark import default_template_mode, write_results
     from topoclip.evaluation.run import evaluate, no_evaluation_sets, summary_table
 
+    if args.template_mode and not args.output:
+        raise ConfigError("--template-mode chooses the mode of --output's CLIP_benchmark files; give --output DIR "
+                          "(the records of every mode in evaluate.template_modes go to --json)")
     device = resolve_device(args.device, "--device")
     model, tokenizer, config = load_checkpoint(args.checkpoint)
     if args.overrides:  # e.g. evaluate on other sets: --set evaluate.classification='["folder"]'
         config = from_dict(Config, apply_overrides(to_dict(config), args.overrides))
         validate(config)
+    with_imagenet_val(config, args.imagenet_val)
     if tokenizer is None:
         raise ConfigError(f"{args.checkpoint} has no tokenizer.json; it cannot encode prompts")
-    records = evaluate(model.to(device), tokenizer, config, args.split, device, model_name=args.name or config.name)
+    name = args.name or config.name or "topoclip"
+    if args.output:  # CLIP_benchmark's files hold one template mode: evaluate it too
+        mode = args.template_mode or default_template_mode(config.model.topology)
+        if mode not in config.evaluate.template_modes:
+            config.evaluate.template_modes = [*config.evaluate.template_modes, mode]
+            validate(config)
+    records = evaluate(model.to(device), tokenizer, config, args.split, device, model_name=name)
     if not records:
         raise EvaluationSetError(no_evaluation_sets(config))
     print(summary_table(records))
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=2))
         print(f"\nwrote {args.json}")
+    if args.output:
+        written = write_results(records, args.output, name, args.checkpoint, mode)
+        print(f"wrote {len(written)} CLIP_benchmark result files to {args.output} (classification: the {mode!r} "
+              f"template mode); tabulate them with `clip_benchmark build {args.output}/*.json`")
     return 0
 
 
 def add_eval(commands) -> None:
     evaluate = add_command(commands, "eval", command_eval, "zero-shot classification and retrieval of a checkpoint")
     evaluate.add_argument("checkpoint", help="a checkpoint folder, or a run folder (its newest checkpoint)")
-    evaluate.add_argument("--json", help="also write the records (CLIP_benchmark-style) to this file")
+    evaluate.add_argument("--json", help="also write every record (all template modes, topoclip's units) to this file")
+    evaluate.add_argument("--output", metavar="DIR", help="also write CLIP_benchmark's result files (one per dataset "
+                          "and task) to DIR, which `clip_benchmark build` reads")
+    evaluate.add_argument("--template-mode", choices=["distance", "embedding", "flat"], help="the template averaging "
+                          "of --output's classification results (default: flat, CLIP_benchmark's own, where the "
+                          "topology allows it; else distance)")
     evaluate.add_argument("--split", default="test", choices=["val", "test"], help="built-in data split")
     evaluate.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda or cuda:N")
     evaluate.add_argument("--name", help="model name in the records")
     add_overrides(evaluate)
+    add_imagenet_val(evaluate)
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+def command_benchmark(args) -> int:
+    from topoclip.checkpoint import load_config_from, resolve_checkpoint
+    from topoclip.evaluation.clip_benchmark import run_clip_benchmark
+
+    arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
+    name = args.name or load_config_from(resolve_checkpoint(Path(args.checkpoint))).name or "topoclip"
+    return run_clip_benchmark(args.checkpoint, arguments, name)
+
+
+def add_benchmark(commands) -> None:
+    benchmark = add_command(commands, "benchmark", command_benchmark, "run CLIP_benchmark itself on a run: "
+                            "`topoclip benchmark RUN -- --dataset cifar10 --dataset_root DIR --no_amp` (needs "
+                            "pip install clip_benchmark)")
+    benchmark.add_argument("checkpoint", help="a run or checkpoint folder (sphere or ps-inner: CLIP_benchmark ranks "
+                           "by inner products of flat features)")
+    benchmark.add_argument("--name", help="model name in the result files (default: the config's name)")
+    benchmark.add_argument("arguments", nargs=argparse.REMAINDER, help="after --: clip_benchmark eval's own "
+                           "options (--dataset, --dataset_root, --task, --batch_size, --output, --no_amp, ...)")
 
 
 # --------------------------------------------------------------------------- predict

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from topoclip.config.schema import Config, ConfigError, DataConfig, EvaluateConfig, ModelConfig, TrainConfig
 from topoclip.data.sources import SOURCES, SourceError, get_source
-from topoclip.geometry import TOPOLOGIES
+from topoclip.geometry import TOPOLOGIES, get_topology
 
 
 @dataclass(frozen=True)
@@ -244,10 +244,15 @@ def validate_source(config: Config) -> None:
         raise ConfigError(str(error)) from None
 
 
-def validate_evaluate(config: EvaluateConfig) -> None:
+def validate_evaluate(config: EvaluateConfig, topology: str) -> None:
     for mode in config.template_modes:
-        if mode not in ("distance", "embedding"):
-            raise ConfigError(f"evaluate.template_modes has {mode!r}; use \"distance\" (the paper's) and/or \"embedding\" (CLIP's)")
+        if mode not in ("distance", "embedding", "flat"):
+            raise ConfigError(f"evaluate.template_modes has {mode!r}; use \"distance\" (the paper's), \"embedding\" "
+                              f"(CLIP's) and/or \"flat\" (CLIP_benchmark's)")
+    not_flat = get_topology(topology).not_flat
+    if "flat" in config.template_modes and not_flat:
+        raise ConfigError(f"evaluate.template_modes has \"flat\" (CLIP_benchmark's averaging of flat vectors), "
+                          f"which {topology} cannot use: {not_flat}; use \"distance\" or \"embedding\"")
 
 
 def validate(config: Config) -> None:
@@ -257,7 +262,7 @@ def validate(config: Config) -> None:
     validate_train(config.train)
     validate_source(config)
     validate_data(config.data)
-    validate_evaluate(config.evaluate)
+    validate_evaluate(config.evaluate, config.model.topology)
     if config.name and (Path(config.name).name != config.name or config.name in (".", "..")):
         raise ConfigError(f"name={config.name!r} must be a plain folder name (no '/', no '..'): it names the run "
                           f"folder runs/NAME-TIMESTAMP; to train somewhere else give --out FOLDER")

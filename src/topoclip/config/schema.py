@@ -35,6 +35,10 @@ class VisionConfig:
     # Normalisation of input pixels (OpenAI CLIP's statistics).
     mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+    # Evaluation geometry (topoclip.transforms.eval_transform): "crop-box" resizes the centred crop box in
+    # one step; "shortest" is OpenCLIP's Resize(shorter side) then CenterCrop, PIL's own two steps, which
+    # imported OpenAI / OpenCLIP models use so their published zero-shot numbers reproduce.
+    eval_resize: Literal["crop-box", "shortest"] = "crop-box"
 
 
 @dataclass
@@ -165,7 +169,9 @@ class DataConfig:
     # "" = train a WordPiece vocabulary of model.text.vocab_size on the training captions;
     # else a BERT vocab.txt or a tokenizer.json.
     tokenizer: str = ""
-    augment_scale: tuple[float, float] = (0.8, 1.0)  # RandomResizedCrop area fraction
+    # RandomResizedCrop's area fraction. OpenCLIP's training transform uses (0.9, 1.0) (its
+    # AugmentationCfg scale); data.augment_scale=[0.9,1.0] matches it.
+    augment_scale: tuple[float, float] = (0.8, 1.0)
 
 
 @dataclass
@@ -176,8 +182,10 @@ class EvaluateConfig:
     size: int = 1000  # images per built-in evaluation set (scenes), final evaluation
     validation_size: int = 200  # the same for the periodic evaluations during training (train.eval_every)
     captions_per_image: int = 5
-    classification: list[str] = field(default_factory=list)  # class-folder roots of the user's own sets
-    retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files
+    # The user's own sets: class folders, "imagenet1k=PATH" (or cifar10 / cifar100: the benchmark's names and
+    # templates), or CLIP_benchmark WebDataset folders; see topoclip.evaluation.benchmarks.
+    classification: list[str] = field(default_factory=list)
+    retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files, CLIP_benchmark folders
     batch_size: int = 256
 
 

@@ -194,6 +194,7 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
     vocab_size = state["text.token_embedding.weight"].shape[0] if "text.token_embedding.weight" in state else 0
     layout = {**TEXT_LAYOUT, "cls_token_id": max(vocab_size - 2, 0)}  # <|startoftext|>; unused by this pooling
     values = model_values(state, activation, layout)
+    values["vision"]["eval_resize"] = "shortest"  # OpenAI's and OpenCLIP's evaluation geometry
     if "pixels" in settings:
         values["vision"].update(settings["pixels"])
     model, config = build_imported(state, values, overrides, name or source_name(source, format))

@@ -121,31 +121,40 @@ def load_class_folders(
     Class names default to the folder names with "_" read as spaces; labels (N,) index sorted folders.
     """
     root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"class-folder root {root} is not a folder")
-    folders = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
-    if not folders:
-        raise ValueError(f"{root} has no class subfolders; expected root/<class name>/<images>")
+    folders = class_folders(root)
     if classnames_file is not None:
         classnames = read_classnames(classnames_file, folders)
     else:
         classnames = [folder.replace("_", " ") for folder in folders]
     templates = read_templates(templates_file) if templates_file is not None else list(DEFAULT_TEMPLATES)
 
+    images, labels = folder_images(root, list(enumerate(folders)), verify, decode)
+    return ClassificationSet(name=name or root.name, images=images, labels=labels, classnames=classnames,
+                             templates=templates)
+
+
+def class_folders(root: Union[str, Path]) -> list[str]:
+    """The sorted class subfolders of `root` (hidden ones left out); ValueError when there are none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"class-folder root {root} is not a folder")
+    folders = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    if not folders:
+        raise ValueError(f"{root} has no class subfolders; expected root/<class name>/<images>")
+    return folders
+
+
+def folder_images(root: Path, labelled: list[tuple[int, str]], verify: bool = True,
+                  decode: DecodeSettings = DecodeSettings()) -> tuple[LazyImages, torch.Tensor]:
+    """The usable images under each (label, folder) of `root`, and their labels (N,) int64."""
     paths, labels = [], []
     counter = BadSampleCounter()
-    for label, folder in enumerate(folders):
+    for label, folder in labelled:
         for path in image_files(root / folder):
             if not verify or _usable(path, decode, counter):
                 paths.append(path)
                 labels.append(label)
-    return ClassificationSet(
-        name=name or root.name,
-        images=_listed_images(paths, decode, counter, f"class folders {root}"),
-        labels=torch.tensor(labels, dtype=torch.int64),
-        classnames=classnames,
-        templates=templates,
-    )
+    return _listed_images(paths, decode, counter, f"class folders {root}"), torch.tensor(labels, dtype=torch.int64)
 
 
 def load_karpathy_captions(

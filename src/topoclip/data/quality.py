@@ -19,6 +19,7 @@ BAD_SAMPLE_KINDS = {
     "empty_caption": "the caption is missing, empty or only whitespace",
     "bad_encoding": "the caption bytes are not valid UTF-8",
     "unpaired_member": "a tar member has no image or no caption with the same key next to it",
+    "bad_label": "an evaluation sample's class label (.cls) is not a whole number",
     "corrupt_shard": "a tar shard could not be opened or read to its end (counted once each time a shard fails)",
     "path_outside_root": "the image path is absolute or leads out of the data's folder (refused; for a CSV, "
                          "data.csv_allow_outside_paths=true allows it)",

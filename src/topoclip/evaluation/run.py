@@ -21,11 +21,6 @@ from topoclip.evaluation.zeroshot import evaluate_classification_modes, record
 from topoclip.transforms import eval_transform
 
 
-# In a class-folder evaluation set: one class name per line (sorted folder order), one template per line.
-CLASSNAMES_FILE = "classnames.txt"
-TEMPLATES_FILE = "templates.txt"
-
-
 def evaluation_sets(config: Config, split: str = "test") -> tuple[list[ClassificationSet], list[RetrievalSet]]:
     """The classification and retrieval sets of `config`: the data source's own (the built-in scenes bring
     theirs), then the user's evaluate.classification / evaluate.retrieval."""
@@ -47,25 +42,28 @@ def user_evaluation_sets(config: Config, split: str = "test") -> tuple[list[Clas
     retrieval: list[RetrievalSet] = []
     if not (settings.classification or settings.retrieval):
         return classification, retrieval
-    from topoclip.data.folders import load_class_folders, load_karpathy_captions
+    from topoclip.data.benchmark_sets import is_wds_folder, load_wds_set
+    from topoclip.data.folders import load_karpathy_captions
+    from topoclip.evaluation.benchmarks import load_classification_entry
 
-    for root in map(Path, settings.classification):
-        # Optional files next to the class folders: names to prompt with, and prompt templates.
-        names, templates = root / CLASSNAMES_FILE, root / TEMPLATES_FILE
+    for entry in settings.classification:
         try:
-            dataset = load_class_folders(root, names if names.is_file() else None,
-                                         templates if templates.is_file() else None)
-        except ValueError as error:  # the loaders' messages name the file and what is wrong
+            dataset = load_classification_entry(entry, split)
+        except (ValueError, FileNotFoundError) as error:  # the loaders' messages name the file and what is wrong
             raise EvaluationSetError(f"evaluate.classification: {error}") from None
+        if isinstance(dataset, RetrievalSet):  # a CLIP_benchmark folder whose dataset_type.txt says retrieval
+            retrieval.append(dataset)
+            continue
         if len(dataset.classnames) < 2:
-            raise EvaluationSetError(f"evaluate.classification: {root} has one class ({dataset.classnames[0]!r}); "
-                                     f"zero-shot classification needs at least 2 class folders (one class scores "
+            raise EvaluationSetError(f"evaluate.classification: {entry} has one class ({dataset.classnames[0]!r}); "
+                                     f"zero-shot classification needs at least 2 classes (one class scores "
                                      f"100 % whatever the model)")
         classification.append(dataset)
     for path in settings.retrieval:
         try:
-            retrieval.append(load_karpathy_captions(path, Path(path).parent, split))
-        except ValueError as error:
+            retrieval.append(load_wds_set(path, split) if is_wds_folder(path) else
+                             load_karpathy_captions(path, Path(path).parent, split))
+        except (ValueError, FileNotFoundError) as error:
             raise EvaluationSetError(f"evaluate.retrieval: {error}") from None
     return classification, retrieval
 
@@ -83,7 +81,7 @@ def evaluate(model, tokenizer, config: Config, split: str = "test", device="cpu"
     sets: (classification, retrieval) from `evaluation_sets(config, split)`, when already built.
     """
     vision = model.config.vision
-    transform = eval_transform(vision.image_size, vision.mean, vision.std)
+    transform = eval_transform(vision.image_size, vision.mean, vision.std, resize=vision.eval_resize)
     name = model_name or config.name or "topoclip"
     batch_size = config.evaluate.batch_size
     classification, retrieval = sets if sets is not None else evaluation_sets(config, split)

@@ -8,17 +8,22 @@ The model interface this module (and retrieval.py) is written against:
 - ``model.config.topology``: the space's name for :func:`topoclip.geometry.to_space`.
 The model must already be on ``device``; runners only move inputs there.
 
-Two ways to turn T templates into a class score (SPEC §8):
+Three ways to turn T templates into a class score (the first two: SPEC §8):
 
 - ``"distance"`` (the paper): score(x, c) = (1/T) Σ_t s(x, text(c, t)). The C·T prompt embeddings
   are kept; an image batch is scored against all of them at once, so at most (batch, C·T)
   scores exist at a time, then averaged per class to (batch, C).
 - ``"embedding"`` (CLIP): e_c = to_space((1/T) Σ_t text(c, t)) — the mean embedding projected back
   onto the space (for product spheres: each sub-sphere renormalised) — scored once: s(x, e_c).
+- ``"flat"`` (CLIP_benchmark's, for "sphere" and "ps-inner" only): e_c = mean_t flat(text(c, t)) /
+  ‖mean_t flat(text(c, t))‖ — the flat (m·n) vectors' mean normalised as one vector, as CLIP_benchmark
+  does with any model's (B, d) features — scored once by the inner product, which is s for these two.
 
-With one template the two agree for every topology. For "ps-inner" (and "sphere") the similarity
-is linear in v, so the distance mode equals the inner product with the *un-renormalised* mean;
-the embedding mode rescales each sub-sphere's mean, which weights the m sub-spheres differently.
+With one template the modes rank alike for every topology ("flat" divides every class by the same
+√m). For "ps-inner" (and "sphere") the similarity is linear in v, so the distance mode equals the
+inner product with the *un-renormalised* mean; the embedding mode rescales each sub-sphere's mean,
+which weights the m sub-spheres differently; the flat mode rescales each class's whole mean by one
+factor. On the sphere, "flat" equals "embedding".
 
 This module also holds the pieces both zero-shot runners share: the embedding loops and the
 result record.
@@ -30,14 +35,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from topoclip.data.types import ClassificationSet
 from topoclip.evaluation.metrics import ClassificationAccumulator
 from topoclip.errors import UserError
-from topoclip.geometry import to_space
+from topoclip.geometry import NORM_EPSILON, flatten, to_space
 
-MODES = ("distance", "embedding")
+MODES = ("distance", "embedding", "flat")
 TASKS = ("zeroshot_classification", "zeroshot_retrieval")
 
 
@@ -99,7 +105,8 @@ class ZeroShotClassifier:
     """Class text embeddings ready to score images.
 
     embeddings: "distance" mode: (C·T, m, n), class-major (row c·T + t = class c, template t);
-    "embedding" mode: (C, m, n), one re-projected mean per class.
+    "embedding" mode: (C, m, n), one re-projected mean per class; "flat": (C, m, n), one mean per class
+    normalised as one m·n vector.
     """
 
     mode: str
@@ -110,7 +117,7 @@ class ZeroShotClassifier:
     def scores(self, model, image_embeddings: torch.Tensor) -> torch.Tensor:
         """(B, m, n) image embeddings -> (B, C) class scores (fp32, higher = more likely)."""
         similarity = model.similarity(image_embeddings, self.embeddings)  # (B, C·T) or (B, C)
-        if self.mode == "embedding":
+        if self.mode != "distance":
             return similarity
         per_template = similarity.view(-1, self.num_classes, self.num_templates)  # (B, C, T)
         return per_template.mean(dim=-1)  # (B, C)
@@ -158,6 +165,9 @@ def zero_shot_classifier(
     if mode == "embedding":
         mean = texts.float().view(num_classes, num_templates, *texts.shape[1:]).mean(dim=1)  # (C, m, n)
         texts = to_space(model.config.topology, mean)
+    elif mode == "flat":
+        flat = flatten(model.config.topology, texts.float()).view(num_classes, num_templates, -1).mean(dim=1)
+        texts = F.normalize(flat, dim=-1, eps=NORM_EPSILON).view(num_classes, *texts.shape[1:])  # (C, m, n)
     return ZeroShotClassifier(mode, texts, num_classes, num_templates)
 
 

@@ -1,0 +1,213 @@
+"""Evaluation sets in the field's layouts: CLIP_benchmark's WebDataset folders and CIFAR's binary files.
+
+CLIP_benchmark's WebDataset layout (what `clip_benchmark_export_wds` writes, and the `wds/…` sets
+it downloads from the Hugging Face Hub)::
+
+    ROOT/classnames.txt                          one class name per line, in label order
+    ROOT/zeroshot_classification_templates.txt   one template per line, "{c}" where the name goes
+    ROOT/dataset_type.txt                        "retrieval" (absent or anything else: classification)
+    ROOT/SPLIT/nshards.txt                       the number of shards N
+    ROOT/SPLIT/0.tar … (N-1).tar                 samples: KEY.webp|png|jpg|jpeg and KEY.cls (the label)
+                                                 or KEY.txt (captions, one per line)
+
+Only local folders are read (a URL is refused: a config never makes topoclip fetch or run anything).
+Samples are indexed once (tar member offsets; every image header checked) and decoded on access, so
+a 50,000-image set costs its index, not its pixels. A sample with a corrupt image, no label or no
+caption is skipped and counted, and reported in one warning.
+
+CIFAR's binary version (cifar-10-batches-bin/test_batch.bin, cifar-100-binary/test.bin) is read as
+bytes: each record is the label byte(s), then 3 × 32 × 32 pixel bytes, channel-major. The Python
+version (pickles) is never read: unpickling runs code from the file.
+"""
+from __future__ import annotations
+
+import io
+import tarfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from PIL import Image
+
+from topoclip.data.images import DecodeSettings, clean_caption, decode_image
+from topoclip.data.quality import BadSample, BadSampleCounter
+from topoclip.data.types import ClassificationSet, RetrievalSet
+
+WDS_CLASSNAMES = "classnames.txt"
+WDS_TEMPLATES = "zeroshot_classification_templates.txt"
+WDS_TYPE = "dataset_type.txt"
+WDS_SHARD_COUNT = "nshards.txt"
+WDS_IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's, in its order of preference
+
+CIFAR_BINARY = {"cifar10": ("test_batch.bin", 1), "cifar100": ("test.bin", 2)}  # file, label bytes (fine last)
+CIFAR_PIXELS = 3 * 32 * 32
+
+
+def is_wds_folder(root) -> bool:
+    """Whether `root` looks like a CLIP_benchmark WebDataset folder (a split with nshards.txt)."""
+    root = Path(root)
+    return root.is_dir() and any((child / WDS_SHARD_COUNT).is_file() for child in root.iterdir() if child.is_dir())
+
+
+@dataclass(frozen=True)
+class TarMember:
+    """Where one member's bytes lie in a local tar file."""
+
+    tar: Path
+    offset: int
+    size: int
+
+    def read(self) -> bytes:
+        with open(self.tar, "rb") as file:
+            file.seek(self.offset)
+            return file.read(self.size)
+
+
+class TarImages(Sequence):
+    """Images inside tar files, decoded on access: images[i] -> RGB PIL image; images[a:b] -> TarImages."""
+
+    def __init__(self, members: Sequence[TarMember], decode: DecodeSettings = DecodeSettings()):
+        self.members, self.decode = list(members), decode
+        self.skipped = BadSampleCounter()
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return TarImages(self.members[index], self.decode)
+        return decode_image(self.members[index].read(), self.decode.min_size, self.decode.max_pixels)
+
+
+def _samples(tar: Path) -> dict[str, dict[str, TarMember]]:
+    """{key: {extension: member}} of one shard, grouped as webdataset does (key = name up to the first dot
+    of its base name, extension = the rest, lower case)."""
+    samples: dict[str, dict[str, TarMember]] = {}
+    with tarfile.open(tar, "r:") as archive:  # plain tar: listed, never extracted
+        for info in archive:
+            if not info.isfile():
+                continue
+            folder, _, base = info.name.rpartition("/")
+            stem, dot, extension = base.partition(".")
+            if not dot or not stem:
+                continue
+            key = f"{folder}/{stem}" if folder else stem
+            samples.setdefault(key, {})[extension.lower()] = TarMember(tar, info.offset_data, info.size)
+    return samples
+
+
+def _header_ok(member: TarMember, decode: DecodeSettings, counter: BadSampleCounter) -> bool:
+    """Checks one image's header (no pixels decoded) and its size limits; counts it as kept or bad."""
+    try:
+        with Image.open(io.BytesIO(member.read())) as image:
+            width, height = image.size
+    except Exception:  # PIL raises many types for bytes that are not an image
+        counter.add("corrupt_image")
+        return False
+    if width * height > decode.max_pixels:
+        counter.add("huge_image")
+        return False
+    if min(width, height) < decode.min_size:
+        counter.add("tiny_image")
+        return False
+    counter.keep()
+    return True
+
+
+def _read_lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load_wds_set(root, split: str = "test", name: Optional[str] = None,
+                 decode: DecodeSettings = DecodeSettings()):
+    """A ClassificationSet or RetrievalSet (by dataset_type.txt) from a CLIP_benchmark WebDataset folder."""
+    text = str(root)
+    if "://" in text:
+        raise ValueError(f"{text}: a URL; download the CLIP_benchmark set first (e.g. `huggingface-cli download "
+                         f"--repo-type dataset clip-benchmark/wds_NAME --local-dir DIR`) and give the folder")
+    root = Path(root)
+    count_file = root / split / WDS_SHARD_COUNT
+    if not count_file.is_file():
+        found = sorted(child.name for child in root.iterdir() if (child / WDS_SHARD_COUNT).is_file())
+        raise ValueError(f"{root} has no split {split!r} ({split}/{WDS_SHARD_COUNT} is missing); splits found: {found}")
+    try:
+        shards = int(count_file.read_text().strip())
+    except ValueError:
+        raise ValueError(f"{count_file} must hold the number of shards, e.g. 1") from None
+    tars = [root / split / f"{index}.tar" for index in range(shards)]
+    missing = [tar.name for tar in tars if not tar.is_file()]
+    if missing:
+        raise ValueError(f"{root / split}: {count_file.name} says {shards} shards but {missing[:5]} are missing")
+    kind = (root / WDS_TYPE).read_text().strip().lower() if (root / WDS_TYPE).is_file() else "classification"
+    if kind == "multilabel":
+        raise ValueError(f"{root}: multi-label sets (dataset_type.txt: multilabel, .npy labels) are not supported")
+    retrieval = kind == "retrieval"
+
+    counter, members, targets = BadSampleCounter(), [], []
+    for tar in tars:
+        for key, sample in _samples(tar).items():
+            image = next((sample[ext] for ext in WDS_IMAGE_EXTENSIONS if ext in sample), None)
+            target = sample.get("txt" if retrieval else "cls")
+            if image is None or target is None:
+                counter.add("unpaired_member")
+                continue
+            try:
+                text = target.read().decode("utf-8")
+            except UnicodeDecodeError:
+                counter.add("bad_encoding")
+                continue
+            try:
+                value = ([clean_caption(line) for line in text.splitlines() if line.strip()] if retrieval
+                         else int(text.strip()))
+            except (ValueError, BadSample):
+                counter.add("empty_caption" if retrieval else "bad_label")
+                continue
+            if retrieval and not value:
+                counter.add("empty_caption")
+                continue
+            if _header_ok(image, decode, counter):
+                members.append(image)
+                targets.append(value)
+    what = f"CLIP_benchmark set {root} split {split!r}"
+    if not members:
+        raise ValueError(f"{what} has no usable sample ({counter.describe()})")
+    if counter.bad_total:
+        warnings.warn(f"{what}: {counter.describe()}")
+    images = TarImages(members, decode)
+    images.skipped = counter
+    name = name or f"wds/{root.name.removeprefix('wds_')}"  # as CLIP_benchmark names it: --dataset wds/NAME
+    if retrieval:
+        captions = [caption for texts in targets for caption in texts]
+        owner = [index for index, texts in enumerate(targets) for _ in texts]
+        return RetrievalSet(name, images, captions, torch.tensor(owner, dtype=torch.int64))
+    if not (root / WDS_CLASSNAMES).is_file():
+        raise ValueError(f"{root} has no {WDS_CLASSNAMES}; zero-shot classification needs the class names")
+    classnames = _read_lines(root / WDS_CLASSNAMES)
+    templates_file = root / WDS_TEMPLATES
+    templates = [line.replace("{c}", "{}") for line in _read_lines(templates_file)] if templates_file.is_file() \
+        else ["a photo of a {}."]
+    labels = torch.tensor(targets, dtype=torch.int64)
+    if labels.min() < 0 or labels.max() >= len(classnames):
+        raise ValueError(f"{what}: labels span [{int(labels.min())}, {int(labels.max())}] but {WDS_CLASSNAMES} "
+                         f"has {len(classnames)} classes")
+    return ClassificationSet(name, images, labels, classnames, templates)
+
+
+def read_cifar_binary(root, benchmark: str) -> tuple[np.ndarray, torch.Tensor]:
+    """(images (N, 32, 32, 3) uint8, labels (N,) int64) of CIFAR's binary test file under `root`."""
+    file_name, label_bytes = CIFAR_BINARY[benchmark]
+    path = Path(root) / file_name
+    if not path.is_file():
+        raise ValueError(f"{root} has no {file_name}: give the binary version's folder (cifar-10-batches-bin, "
+                         f"cifar-100-binary) or class folders named by the class names")
+    raw = np.fromfile(path, dtype=np.uint8)
+    record = label_bytes + CIFAR_PIXELS
+    if raw.size % record:
+        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of {record}-byte records; a truncated file?")
+    records = raw.reshape(-1, record)
+    images = records[:, label_bytes:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # channel-major -> (N, H, W, 3)
+    return np.ascontiguousarray(images), torch.from_numpy(records[:, label_bytes - 1].astype(np.int64))

@@ -1,0 +1,124 @@
+"""CLIP_benchmark itself against topoclip: its `build` reads `topoclip eval --output`'s files, and its `eval`
+run on a topoclip model (`topoclip benchmark`) over a set its own `convert_dataset` wrote gives the numbers
+`topoclip eval` gives on that set.
+
+CLIP_benchmark needs torchvision, which CI's CPU torch cannot import: these tests run where it imports
+(the README's side venv: torch + torchvision + `pip install clip_benchmark open_clip_torch`).
+"""
+import csv
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("clip_benchmark.cli")  # (it also needs requests, which it does not declare)
+from clip_benchmark.webdataset_builder import PIL_to_bytes, convert_dataset, convert_retrieval_dataset  # noqa: E402
+
+from topoclip.cli import main  # noqa: E402
+from topoclip.config import load_config  # noqa: E402
+from topoclip.data.scenes import classification_sets, retrieval_set  # noqa: E402
+from topoclip.training.trainer import train  # noqa: E402
+
+
+class Listed(list):
+    """A list of (image, target) with CLIP_benchmark's optional .classes / .templates attributes."""
+
+
+def export(dataset, folder, templates=None):
+    """Our scenes set written by CLIP_benchmark's own converter (templates in its {c} form)."""
+    items = Listed((Image.fromarray(image), int(label)) for image, label in zip(dataset.images, dataset.labels))
+    items.classes = list(dataset.classnames)
+    items.templates = [template.replace("{}", "{c}") for template in (templates or dataset.templates)]
+    convert_dataset(items, "test", str(folder), transform=PIL_to_bytes("png"), verbose=False)
+    return folder
+
+
+@pytest.fixture(scope="module", params=["sphere", "ps-inner"])
+def run(request, tmp_path_factory):
+    overrides = ["train.steps=60", "evaluate.size=16", "train.eval_every=0"]
+    if request.param == "sphere":
+        overrides += ["model.topology=sphere", "model.class_tokens=1"]
+    return train(load_config("tiny", overrides), out_dir=tmp_path_factory.mktemp("run") / "ckpt", progress=False)
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wds")
+    scenes = load_config("tiny").data.scenes
+    shape = next(s for s in classification_sets(scenes, "test", 48, include_out_of_domain=False) if s.name == "shape")
+    export(shape, root / "wds_shape1", templates=shape.templates[:1])  # one template
+    export(shape, root / "wds_shape", templates=shape.templates)  # several: averaged
+    pairs = retrieval_set(scenes, "test", 24, captions_per_image=2)
+    items = [(Image.fromarray(pairs.images[i]), [c for c, owner in zip(pairs.captions, pairs.caption_image) if owner == i])
+             for i in range(len(pairs.images))]
+    convert_retrieval_dataset(items, "test", str(root / "wds_pairs"), transform=PIL_to_bytes("png"), verbose=False)
+    (root / "wds_pairs" / "dataset_type.txt").write_text("retrieval\n")  # as CLIP_benchmark's own retrieval sets
+    return root
+
+
+def test_clip_benchmark_on_a_topoclip_run_gives_topoclip_eval_s_numbers(run, sets, tmp_path, monkeypatch):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    names = ["shape1", "shape", "pairs"]
+    listed = json.dumps([str(sets / f"wds_{name}") for name in names])
+    assert main(["eval", str(run), "--set", f"evaluate.classification={listed}", "--output", str(ours),
+                 "--template-mode", "flat", "--device", "cpu"]) == 0
+    theirs.mkdir()
+    monkeypatch.chdir(theirs)
+    for name in names:
+        task = ["--task", "zeroshot_retrieval"] if name == "pairs" else []  # CLIP_benchmark infers it from known names only
+        assert main(["benchmark", str(run), "--", "--dataset", f"wds/{name}", "--dataset_root", str(sets / f"wds_{name}"),
+                     *task, "--no_amp", "--num_workers", "0", "--recall_k", "1", "5", "10", "--quiet"]) == 0
+    written = sorted(path.name for path in theirs.iterdir())
+    assert len(written) == 3
+    for file in written:
+        mine, reference = json.loads((ours / file).read_text()), json.loads((theirs / file).read_text())
+        assert {k: v for k, v in mine.items() if k != "metrics"} == {k: v for k, v in reference.items() if k != "metrics"}
+        assert mine["metrics"].keys() == reference["metrics"].keys()
+        for key, value in reference["metrics"].items():
+            # Both are the same counts' ratios (hits / queries, or per-class means of such). CLIP_benchmark's
+            # retrieval recall is a float32 mean of 0/1 values: an exact sum (< 2^24), then one float32 division,
+            # within half a float32 ulp of the exact ratio ≤ 1, i.e. 2^-25; ours is float64. Bound: 2^-24.
+            assert mine["metrics"][key] == pytest.approx(value, abs=2**-24), (file, key)
+
+
+def test_clip_benchmark_build_reads_topoclip_eval_s_files(run, sets, tmp_path, monkeypatch):
+    from clip_benchmark import cli
+
+    out = tmp_path / "results"
+    assert main(["eval", str(run), "--set", f'evaluate.classification=["{sets / "wds_shape"}"]', "--output", str(out),
+                 "--device", "cpu"]) == 0
+    files = sorted(str(path) for path in out.iterdir())
+    monkeypatch.setattr("sys.argv", ["clip_benchmark", "build", *files, "--output", str(tmp_path / "table.csv")])
+    cli.main()
+    with open(tmp_path / "table.csv") as table:
+        rows = list(csv.DictReader(table))
+    assert len(rows) == len(files)
+    shape = next(row for row in rows if row["dataset"] == "wds/shape")
+    assert shape["model_fullname"] == f"tiny {run}" and 0 <= float(shape["acc1"]) <= 1
+
+
+def test_a_ps_geodesic_run_is_refused_in_one_line(tmp_path, capsys):
+    config = load_config("tiny", ["model.topology=ps-geodesic", "train.steps=1", "evaluate.size=16"])
+    run = train(config, out_dir=tmp_path / "geodesic", progress=False)
+    assert main(["benchmark", str(run), "--", "--dataset", "cifar10"]) != 0
+    assert "no flat form" in capsys.readouterr().err
+
+
+def test_openclip_s_eval_pixels_equal_the_shortest_resize():
+    open_clip = pytest.importorskip("open_clip")
+    from pathlib import Path
+
+    from topoclip.transforms import eval_transform
+
+    preprocess = open_clip.image_transform(224, is_train=False)
+    ours = eval_transform(224, resize="shortest")
+    cat = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cat.jpeg"
+    generator = torch.Generator().manual_seed(0)
+    images = [Image.open(cat).convert("RGB")] + [
+        Image.fromarray(torch.randint(0, 256, (h, w, 3), generator=generator, dtype=torch.uint8).numpy())
+        for h, w in [(37, 53), (225, 300), (301, 97), (224, 224), (7, 640)]]
+    std = torch.tensor(open_clip.OPENAI_DATASET_STD).view(3, 1, 1)
+    for image in images:
+        # One uint8 step is 1/255 before normalisation; after it, 1/(255·std).
+        assert ((ours(image) - preprocess(image)) * std).abs().max() <= 1 / 255
