@@ -76,6 +76,14 @@ def test_a_loaded_model_knows_where_it_came_from_and_reads_an_image_batch_array(
     assert clip.pixels(batch[0]).shape[0] == 1  # (H, W, 3) is one image
 
 
+def test_flat_vectors_have_the_similarity_as_their_inner_product(checkpoint):
+    clip = topoclip.load(checkpoint)  # Multi(16, 4), ps-inner
+    u, v = clip.encode_image(images(), flat=True), clip.encode_text(CAPTIONS, flat=True)
+    assert u.shape == (3, 64) and v.shape == (5, 64)
+    # The similarity of ps-inner is this very matmul of the flattened points: equal, not close.
+    assert torch.equal(u @ v.T, clip.model.similarity(clip.encode_image(images()), clip.encode_text(CAPTIONS)))
+
+
 def test_predict_prints_the_top_labels(checkpoint, capsys):
     if not CAT.is_file():
         pytest.skip("../shared/reference/cat.jpeg is not here")

@@ -11,6 +11,7 @@ onnxruntime = pytest.importorskip("onnxruntime")
 from topoclip.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from topoclip.cli import main  # noqa: E402
 from topoclip.config import load_config  # noqa: E402
+from topoclip.errors import UserError  # noqa: E402
 from topoclip.export_onnx import compare_with_pytorch, example_inputs, export_onnx  # noqa: E402
 from topoclip.model import CLIP  # noqa: E402
 from topoclip.tokenizer import Tokenizer  # noqa: E402
@@ -61,3 +62,31 @@ def test_cli_export_writes_a_servable_folder(tmp_path, capsys):
         expected = model.eval().encode_text(tokenizer(["a red circle"]))
     # onnxruntime and torch: two fp32 computations of unit-norm rows through the tiny text tower
     torch.testing.assert_close(torch.from_numpy(served), expected, **fp32_pair(model_roundings(TINY, 1)))
+
+
+@pytest.mark.parametrize("topology", ["sphere", "ps-inner"])
+def test_flat_onnx_vectors_have_the_model_s_similarity_as_inner_product(tmp_path, topology):
+    overrides = [f"model.topology={topology}"] + (["model.class_tokens=1"] if topology == "sphere" else [])
+    config = load_config("tiny", overrides)
+    model = CLIP(config.model).eval()
+    export_onnx(model, config, None, tmp_path / "flat", flat=True)
+    inputs = example_inputs(config, 4, torch.Generator().manual_seed(2))
+    images = onnxruntime.InferenceSession(str(tmp_path / "flat" / "image_encoder.onnx"), providers=["CPUExecutionProvider"])
+    texts = onnxruntime.InferenceSession(str(tmp_path / "flat" / "text_encoder.onnx"), providers=["CPUExecutionProvider"])
+    (u,) = images.run(None, {"images": inputs["images"].numpy()})
+    (v,) = texts.run(None, {"input_ids": inputs["input_ids"].numpy(), "attention_mask": inputs["attention_mask"].numpy()})
+    m, n = model.embedding_shape
+    assert u.shape == (4, m * n) and v.shape == (4, m * n)
+    with torch.no_grad():
+        expected = model.similarity(model.encode_image(inputs["images"]),
+                                    model.encode_text(inputs["input_ids"], inputs["attention_mask"].bool()))
+    # Each side's embedding is within the towers' fp32 roundings of PyTorch's; the m·n-term product adds its own;
+    # |s| ≤ m (m unit sub-spheres): the bound scales with m.
+    torch.testing.assert_close(torch.from_numpy(u @ v.T), expected,
+                               **fp32_pair(model_roundings(TINY, 4) + m * n, scale=m))
+
+
+def test_flat_export_is_refused_for_a_topology_without_a_flat_form(tmp_path):
+    config = load_config("tiny", ["model.topology=ps-geodesic"])
+    with pytest.raises(UserError, match="--flat: ps-geodesic embeddings have no flat form"):
+        export_onnx(CLIP(config.model), config, None, tmp_path / "flat", flat=True)

@@ -37,29 +37,31 @@ OPSET = 17
 
 
 class ImageEncoder(nn.Module):
-    """images (B, 3, H, W) -> (B, m, n) on the space."""
+    """images (B, 3, H, W) -> (B, m, n) on the space, or (B, m·n) flat."""
 
-    def __init__(self, model: CLIP):
+    def __init__(self, model: CLIP, flat: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.flat = model, flat
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_image(images)
+        return self.model.encode_image(images, flat=self.flat)
 
 
 class TextEncoder(nn.Module):
-    """input_ids (B, L), attention_mask (B, L) integers -> (B, m, n) on the space; no padding trimmed."""
+    """input_ids (B, L), attention_mask (B, L) integers -> (B, m, n) on the space, or (B, m·n) flat; no padding
+    trimmed."""
 
-    def __init__(self, model: CLIP):
+    def __init__(self, model: CLIP, flat: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.flat = model, flat
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # Padding reads as id 0. It changes nothing (padding is masked, or follows the pooled token in a
         # causal tower), but keeps attention_mask an input of every export: a causal tower needs no key mask.
         input_ids = input_ids * attention_mask.to(input_ids.dtype)
         raw = self.model.text.encode_tokens(input_ids, attention_mask.bool())  # (B, class tokens, embed_dim)
-        return to_space(self.model.config.topology, raw.reshape(raw.shape[0], *self.model.embedding_shape))
+        points = to_space(self.model.config.topology, raw.reshape(raw.shape[0], *self.model.embedding_shape))
+        return self.model.flatten(points) if self.flat else points
 
 
 def _export(module: nn.Module, inputs: tuple, names: list[str], path: Path) -> None:
@@ -94,8 +96,12 @@ def example_inputs(config: Config, batch: int, generator: Optional[torch.Generat
     return {"images": images, "input_ids": ids, "attention_mask": mask.long()}
 
 
-def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, Path], check: bool = True) -> str:
+def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, Path], check: bool = True,
+                flat: bool = False) -> str:
     """Write the ONNX encoders, config.json and tokenizer.json into `destination` (new or empty).
+
+    flat: the encoders output (B, m·n) vectors whose inner product is the model's similarity (sphere and
+    ps-inner; UserError for the other topologies), for an inner-product index.
 
     Returns a report; with `check`, onnxruntime runs both encoders on a batch of another size than
     the one exported with and the report gives the max abs difference from PyTorch.
@@ -104,12 +110,17 @@ def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, 
     if importlib.util.find_spec("onnx") is None:  # torch.onnx.export writes through it
         raise UserError("ONNX export needs the onnx package: pip install 'topoclip[onnx]'")
     model = model.float().cpu().eval()
+    if flat:
+        try:
+            model.flatten(torch.zeros(1, *model.embedding_shape))
+        except ValueError as error:
+            raise UserError(f"--flat: {error}") from None
     destination.mkdir(parents=True, exist_ok=True)
     inputs = example_inputs(config, 2, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        _export(ImageEncoder(model), (inputs["images"],), ["images"], destination / IMAGE_FILE)
-        _export(TextEncoder(model), (inputs["input_ids"], inputs["attention_mask"]), ["input_ids", "attention_mask"],
-                destination / TEXT_FILE)
+        _export(ImageEncoder(model, flat), (inputs["images"],), ["images"], destination / IMAGE_FILE)
+        _export(TextEncoder(model, flat), (inputs["input_ids"], inputs["attention_mask"]),
+                ["input_ids", "attention_mask"], destination / TEXT_FILE)
     (destination / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
     if tokenizer is not None:
         tokenizer.save(destination / TOKENIZER)
@@ -138,6 +149,6 @@ def compare_with_pytorch(model: CLIP, config: Config, folder: Union[str, Path], 
     differences = {}
     for name, file in (("image", IMAGE_FILE), ("text", TEXT_FILE)):
         session = onnxruntime.InferenceSession(str(folder / file), providers=["CPUExecutionProvider"])
-        got = torch.from_numpy(session.run(None, feeds[name])[0])
+        got = torch.from_numpy(session.run(None, feeds[name])[0]).reshape(expected[name].shape)  # (B, m·n) if flat
         differences[name] = float((got - expected[name]).abs().max())
     return differences

@@ -81,18 +81,19 @@ class Pretrained:
             raise TypeError("a plain string is a text; pass image files as pathlib.Path (or PIL images)")
         return torch.stack([self.transform(_open(image)) for image in images]).to(self.device)
 
-    def encode_image(self, images, batch_size: int = 64) -> torch.Tensor:
-        """Images -> (B, m, n) fp32 embeddings on the model's space."""
+    def encode_image(self, images, batch_size: int = 64, flat: bool = False) -> torch.Tensor:
+        """Images -> (B, m, n) fp32 embeddings on the model's space; flat: (B, m·n) (see CLIP.flatten)."""
         pixels = self.pixels(images)
         with evaluating(self.model):
-            return torch.cat([self.model.encode_image(pixels[i:i + batch_size]) for i in range(0, len(pixels), batch_size)])
+            return torch.cat([self.model.encode_image(pixels[i:i + batch_size], flat=flat)
+                              for i in range(0, len(pixels), batch_size)])
 
-    def encode_text(self, texts: Union[str, Sequence[str]], batch_size: int = 256) -> torch.Tensor:
-        """Texts -> (B, m, n) fp32 embeddings on the model's space."""
+    def encode_text(self, texts: Union[str, Sequence[str]], batch_size: int = 256, flat: bool = False) -> torch.Tensor:
+        """Texts -> (B, m, n) fp32 embeddings on the model's space; flat: (B, m·n) (see CLIP.flatten)."""
         tokenizer = self._require_tokenizer()
         texts = [texts] if isinstance(texts, str) else list(texts)
         with evaluating(self.model):
-            return torch.cat([self.model.encode_text(tokenizer(texts[i:i + batch_size]).to(self.device))
+            return torch.cat([self.model.encode_text(tokenizer(texts[i:i + batch_size]).to(self.device), flat=flat)
                               for i in range(0, len(texts), batch_size)])
 
     def zero_shot_classifier(self, classnames: Sequence[str], templates: Sequence[str] = DEFAULT_TEMPLATES,

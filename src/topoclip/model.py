@@ -48,15 +48,21 @@ class CLIP(nn.Module):
         # d-vector into m rows; the multi-token one keeps a row per class token.
         return geometry.to_space(self.config.topology, raw.reshape(raw.shape[0], *self.embedding_shape))
 
-    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, 3, H, W) normalised -> (B, m, n) on the space."""
-        return self._to_space(self.visual(images))
+    def encode_image(self, images: torch.Tensor, flat: bool = False) -> torch.Tensor:
+        """images (B, 3, H, W) normalised -> (B, m, n) on the space; flat: (B, m·n), see `flatten`."""
+        return self.flatten(self._to_space(self.visual(images))) if flat else self._to_space(self.visual(images))
 
-    def encode_text(self, text, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """A TextBatch (or ids (B, L) and mask (B, L)) -> (B, m, n) on the space."""
+    def encode_text(self, text, attention_mask: Optional[torch.Tensor] = None, flat: bool = False) -> torch.Tensor:
+        """A TextBatch (or ids (B, L) and mask (B, L)) -> (B, m, n) on the space; flat: (B, m·n), see `flatten`."""
         if hasattr(text, "input_ids"):
             text, attention_mask = text.input_ids, text.attention_mask
-        return self._to_space(self.text(text, attention_mask))
+        points = self._to_space(self.text(text, attention_mask))
+        return self.flatten(points) if flat else points
+
+    def flatten(self, points: torch.Tensor) -> torch.Tensor:
+        """(B, m, n) points -> (B, m·n) vectors whose inner product is `similarity` (sphere and ps-inner; the
+        other topologies raise a ValueError saying why): what an inner-product index or CLIP-style code needs."""
+        return geometry.flatten(self.config.topology, points)
 
     def forward(self, images: Optional[torch.Tensor] = None, text=None) -> CLIPOutput:
         return CLIPOutput(

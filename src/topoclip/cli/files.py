@@ -54,7 +54,7 @@ def command_export(args) -> int:
     if args.onnx:
         from topoclip.export_onnx import export_onnx
 
-        print(export_onnx(model, config, tokenizer, args.onnx, check=not args.no_check))
+        print(export_onnx(model, config, tokenizer, args.onnx, check=not args.no_check, flat=args.flat))
     return 0
 
 
@@ -67,6 +67,8 @@ def add_export(commands) -> None:
     export.add_argument("--weights", metavar="DST", help="write model.safetensors, config.json and tokenizer.json "
                         "(no training state) into this new folder")
     export.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    export.add_argument("--flat", action="store_true", help="ONNX encoders output (B, m·n) vectors whose inner "
+                        "product is the model's similarity, for an inner-product index (sphere and ps-inner only)")
 
 
 # --------------------------------------------------------------------------- data

@@ -1,0 +1,32 @@
+"""Flat vectors in a real inner-product index (faiss, the `index` extra): its top-k is the model's."""
+import pytest
+import torch
+
+faiss = pytest.importorskip("faiss")
+
+from topoclip.config import load_config  # noqa: E402
+from topoclip.geometry import to_space  # noqa: E402
+from topoclip.model import CLIP  # noqa: E402
+
+K = 10
+
+
+@pytest.mark.parametrize("topology", ["sphere", "ps-inner"])  # the topologies whose similarity is an inner product
+def test_an_inner_product_index_of_flat_vectors_returns_the_model_s_top_k(topology):
+    model = CLIP(load_config("tiny", [f"model.topology={topology}"]).model)
+    generator = torch.Generator().manual_seed(0)
+    shape = model.embedding_shape
+    gallery = to_space(topology, torch.randn(10_000, *shape, generator=generator))  # as encode_image gives them
+    queries = to_space(topology, torch.randn(50, *shape, generator=generator))
+    index = faiss.IndexFlatIP(shape[0] * shape[1])
+    index.add(model.flatten(gallery).numpy())
+    scores, found = index.search(model.flatten(queries).numpy(), K)
+    expected = model.similarity(queries, gallery).topk(K + 1, dim=1)
+    # Both are fp32 sums of m·n products of numbers with Σ|u_i v_i| ≤ m, in another order: they agree within
+    # 2·γ(m·n)·m. Where two neighbours in the top k + 1 lie closer than that, either order is right; elsewhere
+    # the rankings must be identical.
+    bound = 2 * (shape[0] * shape[1] * 2.0**-24) / (1 - shape[0] * shape[1] * 2.0**-24) * shape[0]
+    torch.testing.assert_close(torch.from_numpy(scores), expected.values[:, :K], atol=bound, rtol=0)
+    separated = (expected.values[:, :-1] - expected.values[:, 1:]).min(dim=1).values > bound
+    assert separated.float().mean() > 0.9  # random vectors: near-ties are rare
+    assert torch.equal(torch.from_numpy(found)[separated], expected.indices[separated, :K])
