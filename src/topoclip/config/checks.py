@@ -204,6 +204,26 @@ def validate_train(config: TrainConfig) -> None:
                           f"train.accumulation_steps={config.accumulation_steps}")
 
 
+def validate_locks(config: Config) -> None:
+    """Unlocked groups of a locked tower: 0 … its groups (layers + 2); none without the lock."""
+    from topoclip.training.lock import group_count
+
+    train, model = config.train, config.model
+    for tower, locked, unlocked, layers in (("image", train.lock_image, train.lock_image_unlocked_groups,
+                                             model.vision.layers),
+                                            ("text", train.lock_text, train.lock_text_unlocked_layers, model.text.layers)):
+        key = "train.lock_image_unlocked_groups" if tower == "image" else "train.lock_text_unlocked_layers"
+        if unlocked and not locked:
+            raise ConfigError(f"{key}={unlocked} without train.lock_{tower}=true: it says how much of a locked "
+                              f"tower to train; lock the tower too")
+        if not 0 <= unlocked <= group_count(layers):
+            raise ConfigError(f"{key}={unlocked}: the {tower} tower has {group_count(layers)} groups (the "
+                              f"embeddings, {layers} blocks, the projection); pick 0 … {group_count(layers)}")
+    if train.lock_image and train.lock_text and not (train.lock_image_unlocked_groups or train.lock_text_unlocked_layers):
+        raise ConfigError("train.lock_image and train.lock_text lock both towers: only τ would train; unlock "
+                          "some groups (train.lock_image_unlocked_groups / train.lock_text_unlocked_layers)")
+
+
 def command_urls(data: DataConfig) -> list[str]:
     """The parts of data.train_data that would be opened by running a command (a shard URL with a scheme but
     file:); such a value may come only from the user, never from a config.json read out of a folder."""
@@ -260,6 +280,7 @@ def validate(config: Config) -> None:
     validate_numbers(config)
     validate_model(config.model)
     validate_train(config.train)
+    validate_locks(config)
     validate_source(config)
     validate_data(config.data)
     validate_evaluate(config.evaluate, config.model.topology)

@@ -141,6 +141,13 @@ class TrainConfig:
     # A checkpoint whose weights and tokenizer start the run (`topoclip train --init-from`); its model
     # must match this one (topoclip.training.init_from). "" = random initialisation.
     init_from: str = ""
+    # Locked towers (LiT), as OpenCLIP's --lock-image, --lock-image-unlocked-groups, --lock-text and
+    # --lock-text-unlocked-layers: a locked tower's parameters are not trained, except its last N groups
+    # (topoclip.training.lock: embeddings, one group per block, the projection).
+    lock_image: bool = False
+    lock_image_unlocked_groups: int = 0
+    lock_text: bool = False
+    lock_text_unlocked_layers: int = 0
 
 
 # --------------------------------------------------------------------------- data

@@ -45,6 +45,7 @@ from topoclip.training.resume import (finish_leftovers, finished, require_fittin
                                       resume_newest_good, rng_states, save_checkpoint_and_prune)
 from topoclip.training.run_folder import RunFolder, claim_run_folder, write_text_atomic
 from topoclip.training.guard import StepGuard
+from topoclip.training.lock import apply_locks
 from topoclip.training.step import batch_loss, forward_backward_loss, optimizer_step, set_tf32
 from topoclip.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
 
@@ -162,6 +163,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         load_initial_weights(model, config)
     if settings.gradient_checkpointing:
         model.set_gradient_checkpointing(True)
+    apply_locks(model, settings)  # before the optimiser: locked weights are left out of it
     optimizer = build_optimizer(model, settings)
     scheduler = build_scheduler(optimizer, settings)
     scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
