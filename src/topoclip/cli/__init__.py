@@ -20,7 +20,7 @@ from topoclip import __version__
 from topoclip.cli.analyze import add_analyze
 from topoclip.cli.experiments import add_ablate, add_compare
 from topoclip.cli.files import add_convert, add_data, add_export
-from topoclip.cli.run import add_benchmark, add_eval, add_predict, add_presets, add_train
+from topoclip.cli.run import add_benchmark, add_embed, add_eval, add_predict, add_presets, add_train
 from topoclip.errors import DISK_FULL_ERRNOS, UserError
 
 USER_ERROR_STATUS = 2
@@ -30,7 +30,7 @@ INTERRUPTED_STATUS = 130
 # --------------------------------------------------------------------------- the parser and main
 
 # Each entry registers one command's subparser; the order is the order of `topoclip --help`.
-COMMANDS = [add_train, add_eval, add_benchmark, add_predict, add_convert, add_export, add_presets, add_data, add_analyze,
+COMMANDS = [add_train, add_eval, add_benchmark, add_embed, add_predict, add_convert, add_export, add_presets, add_data, add_analyze,
             add_ablate, add_compare]
 
 

@@ -152,6 +152,41 @@ def add_benchmark(commands) -> None:
                            "options (--dataset, --dataset_root, --task, --batch_size, --output, --no_amp, ...)")
 
 
+# --------------------------------------------------------------------------- embed
+
+
+def command_embed(args) -> int:
+    from topoclip.embed import embed
+
+    summary = embed(args.checkpoint, args.out, images=args.images, texts=args.texts, flat=args.flat,
+                    image_key=args.image_key, batch_size=args.batch_size, shard_size=args.shard_size,
+                    num_workers=args.workers, device=args.device, progress=not args.quiet)
+    for kind in ("images", "texts"):
+        if kind in summary:
+            counts = summary[kind]
+            skipped = ", ".join(f"{name} {count}" for name, count in counts["bad"].items()) or "none"
+            print(f"{kind}: {counts['kept']} embedded of {counts['inputs']} (skipped: {skipped})")
+    print(f"wrote {args.out} (img_emb/, text_emb/: .npy shards and their keys; embed.json)")
+    return 0
+
+
+def add_embed(commands) -> None:
+    embed = add_command(commands, "embed", command_embed, "embed images and texts into .npy shards with their keys "
+                        "(batched, resumable), as clip-retrieval's inference")
+    embed.add_argument("checkpoint", help="a checkpoint, run or exported folder, or a Hugging Face Hub repo id")
+    embed.add_argument("--images", help="a folder of images, a CSV/TSV (its --image-key column) or local .tar shards")
+    embed.add_argument("--texts", help="a text file, one text per line")
+    embed.add_argument("--out", required=True, help="output folder; run again to resume a killed run")
+    embed.add_argument("--flat", action="store_true", help="(N, m·n) vectors whose inner product is the model's "
+                       "similarity, for an inner-product index (sphere and ps-inner only)")
+    embed.add_argument("--image-key", default="filepath", help="the CSV column of image paths (default filepath)")
+    embed.add_argument("--batch-size", type=int, default=256)
+    embed.add_argument("--shard-size", type=int, default=10_000, help="inputs per shard (default 10000)")
+    embed.add_argument("--workers", type=int, default=2, help="image decoding processes (0: in this one)")
+    embed.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    embed.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 # --------------------------------------------------------------------------- predict
 
 

@@ -35,10 +35,12 @@ def sniff_separator(path: Union[str, Path]) -> str:
 def read_caption_table(
     path: Union[str, Path],
     image_key: str = "filepath",
-    caption_key: str = "title",
+    caption_key: Optional[str] = "title",
     separator: Optional[str] = None,
 ) -> list[tuple[str, Optional[str]]]:
     """Rows of (image path as written, caption or None if the row is short) from a CSV / TSV with a header.
+
+    caption_key None: images only (every caption None).
 
     Text is read as UTF-8 with undecodable bytes kept as surrogates, so one bad caption is later skipped as
     "bad_encoding" instead of failing the whole file. Blank lines are ignored.
@@ -55,6 +57,8 @@ def read_caption_table(
         header = [name.lstrip("\ufeff").strip() for name in header]
         columns = {}
         for key, setting in ((image_key, "data.csv_image_key"), (caption_key, "data.csv_caption_key")):
+            if key is None:
+                continue
             if key not in header:
                 hint = ""
                 if len(header) == 1:
@@ -65,13 +69,13 @@ def read_caption_table(
                     f"{path} has no column {key!r} (setting {setting}); columns found: {header}.{hint}"
                 )
             columns[key] = header.index(key)
-        image_column, caption_column = columns[image_key], columns[caption_key]
+        image_column, caption_column = columns[image_key], columns.get(caption_key)
         rows = []
         for row in reader:
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
             image = row[image_column] if image_column < len(row) else ""
-            caption = row[caption_column] if caption_column < len(row) else None
+            caption = row[caption_column] if caption_column is not None and caption_column < len(row) else None
             rows.append((image, caption))
     return rows
 

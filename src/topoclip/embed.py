@@ -1,0 +1,228 @@
+"""Bulk embedding (`topoclip embed`): images and texts -> embedding shards, as clip-retrieval's `inference`.
+
+Output folder, one shard per SHARD_SIZE inputs (an input whose image cannot be read is skipped and
+counted, so a shard may hold fewer rows)::
+
+    OUT/img_emb/img_emb_00000.npy     (rows, m, n) float32, or (rows, m·n) with flat=True
+    OUT/img_emb/img_keys_00000.json   the rows' keys: file paths relative to the folder, CSV paths, shard keys
+    OUT/text_emb/text_emb_00000.npy   the same for texts; keys are the line numbers of the text file
+    OUT/embed.json                    the model, the shape, the counts of embedded and skipped inputs
+
+Inputs are read in one fixed order (sorted files; CSV rows; shards in order, members in tar order), so
+shard i always covers inputs [i·SHARD_SIZE, (i+1)·SHARD_SIZE). A shard's files are written atomically,
+keys last; a run that is killed resumes after its last complete shard and writes what an
+uninterrupted run writes. The folder belongs to one process at a time (a lock).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from topoclip.data.images import DecodeSettings, decode_image, image_files, resolve_image_path
+from topoclip.data.quality import BadSample, BadSampleCounter
+from topoclip.errors import UserError
+
+SHARD_SIZE = 10_000
+SUMMARY = "embed.json"
+KINDS = {"image": ("img_emb", "img"), "text": ("text_emb", "text")}  # folder, file prefix
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image to embed: its key and where its bytes are (a file path, or a TarMember), or why there are none
+    (a BAD_SAMPLE_KINDS key)."""
+
+    key: str
+    source: object
+    bad: str = ""
+
+    def open(self, decode: DecodeSettings):
+        data = self.source.read() if hasattr(self.source, "read") else self.source
+        return decode_image(data, decode.min_size, decode.max_pixels)
+
+
+def list_images(source: Union[str, Path], image_key: str = "filepath") -> list[ImageInput]:
+    """The images of a folder (recursively), a CSV / TSV (its `image_key` column, paths inside its folder)
+    or local WebDataset shards (a brace pattern of .tar files), in their fixed order."""
+    from topoclip.data.benchmark_sets import WDS_IMAGE_EXTENSIONS, _samples
+    from topoclip.data.shards import expand_shard_sources
+
+    text = str(source)
+    path = Path(text)
+    if path.is_dir():
+        return [ImageInput(str(file.relative_to(path)), file) for file in image_files(path)]
+    if path.suffix.lower() in (".csv", ".tsv", ".tab") and path.is_file():
+        from topoclip.data.csv import read_caption_table
+
+        inputs = []
+        for written, _ in read_caption_table(path, image_key, caption_key=None):
+            try:
+                inputs.append(ImageInput(written, resolve_image_path(written, path.parent)))
+            except BadSample as bad:  # outside the CSV's folder: never opened, counted
+                inputs.append(ImageInput(written, None, bad.kind))
+        return inputs
+    if ".tar" in text:
+        if "://" in text or text.startswith("pipe:"):
+            raise UserError(f"{text}: topoclip embed reads local shards only")
+        shards, _ = expand_shard_sources(text)
+        inputs = []
+        for shard in shards:
+            if not Path(shard).is_file():
+                raise FileNotFoundError(f"shard {shard} does not exist")
+            for key, members in _samples(Path(shard)).items():
+                member = next((members[ext] for ext in (*WDS_IMAGE_EXTENSIONS, "jpe", "bmp", "tif", "tiff")
+                               if ext in members), None)
+                inputs.append(ImageInput(key, member, "" if member else "unpaired_member"))
+        return inputs
+    raise FileNotFoundError(f"{text}: not a folder, a .csv/.tsv file or .tar shards (e.g. 'shards/{{00000..00009}}.tar')")
+
+
+class _Pixels(torch.utils.data.Dataset):
+    """inputs[i] -> (i, pixels (3, S, S) or None, bad kind or None), decoded in DataLoader workers."""
+
+    def __init__(self, inputs: Sequence[ImageInput], transform: Callable, decode: DecodeSettings):
+        self.inputs, self.transform, self.decode = inputs, transform, decode
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int):
+        item = self.inputs[index]
+        if item.bad:
+            return index, None, item.bad
+        try:
+            return index, self.transform(item.open(self.decode)), None
+        except BadSample as bad:
+            return index, None, bad.kind
+
+
+def _collate(batch):
+    return batch
+
+
+class ShardWriter:
+    """Embedding shards of one kind in OUT/<folder>/, written atomically: the .npy, then the keys."""
+
+    def __init__(self, out: Path, kind: str):
+        folder, self.prefix = KINDS[kind]
+        self.folder = out / folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def paths(self, index: int) -> tuple[Path, Path]:
+        return (self.folder / f"{self.prefix}_emb_{index:05d}.npy", self.folder / f"{self.prefix}_keys_{index:05d}.json")
+
+    def complete(self) -> int:
+        """The number of complete shards from the first on (a shard is complete once its keys file exists)."""
+        index = 0
+        while all(path.is_file() for path in self.paths(index)):
+            index += 1
+        return index
+
+    def write(self, index: int, embeddings: np.ndarray, keys: list[str]) -> None:
+        from topoclip.training.run_folder import write_text_atomic
+
+        array, key_file = self.paths(index)
+        temporary = array.with_suffix(".npy.partial")
+        with open(temporary, "wb") as file:
+            np.save(file, embeddings)
+        temporary.replace(array)
+        write_text_atomic(key_file, json.dumps(keys))
+
+
+def embed_images(clip, inputs: Sequence[ImageInput], out: Path, flat: bool = False, batch_size: int = 256,
+                 shard_size: int = SHARD_SIZE, num_workers: int = 2, progress: bool = True,
+                 decode: DecodeSettings = DecodeSettings()) -> dict:
+    """Embed `inputs` into image shards under `out` (resuming after the last complete shard); returns counts."""
+    writer = ShardWriter(out, "image")
+    done = writer.complete()
+    counter = BadSampleCounter()
+    bar = tqdm(total=len(inputs), initial=min(done * shard_size, len(inputs)), desc="images", unit="image",
+               disable=not progress)
+    for shard in range(done, -(-len(inputs) // shard_size)):
+        start, stop = shard * shard_size, min((shard + 1) * shard_size, len(inputs))
+        loader = torch.utils.data.DataLoader(_Pixels(inputs[start:stop], clip.transform, decode), batch_size=batch_size,
+                                             num_workers=num_workers, collate_fn=_collate)
+        blocks, keys = [], []
+        for batch in loader:
+            good = [(index, pixels) for index, pixels, bad in batch if pixels is not None]
+            for _, _, bad in batch:
+                if bad:
+                    counter.add(bad)
+                else:
+                    counter.keep()
+            if good:
+                blocks.append(clip.encode_image(torch.stack([pixels for _, pixels in good]), batch_size, flat=flat))
+                keys += [inputs[start + index].key for index, _ in good]
+            bar.update(len(batch))
+        shape = (0, *(clip.model.embedding_shape if not flat else (int(np.prod(clip.model.embedding_shape)),)))
+        embeddings = torch.cat(blocks).cpu().numpy() if blocks else np.zeros(shape, np.float32)
+        writer.write(shard, embeddings.astype(np.float32), keys)
+    bar.close()
+    return {"inputs": len(inputs), "resumed_after_shards": done, **counter.as_dict()}
+
+
+def embed_texts(clip, texts: Sequence[str], out: Path, flat: bool = False, batch_size: int = 256,
+                shard_size: int = SHARD_SIZE, progress: bool = True) -> dict:
+    """Embed `texts` into text shards under `out` (keys: line numbers from 1; empty lines skipped and counted)."""
+    writer = ShardWriter(out, "text")
+    done = writer.complete()
+    counter = BadSampleCounter()
+    bar = tqdm(total=len(texts), initial=min(done * shard_size, len(texts)), desc="texts", unit="text",
+               disable=not progress)
+    for shard in range(done, -(-len(texts) // shard_size)):
+        start, stop = shard * shard_size, min((shard + 1) * shard_size, len(texts))
+        kept = [(number, text.strip()) for number, text in enumerate(texts[start:stop], start=start + 1) if text.strip()]
+        counter.keep(len(kept))
+        counter.add("empty_caption", (stop - start) - len(kept))
+        embeddings = clip.encode_text([text for _, text in kept], batch_size, flat=flat) if kept else None
+        shape = clip.model.embedding_shape if not flat else (int(np.prod(clip.model.embedding_shape)),)
+        writer.write(shard, embeddings.cpu().numpy() if kept else np.zeros((0, *shape), np.float32),
+                     [str(number) for number, _ in kept])
+        bar.update(stop - start)
+    bar.close()
+    return {"inputs": len(texts), "resumed_after_shards": done, **counter.as_dict()}
+
+
+def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] = None, flat: bool = False,
+          image_key: str = "filepath", batch_size: int = 256, shard_size: int = SHARD_SIZE, num_workers: int = 2,
+          device: str = "cpu", progress: bool = True) -> dict:
+    """`topoclip embed`: embed the images and/or the texts (a file, one per line) into shards under `out`."""
+    from topoclip.inference import load
+    from topoclip.training.run_folder import claim_folder, write_text_atomic
+
+    if not (images or texts):
+        raise UserError("say what to embed: --images (a folder, CSV or shards) and/or --texts (a file, one per line)")
+    if batch_size < 1 or shard_size < 1 or num_workers < 0:
+        raise UserError(f"--batch-size {batch_size} and --shard-size {shard_size} must be ≥ 1, --workers {num_workers} ≥ 0")
+    clip = load(model_source, device=device)
+    if flat:
+        try:
+            clip.model.flatten(torch.zeros(1, *clip.model.embedding_shape))
+        except ValueError as error:
+            raise UserError(f"--flat: {error}") from None
+    out = Path(out)
+    summary_path = out / SUMMARY
+    settings = {"model": str(model_source), "flat": flat, "shard_size": shard_size, "images": images, "texts": texts}
+    with claim_folder(out, "embedding folder"):
+        if summary_path.is_file():
+            before = json.loads(summary_path.read_text())
+            changed = [key for key, value in settings.items() if before.get("settings", {}).get(key) != value]
+            if changed:
+                raise UserError(f"{out} holds embeddings made with other settings ({', '.join(changed)}); resume with "
+                                f"the same ones, or choose another --out")
+        write_text_atomic(summary_path, json.dumps({"settings": settings}, indent=2))
+        summary = {"settings": settings, "shape": list(clip.model.embedding_shape)}
+        if images:
+            summary["images"] = embed_images(clip, list_images(images, image_key), out, flat, batch_size, shard_size,
+                                             num_workers, progress)
+        if texts:
+            lines = Path(texts).read_text(encoding="utf-8").splitlines()
+            summary["texts"] = embed_texts(clip, lines, out, flat, batch_size, shard_size, progress)
+        write_text_atomic(summary_path, json.dumps(summary, indent=2))
+    return summary
