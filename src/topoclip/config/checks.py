@@ -204,6 +204,22 @@ def validate_train(config: TrainConfig) -> None:
                           f"train.accumulation_steps={config.accumulation_steps}")
 
 
+REPORTERS = ("tensorboard", "wandb")
+
+
+def validate_reporters(config: TrainConfig) -> None:
+    """train.report_to names known reporters; "wandb" must be installed (said before training, not after)."""
+    import importlib.util
+
+    unknown = [name for name in config.report_to if name not in REPORTERS]
+    if unknown:
+        raise ConfigError(f"train.report_to has {unknown}; choose from {list(REPORTERS)} (metrics.jsonl is always "
+                          f"written)")
+    if "wandb" in config.report_to and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("train.report_to has \"wandb\" but wandb is not installed: pip install 'topoclip[wandb]' "
+                          "(or drop it from train.report_to)")
+
+
 def validate_locks(config: Config) -> None:
     """Unlocked groups of a locked tower: 0 … its groups (layers + 2); none without the lock."""
     from topoclip.training.lock import group_count
@@ -280,6 +296,7 @@ def validate(config: Config) -> None:
     validate_numbers(config)
     validate_model(config.model)
     validate_train(config.train)
+    validate_reporters(config.train)
     validate_locks(config)
     validate_source(config)
     validate_data(config.data)

@@ -148,6 +148,9 @@ class TrainConfig:
     lock_image_unlocked_groups: int = 0
     lock_text: bool = False
     lock_text_unlocked_layers: int = 0
+    # Where the scalars, the config and the final evaluation table also go: "tensorboard" (when installed)
+    # and/or "wandb" (must be installed); metrics.jsonl and the plots are always written.
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
 
 
 # --------------------------------------------------------------------------- data

@@ -97,26 +97,40 @@ def evaluate(model, tokenizer, config: Config, split: str = "test", device="cpu"
     return records
 
 
-def summary_table(records: list[dict]) -> str:
-    """A fixed-width text table of each record's headline numbers, with its domain and chance level.
+TABLE_COLUMNS = ["dataset", "domain", "task", "mode", "top1/R@1", "top5/R@5", "mean", "chance top1"]
 
-    Classification: top-1 / top-5 / mean per-class recall, chance = 100 / classes (top-5: 500 / classes).
+
+def table_rows(records: list[dict]) -> tuple[list[list], list[str]]:
+    """(rows, columns) of each record's headline numbers, with its domain and chance level.
+
+    Classification: top-1 / top-5 / mean per-class recall, chance = 100 / classes (None when unknown).
     Retrieval: R@1 / R@5 averaged over both directions, and the mean recall (R@1, R@5, R@10 of both).
     """
-    lines = [f"{'dataset':<28} {'domain':<24} {'task':<15} {'mode':<10} {'top1/R@1':>9} {'top5/R@5':>9} "
-             f"{'mean':>7} {'chance top1':>11}"]
+    rows = []
     for item in records:
         metrics = item["metrics"]
         if item["task"] == "zeroshot_classification":
-            row = (metrics.get("mode", ""), metrics["top1"], metrics["top5"], metrics["mean_per_class_recall"])
-            task = "classification"
-            chance = f"{100 / metrics['classes']:.1f}" if metrics.get("classes") else ""
+            chance = 100 / metrics["classes"] if metrics.get("classes") else None
+            rows.append([item["dataset"], item.get("domain") or "user", "classification", metrics.get("mode", ""),
+                         metrics["top1"], metrics["top5"], metrics["mean_per_class_recall"], chance])
         else:
             r1 = (metrics["image_retrieval_recall@1"] + metrics["text_retrieval_recall@1"]) / 2
             r5 = (metrics["image_retrieval_recall@5"] + metrics["text_retrieval_recall@5"]) / 2
-            row, task, chance = ("", r1, r5, metrics["mean_recall"]), "retrieval", ""
-        lines.append(f"{item['dataset']:<28} {item.get('domain') or 'user':<24} {task:<15} {row[0]:<10} "
-                     f"{row[1]:>9.1f} {row[2]:>9.1f} {row[3]:>7.1f} {chance:>11}")
+            rows.append([item["dataset"], item.get("domain") or "user", "retrieval", "", r1, r5,
+                         metrics["mean_recall"], None])
+    return rows, TABLE_COLUMNS
+
+
+def summary_table(records: list[dict]) -> str:
+    """`table_rows` as fixed-width text."""
+    rows, columns = table_rows(records)
+    widths = [28, 24, 15, 10, 9, 9, 7, 11]
+    lines = [" ".join(f"{name:<{w}}" if i < 4 else f"{name:>{w}}" for i, (name, w) in enumerate(zip(columns, widths)))]
+    for row in rows:
+        cells = [f"{cell:<{w}}" for cell, w in zip(row[:4], widths)]
+        cells += [f"{cell:>{w}.1f}" for cell, w in zip(row[4:7], widths[4:7])]
+        cells.append(f"{row[7]:>{widths[7]}.1f}" if row[7] is not None else f"{'':>{widths[7]}}")
+        lines.append(" ".join(cells))
     return "\n".join(lines)
 
 

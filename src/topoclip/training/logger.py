@@ -1,4 +1,11 @@
-"""Training logs: metrics.jsonl (always), TensorBoard (if installed), PNG plots at the end.
+"""Training logs: metrics.jsonl (always), TensorBoard and W&B (train.report_to), PNG plots at the end.
+
+Every reporter gets the same scalars (each numeric field of each metrics.jsonl record, keyed by its
+path, e.g. "eval/shape/distance/top1"), the resolved config at the start and the final evaluation table
+at the end. "tensorboard" (the default) writes RUN/tensorboard/ when TensorBoard is installed and is
+skipped quietly otherwise; "wandb" must be installed (`pip install "topoclip[wandb]"`; WANDB_MODE=offline
+works without a network) and keeps one W&B run per run folder (its id in RUN/wandb-id.txt), so a resumed
+run continues the same W&B run.
 
 metrics.jsonl holds one JSON object per line, each flushed as it is logged. A run killed while
 writing (or on a full disk) can leave a torn last line; readers skip it, and a resumed run cuts the
@@ -8,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from topoclip.config import flat_dict
+from topoclip.errors import UserError
 from topoclip.training.run_folder import METRICS, PLOTS, save_png_atomic
 
 
@@ -76,22 +85,28 @@ class MetricsLogger:
     resume_step: cut the file back to the records up to this step first (see `truncate_metrics`).
     """
 
-    def __init__(self, run_dir: Path, enabled: bool = True, resume_step: Optional[int] = None):
+    def __init__(self, run_dir: Path, enabled: bool = True, resume_step: Optional[int] = None,
+                 report_to: Sequence[str] = ("tensorboard",), config: Optional[dict] = None):
         self.enabled = enabled
         self.path = Path(run_dir) / METRICS
-        self.writer = None
+        self.writer = self.wandb = None
         self.handle = None
         if not enabled:
             return
         if resume_step is not None:
             truncate_metrics(self.path, resume_step)
         self.handle = self.path.open("a", encoding="utf-8")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+        if "tensorboard" in report_to:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-        except ImportError:  # TensorBoard is optional
-            self.writer = None
+                self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+                if config is not None:
+                    self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", resume_step or 0)
+            except ImportError:  # TensorBoard is optional
+                self.writer = None
+        if "wandb" in report_to:
+            self.wandb = start_wandb(Path(run_dir), config or {})
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -99,11 +114,27 @@ class MetricsLogger:
         # One write of the whole line, then flush: a crash loses at most the line being written.
         self.handle.write(json.dumps(record) + "\n")
         self.handle.flush()
+        step = record.get("step", 0)
+        scalars = {key: value for key, value in flat_dict(record, "/").items()
+                   if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
         if self.writer is not None:
-            step = record.get("step", 0)
-            for key, value in flat_dict(record, "/").items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.writer.add_scalar(key, value, step)
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, step)
+        if self.wandb is not None and scalars:
+            self.wandb.log({"step": step, **scalars})  # plotted against "step" (start_wandb), committed at once
+
+    def final_table(self, rows: list[list], columns: list[str], step: int) -> None:
+        """The final evaluation table (one row per record) to every reporter (metrics.jsonl has its headline)."""
+        if not self.enabled:
+            return
+        if self.writer is not None:
+            lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+            self.writer.add_text("final evaluation", "\n".join(lines), step)
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({"step": step, "final evaluation": wandb.Table(columns=columns, data=rows)})
 
     def plot(self) -> list[Path]:
         """PNG plots of loss, τ, learning rate and the evaluation metrics; returns their paths."""
@@ -118,6 +149,27 @@ class MetricsLogger:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def start_wandb(run_dir: Path, config: dict):
+    """A W&B run for this run folder, the same one again on resume (its id kept in RUN/wandb-id.txt)."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("train.report_to has \"wandb\" but wandb is not installed: pip install 'topoclip[wandb]' "
+                        "(or drop it from train.report_to)") from None
+    id_file = run_dir / "wandb-id.txt"
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+    id_file.write_text(run_id)
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "topoclip"), name=run_dir.name, id=run_id,
+                     resume="allow", dir=str(run_dir), config=config)
+    # The run's own step is the x-axis, not W&B's row counter: a resumed run logs its steps again from its
+    # checkpoint, which W&B's monotonic _step would refuse.
+    run.define_metric("*", step_metric="step")
+    return run
 
 
 

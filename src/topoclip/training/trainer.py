@@ -192,7 +192,8 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     if settings.compile:
         trained = torch.compile(trained)
 
-    logger = MetricsLogger(run_dir, enabled=main, resume_step=start_step)
+    logger = MetricsLogger(run_dir, enabled=main, resume_step=start_step, report_to=settings.report_to,
+                           config=to_dict(config))
     batches = prefetch_to_device(training_batches(config, start_step, info.rank, info.world_size, tokenizer=tokenizer,
                                                   pin_memory=device.type == "cuda",
                                                   stream=streams), device)
@@ -261,11 +262,13 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     bar.close()
 
     if main:
-        from topoclip.evaluation.run import headline, no_evaluation_sets, summary_table, temperature_summary
+        from topoclip.evaluation.run import (headline, no_evaluation_sets, summary_table, table_rows,
+                                             temperature_summary)
 
         records = final_evaluation(model, tokenizer, config, device)
         write_text_atomic(folder.evaluation, json.dumps(records, indent=2))
         logger.log({"step": settings.steps, "eval": headline(records), "final": True})
+        logger.final_table(*table_rows(records), step=settings.steps)
         logger.plot()
         print(summary_table(records) if records else no_evaluation_sets(config))
         print(f"\n{temperature_summary(model)}")
