@@ -45,9 +45,16 @@ def command_export(args) -> int:
     from topoclip.convert import check_destination
     from topoclip.inference import checkpoint_folder
 
-    if not (args.onnx or args.weights):
-        raise ConfigError("say what to export: --onnx DST (ONNX encoders) and/or --weights DST (safetensors folder)")
+    if not (args.onnx or args.weights or args.openclip):
+        raise ConfigError("say what to export: --onnx DST (ONNX encoders), --weights DST (safetensors folder) and/or "
+                          "--openclip DST (OpenCLIP's files)")
     model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
+    if args.openclip:
+        from topoclip.convert.openclip_export import export_openclip
+
+        export_openclip(model, config, args.openclip)
+        print(f"wrote {args.openclip} (open_clip_config.json, open_clip_model.safetensors): "
+              f"open_clip.create_model_and_transforms('local-dir:{args.openclip}')")
     if args.weights:
         save_checkpoint(check_destination(args.weights), model, config, tokenizer)
         print(f"wrote {args.weights} (model.safetensors, config.json{', tokenizer.json' if tokenizer else ''})")
@@ -66,6 +73,9 @@ def add_export(commands) -> None:
                         "tokenizer.json into this new folder, checked against PyTorch with onnxruntime")
     export.add_argument("--weights", metavar="DST", help="write model.safetensors, config.json and tokenizer.json "
                         "(no training state) into this new folder")
+    export.add_argument("--openclip", metavar="DST", help="write OpenCLIP's open_clip_config.json and "
+                        "open_clip_model.safetensors (a sphere model with one class token and an OpenAI-shaped text "
+                        "tower; others are refused)")
     export.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     export.add_argument("--flat", action="store_true", help="ONNX encoders output (B, m·n) vectors whose inner "
                         "product is the model's similarity, for an inner-product index (sphere and ps-inner only)")
