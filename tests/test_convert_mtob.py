@@ -55,7 +55,7 @@ def test_imported_release_gives_the_original_similarities(tmp_path, suffix):
     assert main(["convert", "--from", "mtob", str(source), str(tmp_path / "out"), "--vocab", str(vocab),
                  "--set", "model.text.heads=2"]) == 0
     clip = topoclip.load(tmp_path / "out")
-    config = json.loads((tmp_path / "out" / "config.json").read_text())["model"]
+    config = json.loads((tmp_path / "out" / "topoclip_config.json").read_text())["model"]
     assert (config["class_tokens"], config["embed_dim"], config["topology"]) == (4, 8, "ps-inner")
     assert (config["text"]["context_length"], config["text"]["cls_token_id"], config["vision"]["heads"]) == (12, 2, 2)
 

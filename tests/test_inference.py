@@ -116,20 +116,24 @@ def fake_hub_cache(root: Path, repo: str, files: dict) -> Path:
 
 def test_hub_repo_loads_offline_from_the_cache(checkpoint, tmp_path):
     pytest.importorskip("huggingface_hub")
-    names = ["model.safetensors", "config.json", "tokenizer.json"]
+    names = ["model.safetensors", "topoclip_config.json", "tokenizer.json"]
     cache = fake_hub_cache(tmp_path / "hub", "someone/tiny-topoclip", {n: checkpoint / n for n in names})
-    fake_hub_cache(cache, "someone/no-weights", {"config.json": checkpoint / "config.json"})
+    fake_hub_cache(cache, "someone/no-weights", {"topoclip_config.json": checkpoint / "topoclip_config.json"})
+    # A repository pushed with the earlier layout: its config is config.json.
+    fake_hub_cache(cache, "someone/earlier", {"model.safetensors": checkpoint / "model.safetensors",
+                                              "config.json": checkpoint / "topoclip_config.json"})
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "home")}
     script = ("import topoclip, torch\n"
               "clip = topoclip.load('someone/tiny-topoclip')\n"
               "print(tuple(clip.encode_text(['a cat']).shape))\n"
+              "print('earlier', tuple(topoclip.load('someone/earlier').model.embedding_shape))\n"
               "try:\n    topoclip.load('hf-hub:someone/no-weights')\n"
               "except topoclip.errors.UserError as error:\n    print('ERROR', error)\n")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "(1, 4, 16)"
-    assert lines[1].startswith("ERROR someone/no-weights: model.safetensors is not in the local Hugging Face cache")
+    assert lines[0] == "(1, 4, 16)" and lines[1] == "earlier (4, 16)"
+    assert lines[2].startswith("ERROR someone/no-weights: model.safetensors is not in the local Hugging Face cache")
 
 
 def test_missing_tokenizer_is_a_clear_error(checkpoint, tmp_path):
@@ -139,3 +143,11 @@ def test_missing_tokenizer_is_a_clear_error(checkpoint, tmp_path):
     assert clip.encode_image(images(1)).shape == (1, 4, 16)  # images need no tokenizer
     with pytest.raises(UserError, match="no tokenizer.json"):
         clip.encode_text("a cat")
+
+
+def test_a_folder_of_the_earlier_layout_still_loads(checkpoint, tmp_path):
+    """Folders written before the config was named topoclip_config.json hold config.json."""
+    earlier = tmp_path / "earlier"
+    shutil.copytree(checkpoint, earlier)
+    (earlier / "topoclip_config.json").rename(earlier / "config.json")
+    assert topoclip.load(earlier).config.model.class_tokens == topoclip.load(checkpoint).config.model.class_tokens

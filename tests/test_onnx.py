@@ -46,10 +46,11 @@ def test_cli_export_writes_a_servable_folder(tmp_path, capsys):
     assert main(["export", str(checkpoint), "--onnx", str(tmp_path / "served"), "--weights", str(tmp_path / "clean")]) == 0
     out = capsys.readouterr().out
     assert "onnxruntime vs PyTorch, max abs difference" in out
-    assert sorted(p.name for p in (tmp_path / "served").iterdir()) == ["config.json", "image_encoder.onnx",
-                                                                         "text_encoder.onnx", "tokenizer.json"]
-    assert json.loads((tmp_path / "served" / "config.json").read_text())["model"]["class_tokens"] == 4
-    assert sorted(p.name for p in (tmp_path / "clean").iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in (tmp_path / "served").iterdir()) == ["image_encoder.onnx", "text_encoder.onnx",
+                                                                         "tokenizer.json", "topoclip_config.json"]
+    assert json.loads((tmp_path / "served" / "topoclip_config.json").read_text())["model"]["class_tokens"] == 4
+    assert sorted(p.name for p in (tmp_path / "clean").iterdir()) == ["model.safetensors", "tokenizer.json",
+                                                                        "topoclip_config.json"]
     # Serving without topoclip: the HF tokenizers library pads and truncates from tokenizer.json alone.
     from tokenizers import Tokenizer as Backend
 

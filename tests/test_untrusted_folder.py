@@ -53,21 +53,21 @@ def test_init_from_takes_the_model_never_the_data(run, tmp_path, capsys):
     source = tmp_path / "checkpoint"
     shutil.copytree(step_checkpoints(run / "checkpoints")[-1], source)
     marker = tmp_path / "PWNED"
-    plant(source / "config.json", marker)
+    plant(source / "topoclip_config.json", marker)
     out = tmp_path / "new"
     settings = [part for s in SMALL + ["train.steps=1"] for part in ("--set", s)]
     assert main(["train", "--init-from", str(source), "--out", str(out), "--quiet", *settings]) == 0
     assert not marker.exists()
     saved = json.loads((out / "config.json").read_text())
-    assert saved["data"]["source"] == "scenes" and saved["model"] == json.loads((source / "config.json").read_text())["model"]
+    assert saved["data"]["source"] == "scenes" and saved["model"] == json.loads((source / "topoclip_config.json").read_text())["model"]
 
 
 def test_a_config_claiming_a_huge_model_is_refused_before_anything_is_built(run, tmp_path, capsys, monkeypatch):
     folder = tmp_path / "exported"
     shutil.copytree(step_checkpoints(run / "checkpoints")[-1], folder)
-    values = json.loads((folder / "config.json").read_text())
+    values = json.loads((folder / "topoclip_config.json").read_text())
     values["model"]["vision"].update(width=16384, heads=128, layers=24)
-    (folder / "config.json").write_text(json.dumps(values))
+    (folder / "topoclip_config.json").write_text(json.dumps(values))
     built = []
     real = checkpoint.CLIP
 

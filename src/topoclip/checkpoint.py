@@ -30,6 +30,18 @@ from topoclip.errors import CheckpointError, DiskFullError, NonFiniteError, is_d
 from topoclip.model import CLIP
 from topoclip.training.run_folder import CHECKPOINTS, CONFIG, TOKENIZER  # a run folder's names too
 
+# A model folder's config (checkpoints, exports, Hub repos). Not "config.json": on the Hugging Face Hub that
+# name is transformers' (OpenCLIP names its own open_clip_config.json for the same reason). Folders written
+# before hold CONFIG and are still read; a run folder's own config stays RUN/config.json.
+MODEL_CONFIG = "topoclip_config.json"
+
+
+def config_file(folder) -> Path:
+    """The config file of a model or run folder: MODEL_CONFIG, else (earlier layout, run folders) CONFIG."""
+    folder = Path(folder)
+    return folder / MODEL_CONFIG if (folder / MODEL_CONFIG).is_file() or not (folder / CONFIG).is_file() \
+        else folder / CONFIG
+
 WEIGHTS = "model.safetensors"
 TRAINING_STATE = "training_state.pt"
 STEP_PREFIX = "step-"
@@ -54,7 +66,7 @@ def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
     try:
         temporary.mkdir(parents=True)
         save_file(state, temporary / WEIGHTS, metadata={"format": "pt", "topoclip": "1"})
-        (temporary / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
+        (temporary / MODEL_CONFIG).write_text(json.dumps(to_dict(config), indent=2))
         if tokenizer is not None:
             tokenizer.save(temporary / TOKENIZER)
         if training_state is not None:
@@ -119,8 +131,8 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def load_config_from(path: Path) -> Config:
-    """The validated Config of a checkpoint or run folder; CheckpointError when config.json is unreadable."""
-    file = Path(path) / CONFIG
+    """The validated Config of a checkpoint or run folder; CheckpointError when its config is unreadable."""
+    file = config_file(path)
     try:
         values = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:

@@ -3,7 +3,7 @@
     DST/
       image_encoder.onnx   images (B, 3, H, W) float32, normalised -> embeddings (B, m, n)
       text_encoder.onnx    input_ids (B, L) int64, attention_mask (B, L) int64 -> embeddings (B, m, n)
-      config.json          the model's config (image size, pixel mean/std, topology, m, n)
+      topoclip_config.json the model's config (image size, pixel mean/std, topology, m, n)
       tokenizer.json       the tokenizer (HF `tokenizers` can run it: it pads/truncates to L itself)
 
 The batch size B is dynamic; L is the model's context length (the tokenizer always pads to it).
@@ -25,7 +25,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from topoclip.checkpoint import CONFIG, TOKENIZER
+from topoclip.checkpoint import MODEL_CONFIG, TOKENIZER
 from topoclip.config import Config, to_dict
 from topoclip.convert import check_destination
 from topoclip.errors import UserError
@@ -98,7 +98,7 @@ def example_inputs(config: Config, batch: int, generator: Optional[torch.Generat
 
 def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, Path], check: bool = True,
                 flat: bool = False) -> str:
-    """Write the ONNX encoders, config.json and tokenizer.json into `destination` (new or empty).
+    """Write the ONNX encoders, topoclip_config.json and tokenizer.json into `destination` (new or empty).
 
     flat: the encoders output (B, m·n) vectors whose inner product is the model's similarity (sphere and
     ps-inner; UserError for the other topologies), for an inner-product index.
@@ -121,10 +121,10 @@ def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, 
         _export(ImageEncoder(model, flat), (inputs["images"],), ["images"], destination / IMAGE_FILE)
         _export(TextEncoder(model, flat), (inputs["input_ids"], inputs["attention_mask"]),
                 ["input_ids", "attention_mask"], destination / TEXT_FILE)
-    (destination / CONFIG).write_text(json.dumps(to_dict(config), indent=2))
+    (destination / MODEL_CONFIG).write_text(json.dumps(to_dict(config), indent=2))
     if tokenizer is not None:
         tokenizer.save(destination / TOKENIZER)
-    report = f"wrote {destination}: {IMAGE_FILE}, {TEXT_FILE}, config.json" + (", tokenizer.json" if tokenizer else "")
+    report = f"wrote {destination}: {IMAGE_FILE}, {TEXT_FILE}, {MODEL_CONFIG}" + (", tokenizer.json" if tokenizer else "")
     if check:
         differences = compare_with_pytorch(model, config, destination)
         report += "\nonnxruntime vs PyTorch, max abs difference (batch of 3): " + ", ".join(

@@ -11,8 +11,8 @@ Images are PIL images, uint8 arrays (H, W, 3), paths (``pathlib.Path``; a plain 
 text), or float tensors (B, 3, H, W) already transformed. Everything runs on the model's device
 (``load(..., device="cuda")``).
 
-Hub repositories hold the exported layout (``model.safetensors``, ``config.json``,
-``tokenizer.json``) and are read through ``huggingface_hub`` (``pip install "topoclip[hub]"``),
+Hub repositories hold the exported layout (``model.safetensors``, ``topoclip_config.json`` — or
+``config.json`` in repositories pushed before — and ``tokenizer.json``) and are read through ``huggingface_hub`` (``pip install "topoclip[hub]"``),
 which keeps a local cache: with ``HF_HUB_OFFLINE=1`` they load from the cache alone.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from topoclip.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, resolve_checkpoint
+from topoclip.checkpoint import CONFIG, MODEL_CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, resolve_checkpoint
 from topoclip.config import Config
 from topoclip.errors import CheckpointError, UserError, resolve_device
 from topoclip.evaluation.zeroshot import ZeroShotClassifier, evaluating, zero_shot_classifier
@@ -215,12 +215,13 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
             if not required:
                 return None
             raise CheckpointError(f"Hub repository {repo_id} has no {name}; topoclip reads exported folders "
-                                  f"({WEIGHTS}, {CONFIG}, {TOKENIZER}); convert other formats with "
+                                  f"({WEIGHTS}, {MODEL_CONFIG}, {TOKENIZER}); convert other formats with "
                                   f"`topoclip convert`") from None
         except OSError as error:  # network failures
             raise UserError(f"{repo_id}: could not download {name} ({error})") from None
 
     weights = fetch(WEIGHTS)
-    fetch(CONFIG)
+    if fetch(MODEL_CONFIG, required=False) is None:
+        fetch(CONFIG)  # a repository pushed with the earlier layout
     fetch(TOKENIZER, required=False)
     return weights.parent

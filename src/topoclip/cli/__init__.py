@@ -19,7 +19,7 @@ import sys
 from topoclip import __version__
 from topoclip.cli.analyze import add_analyze
 from topoclip.cli.experiments import add_ablate, add_compare
-from topoclip.cli.files import add_convert, add_data, add_export
+from topoclip.cli.files import add_convert, add_data, add_export, add_push
 from topoclip.cli.run import add_benchmark, add_embed, add_eval, add_predict, add_presets, add_train
 from topoclip.errors import DISK_FULL_ERRNOS, UserError
 
@@ -30,8 +30,8 @@ INTERRUPTED_STATUS = 130
 # --------------------------------------------------------------------------- the parser and main
 
 # Each entry registers one command's subparser; the order is the order of `topoclip --help`.
-COMMANDS = [add_train, add_eval, add_benchmark, add_embed, add_predict, add_convert, add_export, add_presets, add_data, add_analyze,
-            add_ablate, add_compare]
+COMMANDS = [add_train, add_eval, add_benchmark, add_embed, add_predict, add_convert, add_export, add_push, add_presets,
+            add_data, add_analyze, add_ablate, add_compare]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ def command_convert(args) -> int:
     folder = convert(args.source_format, args.source, args.destination, vocab=args.vocab, activation=args.activation,
                      overrides=args.overrides, class_tokens=args.class_tokens, embed_dim=args.embed_dim,
                      noise=args.noise)
-    print(f"wrote {folder} (model.safetensors, config.json{', tokenizer.json' if (folder / 'tokenizer.json').is_file() else ''})")
+    print(f"wrote {folder} (model.safetensors, topoclip_config.json{', tokenizer.json' if (folder / 'tokenizer.json').is_file() else ''})")
     return 0
 
 
@@ -57,7 +57,7 @@ def command_export(args) -> int:
               f"open_clip.create_model_and_transforms('local-dir:{args.openclip}')")
     if args.weights:
         save_checkpoint(check_destination(args.weights), model, config, tokenizer)
-        print(f"wrote {args.weights} (model.safetensors, config.json{', tokenizer.json' if tokenizer else ''})")
+        print(f"wrote {args.weights} (model.safetensors, topoclip_config.json{', tokenizer.json' if tokenizer else ''})")
     if args.onnx:
         from topoclip.export_onnx import export_onnx
 
@@ -69,9 +69,9 @@ def add_export(commands) -> None:
     export = add_command(commands, "export", command_export, "export a checkpoint: ONNX image and text encoders "
                          "(served without PyTorch), or a clean safetensors folder")
     export.add_argument("checkpoint", help="a checkpoint, run or exported folder, or a Hugging Face Hub repo id")
-    export.add_argument("--onnx", metavar="DST", help="write image_encoder.onnx, text_encoder.onnx, config.json and "
+    export.add_argument("--onnx", metavar="DST", help="write image_encoder.onnx, text_encoder.onnx, topoclip_config.json and "
                         "tokenizer.json into this new folder, checked against PyTorch with onnxruntime")
-    export.add_argument("--weights", metavar="DST", help="write model.safetensors, config.json and tokenizer.json "
+    export.add_argument("--weights", metavar="DST", help="write model.safetensors, topoclip_config.json and tokenizer.json "
                         "(no training state) into this new folder")
     export.add_argument("--openclip", metavar="DST", help="write OpenCLIP's open_clip_config.json and "
                         "open_clip_model.safetensors (a sphere model with one class token and an OpenAI-shaped text "
@@ -79,6 +79,34 @@ def add_export(commands) -> None:
     export.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     export.add_argument("--flat", action="store_true", help="ONNX encoders output (B, m·n) vectors whose inner "
                         "product is the model's similarity, for an inner-product index (sphere and ps-inner only)")
+
+
+# --------------------------------------------------------------------------- push
+
+
+def command_push(args) -> int:
+    from topoclip.hub import push, upload_folder
+
+    if args.dry_run:
+        from topoclip.convert import check_destination
+
+        folder = upload_folder(args.checkpoint, check_destination(args.dry_run), args.repo_id, args.license)
+        print(f"wrote {folder}: what `topoclip push` would upload ({', '.join(sorted(p.name for p in folder.iterdir()))})")
+        return 0
+    print(f"pushed: {push(args.checkpoint, args.repo_id, args.private, args.license, message=args.message)}")
+    return 0
+
+
+def add_push(commands) -> None:
+    push = add_command(commands, "push", command_push, "upload a model to the Hugging Face Hub with a generated model "
+                       "card (and OpenCLIP's files where OpenCLIP can load it)")
+    push.add_argument("checkpoint", help="a run or checkpoint folder")
+    push.add_argument("repo_id", help="org/name (or user/name) on the Hub; created when absent")
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--license", default="mit", help="the license in the card (default mit)")
+    push.add_argument("--message", default="Upload with topoclip push", help="the commit message")
+    push.add_argument("--dry-run", metavar="DIR", help="write what would be uploaded into DIR (new or empty), upload "
+                      "nothing")
 
 
 # --------------------------------------------------------------------------- data

@@ -1,7 +1,7 @@
 """Bring checkpoints in and out: foreign formats -> a topoclip folder, upcycling, re-export.
 
 A converted model is written as a topoclip checkpoint folder (``model.safetensors``,
-``config.json``, ``tokenizer.json`` when a vocabulary was given) that ``topoclip.load``,
+``topoclip_config.json``, ``tokenizer.json`` when a vocabulary was given) that ``topoclip.load``,
 ``topoclip eval``/``predict`` and ``topoclip train --init-from`` read. Nothing here unpickles:
 foreign ``.pt``/``.bin`` files go through ``torch.load(weights_only=True)`` (see ``files.py``).
 

@@ -93,7 +93,7 @@ def finish_leftovers(run_dir: Path, config: Config) -> None:
     from topoclip.evaluation.run import headline
     from topoclip.training.logger import read_metrics
 
-    logger = MetricsLogger(run_dir)
+    logger = MetricsLogger(run_dir, report_to=())  # metrics.jsonl and plots only: no reporter opens a new log
     if not any(record.get("final") for record in read_metrics(logger.path)):
         records = json.loads(RunFolder(run_dir).evaluation.read_text(encoding="utf-8"))
         logger.log({"step": config.train.steps, "eval": headline(records), "final": True})

@@ -26,7 +26,7 @@ from typing import Optional
 
 from topoclip.errors import RunFolderError
 
-CONFIG = "config.json"  # also the names in each checkpoint folder (topoclip.checkpoint)
+CONFIG = "config.json"  # checkpoint folders name theirs topoclip.checkpoint.MODEL_CONFIG
 TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"
 EVALUATION = "eval.json"

@@ -1,0 +1,71 @@
+"""`topoclip push`: the files and the model card it sends, against a local fake of huggingface_hub's HfApi."""
+import json
+
+import pytest
+
+from topoclip.cli import main
+from topoclip.config import load_config
+from topoclip.training.trainer import train
+
+OPENAI_LAYOUT = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
+                 "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false"]
+
+
+class FakeApi:
+    """Records what would go to the Hub: the repository created and the folder's files."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.token = token
+
+    def create_repo(self, repo_id, private=False, exist_ok=False):
+        FakeApi.calls.append(("create_repo", repo_id, private, exist_ok))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, folder_path, repo_id, commit_message):
+        from pathlib import Path
+
+        files = {path.name: path.read_bytes() for path in Path(folder_path).iterdir()}
+        FakeApi.calls.append(("upload_folder", repo_id, commit_message, files))
+
+
+@pytest.fixture(scope="module", params=["multi", "sphere"])
+def run(request, tmp_path_factory):
+    overrides = ["train.steps=2", "evaluate.size=16"] + (OPENAI_LAYOUT if request.param == "sphere" else [])
+    return train(load_config("tiny", overrides), out_dir=tmp_path_factory.mktemp("push") / "run", progress=False)
+
+
+def test_push_sends_the_exported_model_and_a_card(run, monkeypatch, capsys):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    FakeApi.calls = []
+    assert main(["push", str(run), "someone/tiny", "--private"]) == 0
+    assert "pushed: https://huggingface.co/someone/tiny" in capsys.readouterr().out
+    (create, upload) = FakeApi.calls
+    assert create == ("create_repo", "someone/tiny", True, True)
+    files = upload[3]
+    sphere = json.loads(files["topoclip_config.json"])["model"]["topology"] == "sphere"
+    expected = {"model.safetensors", "topoclip_config.json", "tokenizer.json", "README.md"}
+    if sphere:  # OpenCLIP can express it: its files go too
+        expected |= {"open_clip_config.json", "open_clip_model.safetensors"}
+    assert set(files) == expected and "config.json" not in files  # no clash with transformers' config.json
+    card = files["README.md"].decode()
+    assert card.startswith("---\nlicense: mit\nlibrary_name: topoclip\n")
+    assert 'topoclip.load("someone/tiny")' in card and "## Evaluation" in card and "| shape | in-domain |" in card
+    assert ("hf-hub:someone/tiny" in card) == sphere
+    assert ("Sphere(" in card) if sphere else ("Multi(16,4)" in card)
+
+
+def test_dry_run_writes_the_folder_and_uploads_nothing(run, tmp_path, capsys):
+    assert main(["push", str(run), "someone/tiny", "--dry-run", str(tmp_path / "upload")]) == 0
+    assert (tmp_path / "upload" / "README.md").is_file() and (tmp_path / "upload" / "model.safetensors").is_file()
+    import topoclip
+
+    assert topoclip.load(tmp_path / "upload").config.model == topoclip.load(run).config.model  # loads as a model
+
+
+def test_a_repo_id_without_an_owner_is_refused(run, capsys):
+    pytest.importorskip("huggingface_hub")
+    assert main(["push", str(run), "tiny"]) == 2
+    assert "give the repository as org/name" in capsys.readouterr().err
