@@ -192,9 +192,9 @@ def tested(item: dict) -> str:
 
 
 def comparison_table(spec: dict) -> str:
-    """Markdown: Welch's t of each comparison (a − b, two cells of one ablation) on each metric; spec is
-    docs/results/NAME.json: {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label",
-    "a", "b"}]}."""
+    """Markdown: Welch's t of each comparison (a − b) on each metric; spec is docs/results/NAME.json:
+    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}]}, where a
+    and b are cells of the source, or [ablation, cell] pairs for cells of other results."""
     metrics = spec["metrics"]
     lines = [spec.get("about", ""), "", "| comparison | " + " | ".join(m["label"] for m in metrics) + " |",
              "|---|" + "---|" * len(metrics)]
@@ -202,7 +202,8 @@ def comparison_table(spec: dict) -> str:
     for row in spec["rows"]:
         cells = []
         for metric in metrics:
-            a, b = (cell_values(spec["source"], cell, metric["metric"]) for cell in (row["a"], row["b"]))
+            a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
+                    for ref in (row["a"], row["b"]))
             d, digits = welch(a, b), metric.get("digits", 1)
             counts.add((d.n_a, d.n_b))
             p = "p < 0.001" if d.p < 0.001 else f"p = {d.p:.3f}"
@@ -231,7 +232,7 @@ def claims_table(claims: dict) -> str:
 
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table, "claims": claims_table,
              "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table,
-             "tau-range-4800-tests": comparison_table}
+             "tau-range-4800-tests": comparison_table, "lr-4800-tests": comparison_table}
 
 
 def load_results(name: str):

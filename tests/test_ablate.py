@@ -101,6 +101,21 @@ def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
     assert "no finished run" in capsys.readouterr().err
 
 
+def test_runs_saved_before_a_setting_existed_still_match_their_cell(tmp_path, capsys):
+    """main: adding a setting (e.g. train.report_to) made every earlier ablation folder "made with other settings"."""
+    out = tmp_path / "compare"
+    assert main(["ablate", "--grid", "compare", *FAST, "--out", str(out)]) == 0
+    saved = out / "runs" / "multi" / "seed-0" / "config.json"
+    values = json.loads(saved.read_text())
+    del values["train"]["report_to"], values["model"]["vision"]["eval_resize"]  # as written before they existed
+    saved.write_text(json.dumps(values))
+    assert main(["ablate", "--grid", "compare", *FAST, "--out", str(out)]) == 0  # tabulated again, nothing retrained
+    values["train"]["lr"] = 1.0
+    saved.write_text(json.dumps(values))
+    assert main(["ablate", "--grid", "compare", *FAST, "--out", str(out)]) == 2
+    assert "made with other settings (train.lr differ)" in capsys.readouterr().err
+
+
 def test_unknown_grid_and_cells_are_user_errors(tmp_path, capsys):
     with pytest.raises(ConfigError):
         grids.load_grid("no-such-grid")

@@ -92,6 +92,8 @@ NUMERIC_RANGES: dict[str, Range] = {
     "train.grad_clip": Range(0, note="0 turns clipping off"),
     "train.seed": NON_NEGATIVE,
     "train.threads": Range(0, 4096, note="0 keeps torch's default"),
+    "train.lock_image_unlocked_groups": Range(0, note="0 = the whole locked tower frozen"),
+    "train.lock_text_unlocked_layers": Range(0, note="0 = the whole locked tower frozen"),
     "train.accumulation_steps": AT_LEAST_ONE,
     "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
                                             "holding its prefetched batches"),

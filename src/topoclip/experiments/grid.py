@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional, Sequence
 
-from topoclip.config import Config, ConfigError, ModelConfig, load_config, to_dict
+from topoclip.config import Config, ConfigError, ModelConfig, from_dict, load_config, to_dict
 
 GRIDS_PACKAGE = "topoclip.experiments.grids"
 RUNS = "runs"
@@ -214,11 +214,20 @@ def check_existing(spec: RunSpec) -> None:
     saved_path = Path(spec.run_dir) / "config.json"
     if not saved_path.is_file():
         return
-    saved = json.loads(saved_path.read_text())
-    differences = sorted(config_differences(saved, spec.config))
+    differences = sorted(config_differences(saved_settings(saved_path), spec.config))
     if differences:
         raise ConfigError(f"{spec.run_dir} was made with other settings ({', '.join(differences[:3])}"
                           f"{', …' if len(differences) > 3 else ''} differ); use another --out, or delete that folder")
+
+
+def saved_settings(path: Path) -> dict:
+    """A run's saved config.json as a dict of every setting: one written before a setting existed reads with
+    that setting's default (which is what the run trained with), so it still equals a config made today."""
+    values = json.loads(Path(path).read_text())
+    try:
+        return json.loads(json.dumps(to_dict(from_dict(Config, values))))
+    except (ConfigError, TypeError, ValueError):
+        return values  # unreadable as a config: compared as written (and found different)
 
 
 def config_differences(saved, wanted, prefix: str = "") -> list[str]:

@@ -24,7 +24,8 @@ from typing import Callable, Optional, Sequence
 from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import read_curve
 from topoclip.config import ConfigError, load_config
-from topoclip.experiments.grid import RUNS, RunSpec, config_differences, describe_model, load_grid, plan
+from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, describe_model, load_grid, plan,
+                                       saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
 from topoclip.training.run_folder import EVALUATION, RunFolder, claim_folder
 
@@ -42,7 +43,7 @@ def reuse_runs(specs: Sequence[RunSpec], sources: Sequence, log: Callable[[str],
     finished = [path.parent for source in sources for path in sorted(Path(source).glob(f"{RUNS}/*/seed-*/{EVALUATION}"))]
     if sources and not finished:
         raise ConfigError(f"--reuse {' '.join(map(str, sources))}: no finished run there (expected OUT/{RUNS}/CELL/seed-K/{EVALUATION})")
-    configs = {run: json.loads(RunFolder(run).config.read_text()) for run in finished}
+    configs = {run: saved_settings(RunFolder(run).config) for run in finished}
     copied = 0
     for spec in specs:
         source = next((run for run, config in configs.items() if not config_differences(config, spec.config)), None)
