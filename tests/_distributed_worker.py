@@ -22,7 +22,8 @@ from topoclip.distributed import (  # noqa: E402
     barrier, broadcast_object, cleanup, gather_features, init_distributed, is_main, unwrap)
 from topoclip.model import CLIP  # noqa: E402
 from topoclip.tokenizer import TextBatch  # noqa: E402
-from topoclip.training.step import forward_backward  # noqa: E402
+from topoclip.training.lock import apply_locks  # noqa: E402
+from topoclip.training.step import forward_backward, loss_keywords  # noqa: E402
 
 
 def check_collectives(rank: int, world: int) -> dict:
@@ -52,8 +53,10 @@ def main(inputs_path: str, out_dir: str) -> None:
     lo, hi = info.rank * local, (info.rank + 1) * local
     result["cases"] = {}
     for key, case in inputs["cases"].items():
-        model = CLIP(load_config("tiny", case["overrides"]).model)
+        config = load_config("tiny", case["overrides"])
+        model = CLIP(config.model)
         model.load_state_dict(case["state"])
+        apply_locks(model, config.train)  # as the trainer: τ frozen for the losses without one
         ddp = DistributedDataParallel(model)
         assert unwrap(ddp) is model
         # Two steps (no optimiser step between, so the same numbers): DDP raises on the second one
@@ -61,7 +64,7 @@ def main(inputs_path: str, out_dir: str) -> None:
         for _ in range(2):
             model.zero_grad(set_to_none=True)
             loss = forward_backward(ddp, images[lo:hi], text[lo:hi], case["loss"],
-                                    accumulation_steps=case["accumulation_steps"])
+                                    accumulation_steps=case["accumulation_steps"], keywords=loss_keywords(config))
         mean_loss = torch.tensor(loss)
         dist.all_reduce(mean_loss)
         result["cases"][key] = {

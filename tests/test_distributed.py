@@ -18,7 +18,8 @@ from topoclip.config import load_config
 from topoclip.distributed import DistributedInfo, gather_features, init_distributed, unwrap
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
-from topoclip.training.step import forward_backward
+from topoclip.training.lock import apply_locks
+from topoclip.training.step import forward_backward, loss_keywords
 
 from _tolerance import assert_fp32_close, model_roundings
 
@@ -32,6 +33,12 @@ CASES = {  # key: (loss, accumulation steps per rank, config overrides)
     "sigmoid": ("sigmoid", 1, ["model.temperature.bias_init=-10", "train.loss=sigmoid"]),
     "infonce-accum2": ("infonce", 2, []),
     "sigmoid-accum2": ("sigmoid", 2, ["model.temperature.bias_init=-10", "train.loss=sigmoid"]),
+    # The metric-learning losses (no τ): the hardest negative is taken over the global batch.
+    "contrastive": ("contrastive", 1, ["train.loss=contrastive"]),
+    "triplet": ("triplet", 1, ["train.loss=triplet"]),
+    "max-hinge": ("max-hinge", 1, ["train.loss=max-hinge", "train.margin=0.5"]),
+    "max-hinge-accum2": ("max-hinge", 2, ["train.loss=max-hinge", "train.margin=0.5"]),
+    "n-pair": ("n-pair", 1, ["train.loss=n-pair"]),
 }
 
 
@@ -107,7 +114,9 @@ def test_two_ranks_equal_one_process_on_the_global_batch(run, key):
     # same terms in another order (its half, then the all-reduce), so it is held to the fp32 bound of
     # the network's reductions (tests/_tolerance.py), which no summation order can exceed.
     reference = copy.deepcopy(models[key]).double()
-    expected_loss = forward_backward(reference, images.double(), text, loss_name)
+    config = load_config("tiny", CASES[key][2])
+    apply_locks(reference, config.train)
+    expected_loss = forward_backward(reference, images.double(), text, loss_name, keywords=loss_keywords(config))
     expected = {name: p.grad for name, p in reference.named_parameters() if p.requires_grad}
     roundings = model_roundings(reference.config, GLOBAL_BATCH)
     for rank, result in enumerate(results):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from topoclip.geometry import TOPOLOGIES, similarity, to_space
-from topoclip.losses import LOSSES, infonce_loss, sigmoid_loss
+from topoclip.losses import LOSSES, TEMPERATURE_LOSSES, infonce_loss, sigmoid_loss
 
 
 def test_infonce_matches_a_hand_computed_3x3():
@@ -62,5 +62,7 @@ def test_finite_at_tau_100_under_bf16_autocast(topology, name):
         loss = LOSSES[name](s, s.T, tau.exp(), torch.tensor(-10.0))
     loss.backward()
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
-    for grad in (raw_u.grad, raw_v.grad, tau.grad):
+    uses_tau = name in TEMPERATURE_LOSSES  # the others ignore τ: no gradient reaches it
+    assert (tau.grad is not None) == uses_tau
+    for grad in (raw_u.grad, raw_v.grad) + ((tau.grad,) if uses_tau else ()):
         assert torch.isfinite(grad).all()

@@ -63,10 +63,12 @@ def shifted(weights: dict, directions: Sequence[dict], coefficients: Sequence[fl
 
 def model_loss_function(loaded: Pretrained) -> LossOfSimilarity:
     """The run's training loss as f(similarity, τ) (with the learned β for the sigmoid loss)."""
-    loss = get_loss(loaded.config.train.loss)
+    from topoclip.training.step import loss_keywords
+
+    loss, keywords = get_loss(loaded.config.train.loss), loss_keywords(loaded.config)
     bias = loaded.model.temperature.bias
     bias = None if bias is None else bias.detach()
-    return lambda similarity, scale: loss(similarity, similarity.T, scale, bias)
+    return lambda similarity, scale: loss(similarity, similarity.T, scale, bias, **keywords)
 
 
 def batch_losses(model, weights: dict, pixels: torch.Tensor, text, scales: Sequence[float],

@@ -93,6 +93,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "train.seed": NON_NEGATIVE,
     "train.threads": Range(0, 4096, note="0 keeps torch's default"),
     "train.lock_image_unlocked_groups": Range(0, note="0 = the whole locked tower frozen"),
+    "train.margin": Range(0, 1000, note="in similarity units (or range half-widths with train.margin_relative)"),
     "train.lock_text_unlocked_layers": Range(0, note="0 = the whole locked tower frozen"),
     "train.accumulation_steps": AT_LEAST_ONE,
     "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
@@ -306,6 +307,9 @@ def validate(config: Config) -> None:
     if config.name and (Path(config.name).name != config.name or config.name in (".", "..")):
         raise ConfigError(f"name={config.name!r} must be a plain folder name (no '/', no '..'): it names the run "
                           f"folder runs/NAME-TIMESTAMP; to train somewhere else give --out FOLDER")
-    if config.train.loss == "infonce" and config.model.temperature.bias_init is not None:
-        raise ConfigError("model.temperature.bias_init is the sigmoid loss's β; InfoNCE has no bias "
-                          "(set train.loss=sigmoid, or model.temperature.bias_init=null)")
+    if config.train.margin_relative and math.isinf(get_topology(config.model.topology).similarity_range(1)[0]):
+        raise ConfigError(f"train.margin_relative: {config.model.topology}'s similarity range is unbounded, so it has no "
+                          f"half-width to measure the margin in; give train.margin in similarity units")
+    if config.train.loss != "sigmoid" and config.model.temperature.bias_init is not None:
+        raise ConfigError(f"model.temperature.bias_init is the sigmoid loss's β; train.loss={config.train.loss} has no "
+                          f"bias (set train.loss=sigmoid, or model.temperature.bias_init=null)")

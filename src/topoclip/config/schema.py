@@ -120,7 +120,12 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     grad_clip: float = 1.0  # global-norm clip; 0 turns it off
-    loss: Literal["infonce", "sigmoid"] = "infonce"
+    # topoclip.losses: InfoNCE and SigLIP's sigmoid (with τ), and the metric-learning losses without τ.
+    loss: Literal["infonce", "sigmoid", "contrastive", "triplet", "max-hinge", "n-pair"] = "infonce"
+    # The margin ε of contrastive / triplet / max-hinge, in similarity units; with margin_relative, in units of
+    # the half-width of the topology's similarity range (the same margin relative to each range: ×m on ps-inner).
+    margin: float = 0.2
+    margin_relative: bool = False
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     seed: int = 0
     device: str = "auto"  # "auto" = cuda if available else cpu

@@ -27,6 +27,7 @@ from topoclip.config import ConfigError, load_config
 from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, describe_model, load_grid, plan,
                                        saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
+from topoclip.losses import TEMPERATURE_LOSSES
 from topoclip.training.run_folder import EVALUATION, RunFolder, claim_folder
 
 PROBE = "probe.json"
@@ -125,12 +126,14 @@ def run_record(spec: RunSpec) -> dict:
                       if r["task"] == "zeroshot_classification" and r["dataset"] == spec.zero_shot_set]
     zero_shot = next((m for m in classification if m.get("mode") == "distance"), classification[0] if classification else {})
     probe = json.loads((run_dir / PROBE).read_text()) if (run_dir / PROBE).is_file() else {}
-    model = load_config(values=spec.config).model
+    config = load_config(values=spec.config)
+    model = config.model
+    trains_tau = model.temperature.learnable and config.train.loss in TEMPERATURE_LOSSES  # a margin loss has no τ
     reused = json.loads((run_dir / REUSED).read_text())["from"] if (run_dir / REUSED).is_file() else None
     out_dir = run_dir.resolve().parents[2]  # OUT/runs/CELL/seed-K: paths are recorded relative to OUT, not to this machine
     return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed,
             "run_dir": relative_run_dir(spec),
-            "model": describe_model(model), "t_init": model.temperature.init, "learnable": model.temperature.learnable,
+            "model": describe_model(model), "t_init": model.temperature.init, "learnable": trains_tau,
             "final_t": curve.final_t, "convergence_step": curve.convergence_step, "window": curve.window,
             "i2t_r1": retrieval.get("text_retrieval_recall@1"), "t2i_r1": retrieval.get("image_retrieval_recall@1"),
             "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),

@@ -1,4 +1,4 @@
-"""Locked towers (LiT) and partial unlocking, as OpenCLIP's --lock-image, --lock-image-unlocked-groups,
+"""What a run does not train: locked towers (LiT) and partial unlocking, as OpenCLIP's --lock-image, --lock-image-unlocked-groups,
 --lock-text and --lock-text-unlocked-layers.
 
 A tower is cut into groups, first to last, as OpenCLIP cuts its own (open_clip.transformer:
@@ -57,7 +57,13 @@ def lock_tower(tower: nn.Module, kind: str, unlocked_groups: int = 0) -> None:
 
 
 def apply_locks(model: nn.Module, settings: TrainConfig) -> None:
-    """Lock the towers train.lock_image / train.lock_text name (before the optimiser is built)."""
+    """Lock the towers train.lock_image / train.lock_text name, and τ (and β) when the loss has no temperature
+    (topoclip.losses.TEMPERATURE_LOSSES): call before the optimiser and DDP are built, so that neither waits
+    for a gradient that never comes."""
+    from topoclip.losses import TEMPERATURE_LOSSES
+
+    if settings.loss not in TEMPERATURE_LOSSES:
+        model.temperature.requires_grad_(False)
     if settings.lock_image:
         lock_tower(model.visual, "image", settings.lock_image_unlocked_groups)
     if settings.lock_text:

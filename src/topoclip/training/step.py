@@ -32,14 +32,20 @@ import torch
 from torch import nn
 
 from topoclip.distributed import gather_features, get_rank, is_initialized, unwrap
-from topoclip.losses import get_loss
+from topoclip.geometry import get_topology
+from topoclip.losses import IMAGE_ROWS_ONLY_LOSSES, get_loss
 from topoclip.tokenizer import TextBatch
 
 PRECISIONS: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-# Losses that read only the image→text rows (`similarity_text_image` is ignored): the text→image
-# block, a second gather and a second (b, B) score, is not computed for them.
-IMAGE_ROWS_ONLY_LOSSES = frozenset({"sigmoid"})
+
+
+def loss_keywords(config) -> dict:
+    """The keywords every loss takes, from a Config: margin (train.margin; with train.margin_relative, in units of
+    the half-width of the topology's similarity range: ×m for ps-inner's [−m, m]) and best (the highest similarity)."""
+    low, high = get_topology(config.model.topology).similarity_range(config.model.sphere_count)
+    margin = config.train.margin * ((high - low) / 2 if config.train.margin_relative else 1.0)
+    return {"margin": margin, "best": high}
 
 
 def autocast_context(precision: str, device_type: str):
@@ -54,8 +60,11 @@ def autocast_context(precision: str, device_type: str):
 
 def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: torch.Tensor,
                      scale: torch.Tensor, bias: Optional[torch.Tensor], loss_name: str,
-                     distributed: bool) -> torch.Tensor:
+                     distributed: bool, keywords: Optional[dict] = None) -> torch.Tensor:
     """The 0-d fp32 loss of the local rows against all columns.
+
+    Losses that read only the image→text rows (IMAGE_ROWS_ONLY_LOSSES) skip the text→image block: a second
+    gather and a second (b, B) score. keywords: `loss_keywords` (margin, best) for the losses that use them.
 
     image_embeds, text_embeds: (b, m, n) this process's embeddings on the model's space.
     distributed: gather the columns from every rank (world·b of them) with gradients; local row i
@@ -71,9 +80,9 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
         else:
             all_images = gather_features(image_embeds)  # (world·b, m, n)
             similarity_text_image = core.similarity(text_embeds, all_images)  # (b, world·b)
-        return loss(similarity_image_text, similarity_text_image, scale, bias, local_index=get_rank())
+        return loss(similarity_image_text, similarity_text_image, scale, bias, local_index=get_rank(), **(keywords or {}))
     similarity_image_text = core.similarity(image_embeds, text_embeds)  # (b, b) fp32
-    return loss(similarity_image_text, similarity_image_text.T, scale, bias, local_index=0)
+    return loss(similarity_image_text, similarity_image_text.T, scale, bias, local_index=0, **(keywords or {}))
 
 
 def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
@@ -85,15 +94,15 @@ def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> Non
 
 def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
                      accumulation_steps: int = 1, precision: str = "fp32",
-                     scaler: Optional[torch.amp.GradScaler] = None) -> float:
+                     scaler: Optional[torch.amp.GradScaler] = None, keywords: Optional[dict] = None) -> float:
     """:func:`forward_backward_loss`, its loss read as a float (on a GPU: waits for the step to finish)."""
     return float(forward_backward_loss(model, images, text, loss_name, accumulation_steps=accumulation_steps,
-                                       precision=precision, scaler=scaler))
+                                       precision=precision, scaler=scaler, keywords=keywords))
 
 
 def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
                           accumulation_steps: int = 1, precision: str = "fp32",
-                          scaler: Optional[torch.amp.GradScaler] = None) -> torch.Tensor:
+                          scaler: Optional[torch.amp.GradScaler] = None, keywords: Optional[dict] = None) -> torch.Tensor:
     """Forward + backward of the contrastive loss on this process's batch; returns the 0-d loss, unread.
 
     Nothing here reads a device value, so on a GPU the host can queue the next step meanwhile.
@@ -106,6 +115,7 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
         activation memory of one micro-batch.
     precision: "fp32", "bf16" or "fp16" (autocast for the towers; similarities and loss stay fp32).
     scaler: required for fp16 (the loss is scaled before backward); the caller unscales and steps.
+    keywords: the loss's margin and best (`loss_keywords`); None: each loss's defaults.
     Returns: the full local-batch loss (the same number for every k), detached, on the model's device.
     """
     if precision == "fp16" and scaler is None:
@@ -121,7 +131,8 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
     if accumulation_steps == 1:
         with autocast_context(precision, device_type):
             out = model(images, text)
-        loss = contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name, distributed)
+        loss = contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name, distributed,
+                                keywords)
         _backward(loss, scaler)
         return loss.detach()
 
@@ -148,7 +159,7 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
             # τ, β: gradient from one of the k identical losses only (see the module docstring).
             scale = out.scale if last else out.scale.detach()
             bias = out.bias if (last or out.bias is None) else out.bias.detach()
-            loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed)
+            loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed, keywords)
             _backward(loss, scaler)
     return loss.detach()
 
@@ -217,10 +228,10 @@ def set_tf32(allowed: bool) -> None:
     torch.backends.cudnn.allow_tf32 = allowed
 
 
-def batch_loss(model, images, text, loss_name: str, precision: str) -> torch.Tensor:
+def batch_loss(model, images, text, loss_name: str, precision: str, keywords: Optional[dict] = None) -> torch.Tensor:
     """The loss of the current weights on a batch, without gradients (0-d, on the model's device)."""
     with torch.no_grad():
         with autocast_context(precision, images.device.type):
             out = model(images, text)
         return contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name,
-                                is_initialized())
+                                is_initialized(), keywords)
