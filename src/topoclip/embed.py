@@ -135,17 +135,33 @@ class ShardWriter:
         write_text_atomic(key_file, json.dumps(keys))
 
 
+def _embed_in_shards(writer: ShardWriter, total: int, shard_size: int, unit: str, progress: bool,
+                     embed_range: Callable[[int, int, BadSampleCounter], tuple[np.ndarray, list[str]]]) -> dict:
+    """Shards `writer.complete()` … of `total` inputs, each from embed_range(start, stop, counter) -> (rows, keys)."""
+    done = writer.complete()
+    counter = BadSampleCounter()
+    bar = tqdm(total=total, initial=min(done * shard_size, total), desc=unit + "s", unit=unit, disable=not progress)
+    for shard in range(done, -(-total // shard_size)):
+        start, stop = shard * shard_size, min((shard + 1) * shard_size, total)
+        embeddings, keys = embed_range(start, stop, counter)
+        writer.write(shard, embeddings, keys)
+        bar.update(stop - start)
+    bar.close()
+    return {"inputs": total, "resumed_after_shards": done, **counter.as_dict()}
+
+
+def _rows(clip, blocks: list[torch.Tensor], flat: bool) -> np.ndarray:
+    """The shard's float32 rows (rows, m, n) or (rows, m·n); an empty shard keeps the shape."""
+    shape = clip.model.embedding_shape if not flat else (int(np.prod(clip.model.embedding_shape)),)
+    return torch.cat(blocks).cpu().numpy().astype(np.float32) if blocks else np.zeros((0, *shape), np.float32)
+
+
 def embed_images(clip, inputs: Sequence[ImageInput], out: Path, flat: bool = False, batch_size: int = 256,
                  shard_size: int = SHARD_SIZE, num_workers: int = 2, progress: bool = True,
                  decode: DecodeSettings = DecodeSettings()) -> dict:
     """Embed `inputs` into image shards under `out` (resuming after the last complete shard); returns counts."""
-    writer = ShardWriter(out, "image")
-    done = writer.complete()
-    counter = BadSampleCounter()
-    bar = tqdm(total=len(inputs), initial=min(done * shard_size, len(inputs)), desc="images", unit="image",
-               disable=not progress)
-    for shard in range(done, -(-len(inputs) // shard_size)):
-        start, stop = shard * shard_size, min((shard + 1) * shard_size, len(inputs))
+
+    def embed_range(start: int, stop: int, counter: BadSampleCounter):
         loader = torch.utils.data.DataLoader(_Pixels(inputs[start:stop], clip.transform, decode), batch_size=batch_size,
                                              num_workers=num_workers, collate_fn=_collate)
         blocks, keys = [], []
@@ -159,34 +175,23 @@ def embed_images(clip, inputs: Sequence[ImageInput], out: Path, flat: bool = Fal
             if good:
                 blocks.append(clip.encode_image(torch.stack([pixels for _, pixels in good]), batch_size, flat=flat))
                 keys += [inputs[start + index].key for index, _ in good]
-            bar.update(len(batch))
-        shape = (0, *(clip.model.embedding_shape if not flat else (int(np.prod(clip.model.embedding_shape)),)))
-        embeddings = torch.cat(blocks).cpu().numpy() if blocks else np.zeros(shape, np.float32)
-        writer.write(shard, embeddings.astype(np.float32), keys)
-    bar.close()
-    return {"inputs": len(inputs), "resumed_after_shards": done, **counter.as_dict()}
+        return _rows(clip, blocks, flat), keys
+
+    return _embed_in_shards(ShardWriter(out, "image"), len(inputs), shard_size, "image", progress, embed_range)
 
 
 def embed_texts(clip, texts: Sequence[str], out: Path, flat: bool = False, batch_size: int = 256,
                 shard_size: int = SHARD_SIZE, progress: bool = True) -> dict:
     """Embed `texts` into text shards under `out` (keys: line numbers from 1; empty lines skipped and counted)."""
-    writer = ShardWriter(out, "text")
-    done = writer.complete()
-    counter = BadSampleCounter()
-    bar = tqdm(total=len(texts), initial=min(done * shard_size, len(texts)), desc="texts", unit="text",
-               disable=not progress)
-    for shard in range(done, -(-len(texts) // shard_size)):
-        start, stop = shard * shard_size, min((shard + 1) * shard_size, len(texts))
+
+    def embed_range(start: int, stop: int, counter: BadSampleCounter):
         kept = [(number, text.strip()) for number, text in enumerate(texts[start:stop], start=start + 1) if text.strip()]
         counter.keep(len(kept))
         counter.add("empty_caption", (stop - start) - len(kept))
-        embeddings = clip.encode_text([text for _, text in kept], batch_size, flat=flat) if kept else None
-        shape = clip.model.embedding_shape if not flat else (int(np.prod(clip.model.embedding_shape)),)
-        writer.write(shard, embeddings.cpu().numpy() if kept else np.zeros((0, *shape), np.float32),
-                     [str(number) for number, _ in kept])
-        bar.update(stop - start)
-    bar.close()
-    return {"inputs": len(texts), "resumed_after_shards": done, **counter.as_dict()}
+        blocks = [clip.encode_text([text for _, text in kept], batch_size, flat=flat)] if kept else []
+        return _rows(clip, blocks, flat), [str(number) for number, _ in kept]
+
+    return _embed_in_shards(ShardWriter(out, "text"), len(texts), shard_size, "text", progress, embed_range)
 
 
 def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] = None, flat: bool = False,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from topoclip.data.folders import listed
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.data.types import ClassificationSet, RetrievalSet
@@ -173,12 +173,7 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
                 members.append(image)
                 targets.append(value)
     what = f"CLIP_benchmark set {root} split {split!r}"
-    if not members:
-        raise ValueError(f"{what} has no usable sample ({counter.describe()})")
-    if counter.bad_total:
-        warnings.warn(f"{what}: {counter.describe()}")
-    images = TarImages(members, decode)
-    images.skipped = counter
+    images = listed(TarImages(members, decode), counter, what)
     name = name or f"wds/{root.name.removeprefix('wds_')}"  # as CLIP_benchmark names it: --dataset wds/NAME
     if retrieval:
         captions = [caption for texts in targets for caption in texts]

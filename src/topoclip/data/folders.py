@@ -55,15 +55,20 @@ def _usable(path: Path, decode: DecodeSettings, counter: BadSampleCounter) -> bo
     return True
 
 
-def _listed_images(paths: list[Path], decode: DecodeSettings, counter: BadSampleCounter, what: str) -> LazyImages:
-    """The usable files of an evaluation set, with the skipped ones counted (and warned about)."""
-    if not paths:
+def listed(images, counter: BadSampleCounter, what: str):
+    """An evaluation set's usable images (a LazyImages, TarImages, ...) with the skipped ones counted in
+    `images.skipped` and warned about; ValueError when none is usable."""
+    if not len(images):
         raise ValueError(f"{what} has no usable image ({counter.describe()})")
     if counter.bad_total:
         warnings.warn(f"{what}: {counter.describe()}")
-    images = LazyImages(paths, decode)
     images.skipped = counter
     return images
+
+
+def _listed_images(paths: list[Path], decode: DecodeSettings, counter: BadSampleCounter, what: str) -> LazyImages:
+    """The usable files of an evaluation set, with the skipped ones counted (and warned about)."""
+    return listed(LazyImages(paths, decode), counter, what)
 
 
 def read_classnames(path: Union[str, Path], folders: list[str]) -> list[str]:
