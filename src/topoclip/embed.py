@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from topoclip.data.images import DecodeSettings, decode_image, image_files, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.errors import UserError
+from topoclip.geometry import require_flat
 
 SHARD_SIZE = 10_000
 SUMMARY = "embed.json"
@@ -208,7 +209,7 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
     clip = load(model_source, device=device)
     if flat:
         try:
-            clip.model.flatten(torch.zeros(1, *clip.model.embedding_shape))
+            require_flat(clip.model.config.topology)
         except ValueError as error:
             raise UserError(f"--flat: {error}") from None
     out = Path(out)

@@ -29,7 +29,7 @@ from topoclip.checkpoint import MODEL_CONFIG, TOKENIZER
 from topoclip.config import Config, to_dict
 from topoclip.convert import check_destination
 from topoclip.errors import UserError
-from topoclip.geometry import to_space
+from topoclip.geometry import require_flat, to_space
 from topoclip.model import CLIP
 
 IMAGE_FILE, TEXT_FILE = "image_encoder.onnx", "text_encoder.onnx"
@@ -112,7 +112,7 @@ def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, 
     model = model.float().cpu().eval()
     if flat:
         try:
-            model.flatten(torch.zeros(1, *model.embedding_shape))
+            require_flat(config.model.topology)
         except ValueError as error:
             raise UserError(f"--flat: {error}") from None
     destination.mkdir(parents=True, exist_ok=True)

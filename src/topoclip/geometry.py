@@ -200,10 +200,15 @@ def flatten(topology: str, points: torch.Tensor) -> torch.Tensor:
     For "sphere" and "ps-inner" (each sub-sphere unit-norm: the whole vector has norm √m). Refused with a
     ValueError naming the reason for the topologies whose similarity no inner product reproduces.
     """
+    require_flat(topology)
+    return points.flatten(1)
+
+
+def require_flat(topology: str) -> None:
+    """ValueError naming the reason when `topology`'s similarity is no inner product of flattened embeddings."""
     reason = get_topology(topology).not_flat
     if reason:
         raise ValueError(f"{topology} embeddings have no flat form: {reason}")
-    return points.flatten(1)
 
 
 def chunk_rows(topology: str, num_columns: int, m: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:

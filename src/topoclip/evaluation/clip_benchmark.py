@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import torch
 
 from topoclip.errors import UserError
-from topoclip.geometry import flatten
+from topoclip.geometry import require_flat
 
 LANGUAGE = "en"
 RECALL_KS = (1, 5, 10)
@@ -80,16 +80,16 @@ class FlatFeatures(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         try:
-            flatten(model.config.topology, torch.zeros(1, 1, 1))
+            require_flat(model.config.topology)
         except ValueError as error:
             raise UserError(f"CLIP_benchmark ranks by the inner product of (B, d) features; {error}") from None
         self.model = model
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
-        return flatten(self.model.config.topology, self.model.encode_image(images))
+        return self.model.encode_image(images, flat=True)
 
     def encode_text(self, text) -> torch.Tensor:
-        return flatten(self.model.config.topology, self.model.encode_text(text))
+        return self.model.encode_text(text, flat=True)
 
 
 def load_topoclip(model_name: str = "", pretrained: str = "", cache_dir: Optional[str] = None, device="cpu"):
