@@ -37,7 +37,6 @@ def model_card(config, repo_id: str, evaluation: Optional[list], license: str, o
 
     model = config.model
     label = describe_model(model)
-    source = config.data.source if config.data.source != "scenes" else "scenes (topoclip's built-in synthetic scenes)"
     lines = ["---", f"license: {license}", "library_name: topoclip", "pipeline_tag: zero-shot-image-classification",
              "tags:", "- clip", "- topoclip", "- zero-shot-image-classification", "---", "",
              f"# {repo_id.split('/')[-1]}", "",
@@ -45,7 +44,8 @@ def model_card(config, repo_id: str, evaluation: Optional[list], license: str, o
              f"embeddings on **{label}** (topology `{model.topology}`, {model.class_tokens} class token(s) per "
              f"tower, {model.embed_dim}-dimensional each), similarities scaled by a learned τ.", "",
              "## Training", "",
-             f"- data: `{source}`" + (f", `{config.data.train_data}`" if config.data.train_data else ""),
+             f"- data: `data.source={config.data.source}`" + (f", `{config.data.train_data}`" if config.data.train_data
+                                                              else " (topoclip's built-in data)"),
              f"- {config.train.steps} steps, batch {config.train.batch_size}, lr {config.train.lr:g}, "
              f"loss `{config.train.loss}`, precision `{config.train.precision}`", ""]
     if evaluation:
