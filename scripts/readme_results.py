@@ -232,7 +232,8 @@ def claims_table(claims: dict) -> str:
 
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table, "claims": claims_table,
              "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table,
-             "tau-range-4800-tests": comparison_table, "lr-4800-tests": comparison_table}
+             "tau-range-4800-tests": comparison_table, "lr-4800-tests": comparison_table,
+             "table4-4800-tests": comparison_table}
 
 
 def load_results(name: str):
