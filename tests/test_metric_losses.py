@@ -7,7 +7,7 @@ import torch
 
 from topoclip.config import ConfigError, load_config
 from topoclip.losses import LOSSES, max_hinge_loss, n_pair_loss, pairwise_contrastive_loss, triplet_loss
-from topoclip.training.step import loss_keywords
+from topoclip.training.step import loss_at, loss_keywords
 from topoclip.training.trainer import train
 
 
@@ -106,3 +106,29 @@ def test_training_with_a_loss_without_temperature_keeps_tau_at_its_start(name, t
     run = train(config, out_dir=tmp_path / name, progress=False)
     model, _, _ = load_checkpoint(run)
     assert model.temperature.t.item() == pytest.approx(config.model.temperature.init)
+
+
+def test_max_hinge_warmup_uses_the_triplet_loss_for_its_first_steps():
+    config = load_config("tiny", ["train.loss=max-hinge", "train.max_hinge_warmup_steps=2"])
+    assert [loss_at(config.train, step) for step in range(4)] == ["triplet", "triplet", "max-hinge", "max-hinge"]
+    triplet = load_config("tiny", ["train.loss=triplet"])
+    assert [loss_at(triplet.train, step) for step in range(2)] == ["triplet", "triplet"]
+    with pytest.raises(ConfigError, match="max-hinge loss's warm-up"):
+        load_config("tiny", ["train.loss=triplet", "train.max_hinge_warmup_steps=2"])
+
+
+def test_a_run_all_warmup_trains_exactly_as_the_triplet_loss(tmp_path):
+    # Same seed, data and operations in the same order on one machine: the weights are bit-identical, and a warm-up
+    # one step shorter is not (its last step takes the hardest negative).
+    from topoclip.checkpoint import load_checkpoint
+
+    def weights(name, overrides):
+        config = load_config("tiny", ["train.steps=3", "evaluate.size=16", *overrides])
+        model, _, _ = load_checkpoint(train(config, out_dir=tmp_path / name, progress=False))
+        return model.state_dict()
+
+    triplet = weights("triplet", ["train.loss=triplet"])
+    warm = weights("warm", ["train.loss=max-hinge", "train.max_hinge_warmup_steps=3"])
+    shorter = weights("shorter", ["train.loss=max-hinge", "train.max_hinge_warmup_steps=2"])
+    assert all(torch.equal(triplet[key], warm[key]) for key in triplet)
+    assert not all(torch.equal(triplet[key], shorter[key]) for key in triplet)

@@ -18,7 +18,8 @@ The similarity s = −d is the topology's (topoclip.geometry), so the geometry s
 | max-hinge    | max_j [ε − s⁺ + s_ij]₊  (VSE++: the hardest negative)                 | no  | yes             |
 | n-pair       | log(1 + Σ_j exp(s_ij − s⁺)) = −log softmax(s_i)_i                     | no  | yes             |
 
-The margin ε is train.margin (in similarity units; see step.margin_of for train.margin_relative).
+The margin ε is train.margin (in similarity units; see step.loss_keywords for train.margin_relative).
+train.max_hinge_warmup_steps trains max-hinge's first steps with triplet (step.loss_at).
 A loss without τ leaves the model's τ unused: it keeps its initial value and gets no gradient.
 """
 from __future__ import annotations

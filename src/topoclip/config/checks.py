@@ -94,6 +94,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "train.threads": Range(0, 4096, note="0 keeps torch's default"),
     "train.lock_image_unlocked_groups": Range(0, note="0 = the whole locked tower frozen"),
     "train.margin": Range(0, 1000, note="in similarity units (or range half-widths with train.margin_relative)"),
+    "train.max_hinge_warmup_steps": Range(0, note="0 = the hardest negative from the first step"),
     "train.lock_text_unlocked_layers": Range(0, note="0 = the whole locked tower frozen"),
     "train.accumulation_steps": AT_LEAST_ONE,
     "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
@@ -310,6 +311,9 @@ def validate(config: Config) -> None:
     if config.train.margin_relative and math.isinf(get_topology(config.model.topology).similarity_range(1)[0]):
         raise ConfigError(f"train.margin_relative: {config.model.topology}'s similarity range is unbounded, so it has no "
                           f"half-width to measure the margin in; give train.margin in similarity units")
+    if config.train.max_hinge_warmup_steps and config.train.loss != "max-hinge":
+        raise ConfigError(f"train.max_hinge_warmup_steps is the max-hinge loss's warm-up; train.loss={config.train.loss} "
+                          f"has none (set train.loss=max-hinge, or train.max_hinge_warmup_steps=0)")
     if config.train.loss != "sigmoid" and config.model.temperature.bias_init is not None:
         raise ConfigError(f"model.temperature.bias_init is the sigmoid loss's β; train.loss={config.train.loss} has no "
                           f"bias (set train.loss=sigmoid, or model.temperature.bias_init=null)")

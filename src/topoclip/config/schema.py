@@ -126,6 +126,9 @@ class TrainConfig:
     # the half-width of the topology's similarity range (the same margin relative to each range: ×m on ps-inner).
     margin: float = 0.2
     margin_relative: bool = False
+    # max-hinge only: its first N steps use the triplet loss (the sum of hinges; VSE∞'s --vse_mean_warmup_epochs).
+    # From random towers the hardest negative alone collapses every embedding to one point (loss stuck at 2ε).
+    max_hinge_warmup_steps: int = 0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     seed: int = 0
     device: str = "auto"  # "auto" = cuda if available else cpu

@@ -48,6 +48,14 @@ def loss_keywords(config) -> dict:
     return {"margin": margin, "best": high}
 
 
+def loss_at(settings, step: int) -> str:
+    """The loss of 0-based step `step`: train.loss, except max-hinge's first train.max_hinge_warmup_steps steps,
+    which use the triplet loss with the same margin (VSE∞'s warm-up on the mean of hinges)."""
+    if settings.loss == "max-hinge" and step < settings.max_hinge_warmup_steps:
+        return "triplet"
+    return settings.loss
+
+
 def autocast_context(precision: str, device_type: str):
     """"fp32" -> no autocast; "bf16" / "fp16" -> torch.autocast(device_type, dtype)."""
     if precision not in PRECISIONS:

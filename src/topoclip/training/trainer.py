@@ -46,7 +46,7 @@ from topoclip.training.resume import (finish_leftovers, finished, require_fittin
 from topoclip.training.run_folder import RunFolder, claim_run_folder, write_text_atomic
 from topoclip.training.guard import StepGuard
 from topoclip.training.lock import apply_locks
-from topoclip.training.step import batch_loss, forward_backward_loss, loss_keywords, optimizer_step, set_tf32
+from topoclip.training.step import batch_loss, forward_backward_loss, loss_at, loss_keywords, optimizer_step, set_tf32
 from topoclip.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
 
 # Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).
@@ -212,7 +212,8 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         images = batch.images.to(device, non_blocking=True)
         text = (batch.text if batch.text is not None else tokenizer(batch.captions)).to(device, non_blocking=True)
         model.train()
-        loss = forward_backward_loss(trained, images, text, settings.loss, accumulation_steps=settings.accumulation_steps,
+        loss_name = loss_at(settings, step)  # train.loss, or triplet during max-hinge's warm-up
+        loss = forward_backward_loss(trained, images, text, loss_name, accumulation_steps=settings.accumulation_steps,
                                      precision=settings.precision, scaler=scaler, keywords=keywords)
         nonfinite = guard.record(loss)  # decided over all ranks: their gradients are averaged
         checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
@@ -256,7 +257,7 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
             if done < settings.steps:
                 guard.hold(checkpoint)
             else:
-                guard.vouch_last(batch_loss(model, images, text, settings.loss, settings.precision, keywords), done)
+                guard.vouch_last(batch_loss(model, images, text, loss_name, settings.precision, keywords), done)
                 on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
                                                                scheduler, scaler, **checkpoint))
         barrier()
