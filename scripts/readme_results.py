@@ -230,10 +230,9 @@ def claims_table(claims: dict) -> str:
     return "\n".join(lines)
 
 
+# Blocks named NAME-tests are comparison tables (comparison_table); any other name not here is an ablation.
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table, "claims": claims_table,
-             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table,
-             "tau-range-4800-tests": comparison_table, "lr-4800-tests": comparison_table,
-             "table4-4800-tests": comparison_table}
+             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table}
 
 
 def load_results(name: str):
@@ -254,7 +253,7 @@ def render_blocks(readme: str) -> str:
     def replace(match: re.Match) -> str:
         name = match.group(1)
         results = load_results(name)
-        renderer = RENDERERS.get(name, ablation_table)
+        renderer = RENDERERS.get(name, comparison_table if name.endswith("-tests") else ablation_table)
         return f"<!-- results:{name} -->\n{renderer(results)}\n<!-- /results:{name} -->"
 
     return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, readme, flags=re.S)
