@@ -127,7 +127,7 @@ class TrainConfig:
     margin: float = 0.2
     margin_relative: bool = False
     # max-hinge only: its first N steps use the triplet loss (the sum of hinges; VSE∞'s --vse_mean_warmup_epochs).
-    # From random towers the hardest negative alone collapses every embedding to one point (loss stuck at 2ε).
+    # From random towers the hardest negative alone collapses (the loss settles at 2ε; docs/results, losses).
     max_hinge_warmup_steps: int = 0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     seed: int = 0

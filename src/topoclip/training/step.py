@@ -50,7 +50,7 @@ def loss_keywords(config) -> dict:
 
 def loss_at(settings, step: int) -> str:
     """The loss of 0-based step `step`: train.loss, except max-hinge's first train.max_hinge_warmup_steps steps,
-    which use the triplet loss with the same margin (VSE∞'s warm-up on the mean of hinges)."""
+    which use the triplet loss with the same margin (VSE∞'s warm-up on the sum of hinges)."""
     if settings.loss == "max-hinge" and step < settings.max_hinge_warmup_steps:
         return "triplet"
     return settings.loss
