@@ -153,6 +153,21 @@ def similarities_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def false_negatives_table(result: dict) -> str:
+    """Markdown: how often a training batch holds a caption true of another of its images
+    (scripts/false_negatives.py)."""
+    return "\n".join([
+        f"{result['batches']} batches of {result['batch_size']} from the {result['split']} split of {result['preset']} "
+        f"(seed {result['seed']}; `python scripts/false_negatives.py`).", "",
+        "| query | queries with ≥ 1 false negative in the batch | false negatives per query |", "|---|---|---|",
+        f"| a caption (text → image) | {100 * result['text_queries_with_a_false_negative']:.1f} % | "
+        f"{result['false_negatives_per_text_query']:.1f} |",
+        f"| an image (image → text) | {100 * result['image_queries_with_a_false_negative']:.1f} % | "
+        f"{result['false_negatives_per_image_query']:.1f} |", "",
+        f"{100 * result['queries_whose_caption_has_an_exact_duplicate']:.1f} % of the captions have a word-for-word "
+        "duplicate in their batch."])
+
+
 def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list[float]:
     """Each seed's value of one metric of one cell of the results in docs/results/SOURCE.
 
@@ -232,7 +247,8 @@ def claims_table(claims: dict) -> str:
 
 # Blocks named NAME-tests are comparison tables (comparison_table); any other name not here is an ablation.
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table, "claims": claims_table,
-             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table}
+             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table,
+             "false-negatives": false_negatives_table}
 
 
 def load_results(name: str):

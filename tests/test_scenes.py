@@ -123,6 +123,18 @@ def test_noise_replaces_exactly_round_p_n_captions(noise, train_size):
     assert noisy.captions_for(first_noisy, 3)[0] == clean_texts[first_noisy]  # retrieval captions stay clean
 
 
+def test_true_pairs_marks_each_caption_against_each_scene():
+    dataset = SceneDataset(small_config(train_size=200, noise=0.25), "train")
+    indices = list(range(40))
+    truth = dataset.true_pairs(indices)
+    assert truth.shape == (40, 40)
+    assert np.array_equal(~truth.diagonal(), np.array([dataset.is_noisy(i) for i in indices]))  # a clean pair is true
+    for j, k in [(0, 1), (5, 3), (17, 30), (39, 0)]:
+        assert truth[j, k] == dataset.paired_caption(j).describes(dataset.scene(k))
+    duplicates = [(j, k) for j in indices for k in indices if j != k and dataset[j][1] == dataset[k][1]]
+    assert all(truth[j, k] == truth[k, k] for j, k in duplicates)  # one text, one truth
+
+
 def test_only_the_train_split_is_noisy():
     config = small_config(noise=0.5)
     for split in ("val", "test"):

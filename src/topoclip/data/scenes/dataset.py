@@ -122,6 +122,13 @@ class SceneDataset(Dataset):
         caption = self._paired_caption(i, scene).text
         return (self.transform(image) if self.transform is not None else image), caption
 
+    def true_pairs(self, indices: Sequence[int]) -> np.ndarray:
+        """(B, B) bool for a batch of samples: entry (j, k) is True when the caption sample j is trained with is
+        true of the scene of sample k. The diagonal is False exactly for the noisy pairs; a True entry off it is
+        a false negative of the contrastive losses (a caption and an image that the batch treats as unmatched)."""
+        pairs = [(self.paired_caption(i), self.scene(i)) for i in indices]
+        return np.array([[caption.describes(scene) for _, scene in pairs] for caption, _ in pairs], dtype=bool)
+
     def batch(self, indices: Sequence[int]) -> tuple[np.ndarray, list[str]]:
         """Untransformed images (B, S, S, 3) uint8 and their paired captions."""
         images = np.empty((len(indices), self.config.image_size, self.config.image_size, 3), np.uint8)
