@@ -277,6 +277,9 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         print(f"plots: {(run_dir / 'plots').resolve()}  (loss, temperature, learning rate, evaluation)")
         print(f"run folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
+    # Every rank leaves together: a rank that destroys its gloo group while rank 0 still evaluates can abort
+    # ("terminate called without an active exception"; seen in tests/test_train_distributed.py).
+    barrier()
     return run_dir
 
 
