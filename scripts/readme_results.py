@@ -25,7 +25,7 @@ from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
 from topoclip.experiments.grid import load_grid
 from topoclip.experiments.report import markdown_table
-from topoclip.experiments.statistics import mean_std, welch
+from topoclip.experiments.statistics import mean_std, prediction, welch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -228,7 +228,29 @@ def comparison_table(spec: dict) -> str:
     sizes = ", ".join(f"{a} and {b}" for a, b in sorted(counts))
     lines += ["", f"Each cell: the difference of means a − b, its 95 % confidence interval and the p-value of "
                   f"Welch's t; n = {sizes} runs; bold where the interval excludes 0."]
+    if spec.get("reruns"):
+        lines += ["", rerun_table(spec["source"], spec["reruns"], metrics)]
     return "\n".join(line for line in lines if line is not None).lstrip("\n")
+
+
+def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
+    """Markdown: for each cell, where one more seed lands on each metric (mean and 95 % prediction interval, cut
+    to the metric's "bounds" where it has them)."""
+    lines = ["| one more seed of | " + " | ".join(m["label"] for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
+    counts = set()
+    for cell in cells:
+        row = []
+        for metric in metrics:
+            p, digits = prediction(cell_values(source, cell, metric["metric"])), metric.get("digits", 1)
+            low, high = metric.get("bounds", (-math.inf, math.inf))  # a percentage cannot leave [0, 100]
+            counts.add(p.n)
+            row.append(f"{p.mean:.{digits}f} ({max(p.low, low):.{digits}f} to {min(p.high, high):.{digits}f})")
+        lines.append(f"| {cell} | " + " | ".join(row) + " |")
+    sizes = " or ".join(str(n) for n in sorted(counts))
+    return "\n".join(lines + ["", f"Each cell: the mean of the n = {sizes} runs and the 95 % prediction interval "
+                                   "for one more run, mean ± t(0.975, n − 1)·sd·√(1 + 1/n): if the runs of a cell "
+                                   "spread normally, a run with a new seed lands inside it 19 times in 20 (cut to "
+                                   "0–100 for a percentage)."])
 
 
 def claims_table(claims: dict) -> str:

@@ -66,6 +66,17 @@ def test_a_claim_shows_mean_and_std_of_its_cells_runs(tmp_path, monkeypatch):
         readme_results.measured({**item, "cell": "c", "metric": "tau"})
 
 
+
+def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    runs = [{"cell": "a", "final_t": 0.0, "zero_shot_top1": v} for v in (90.0, 99.0, 96.0)]
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "ablation.json").write_text(json.dumps({"runs": runs}))
+    # mean 95, sd √21, t(0.975, 2) = 4.302652729749462 (SciPy): 95 ± 4.3027·√21·√(4/3) = 95 ± 22.8
+    table = readme_results.rerun_table("grid", ["a"], [{"metric": "zero_shot_top1", "label": "top-1"},
+                                                      {"metric": "zero_shot_top1", "label": "cut", "bounds": [0, 100]}])
+    assert "| a | 95.0 (72.2 to 117.8) | 95.0 (72.2 to 100.0) |" in table and "n = 3 runs" in table
+
 def test_experts_and_equilibrium_tables_average_over_runs():
     def experts(k1, k2):
         return {"draws": 10, "size": 500, "mode": "distance",

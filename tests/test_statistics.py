@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from topoclip.experiments.statistics import incomplete_beta, paired, t_cdf, t_quantile, welch
+from topoclip.experiments.statistics import incomplete_beta, paired, prediction, t_cdf, t_quantile, welch
 
 CDF_BOUND = 1e-12
 QUANTILE_BOUND = 1e-9
@@ -83,3 +83,26 @@ def test_degenerate_and_refused():
         welch([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="measured twice"):
         paired([1.0, 2.0], [1.0])
+
+
+def test_prediction_interval_closed_form_and_refusal():
+    # Two runs 0 and 2: mean 1, sd √2, t(0.975, 1) = 12.706204736174694 (SciPy, above); half-width t·√2·√(3/2).
+    p = prediction([0.0, 2.0])
+    half = 12.706204736174694 * math.sqrt(3.0)
+    assert (p.mean, p.n) == (1.0, 2)
+    assert p.low == pytest.approx(1.0 - half, rel=QUANTILE_BOUND) and p.high == pytest.approx(1.0 + half, rel=QUANTILE_BOUND)
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        prediction([3.0])
+
+
+def test_prediction_interval_covers_a_new_run_at_its_level():
+    # Five normal "seeds", then a sixth: the interval from the five holds the sixth with probability 0.95 exactly.
+    # Python's Mersenne Twister and gauss() are the same on every platform, so the count is deterministic; the
+    # bound is 5 binomial standard deviations, sqrt(0.95·0.05/20000) ≈ 0.0015, so a wrong width fails (the
+    # confidence interval's covers 0.68, a normal quantile's 0.88: both t_cdf at n − 1 = 4).
+    rng, trials, hits = random.Random(0), 20000, 0
+    for _ in range(trials):
+        runs = [rng.gauss(40.0, 7.0) for _ in range(6)]
+        interval = prediction(runs[:5])
+        hits += interval.low <= runs[5] <= interval.high
+    assert abs(hits / trials - 0.95) < 5 * math.sqrt(0.95 * 0.05 / trials)

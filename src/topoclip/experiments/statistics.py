@@ -2,6 +2,7 @@
 
     welch(a, b)            two groups of runs (two cells), unequal variances: Welch's t
     paired(after, before)  the same runs at two points (e.g. a curve's last evaluation against an earlier one)
+    prediction(values)     where one more run of the same cell lands: the interval a re-run is checked against
 
 Each returns a `Difference`: the effect (mean of a − mean of b, from the unrounded values), its 95 %
 confidence interval, the two-sided p-value, the degrees of freedom and the numbers of runs. With
@@ -140,3 +141,28 @@ def paired(after: Sequence[float], before: Sequence[float], level: float = 0.95)
     mean, sd = mean_std(differences)
     return _from_t("paired t", mean, sd / math.sqrt(len(differences)), len(differences) - 1, len(after), len(before),
                    level)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Where one more run of a cell lands, from the n runs already made: mean ± t·sd·sqrt(1 + 1/n)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    level: float = 0.95
+
+
+def prediction(values: Sequence[float], level: float = 0.95) -> Prediction:
+    """The prediction interval for one new run (Student's t with n − 1 degrees of freedom).
+
+    A confidence interval bounds the cell's mean; a single re-run also carries its own seed noise, so its
+    interval is wider by sqrt(1 + 1/n) / sqrt(1/n). For normally spread runs it covers a new run with
+    probability `level` exactly, whatever the unknown mean and spread.
+    """
+    if len(values) < 2:
+        raise ValueError(f"a prediction interval needs at least 2 runs, got {len(values)}")
+    mean, sd = mean_std(values)
+    half_width = t_quantile(0.5 + level / 2.0, len(values) - 1) * sd * math.sqrt(1.0 + 1.0 / len(values))
+    return Prediction(mean, mean - half_width, mean + half_width, len(values), level)
