@@ -107,3 +107,11 @@ def test_the_false_negatives_file_is_what_the_script_computes(monkeypatch, capsy
     script.main()
     # Counting and means of booleans over the same seeded batches: the same floats on any machine.
     assert json.loads(capsys.readouterr().out) == committed
+
+
+def test_no_committed_result_names_a_machine_path():
+    """Failed on main: equilibrium-4800's files named the checkpoint at /work/exp/… (the report writes X/…)."""
+    machine_path = re.compile(r'"(?:/work|/home|/Users|/mnt|/data|/srv|/tmp)/')
+    offenders = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "docs" / "results").rglob("*.json"))
+                 if machine_path.search(path.read_text(encoding="utf-8"))]
+    assert offenders == []
