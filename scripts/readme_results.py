@@ -250,7 +250,7 @@ def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
     return "\n".join(lines + ["", f"Each cell: the mean of the n = {sizes} runs and the 95 % prediction interval "
                                    "for one more run, mean ± t(0.975, n − 1)·sd·√(1 + 1/n): if the runs of a cell "
                                    "spread normally, a run with a new seed lands inside it 19 times in 20 (cut to "
-                                   "0–100 for a percentage)."])
+                                   "the metric's range, 0–100 for a percentage)."])
 
 
 def claims_table(claims: dict) -> str:

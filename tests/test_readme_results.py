@@ -66,7 +66,6 @@ def test_a_claim_shows_mean_and_std_of_its_cells_runs(tmp_path, monkeypatch):
         readme_results.measured({**item, "cell": "c", "metric": "tau"})
 
 
-
 def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
     runs = [{"cell": "a", "final_t": 0.0, "zero_shot_top1": v} for v in (90.0, 99.0, 96.0)]
@@ -76,6 +75,7 @@ def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_pa
     table = readme_results.rerun_table("grid", ["a"], [{"metric": "zero_shot_top1", "label": "top-1"},
                                                       {"metric": "zero_shot_top1", "label": "cut", "bounds": [0, 100]}])
     assert "| a | 95.0 (72.2 to 117.8) | 95.0 (72.2 to 100.0) |" in table and "n = 3 runs" in table
+
 
 def test_experts_and_equilibrium_tables_average_over_runs():
     def experts(k1, k2):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Optional, Sequence
 
 # The continued fraction converges in O(sqrt(max(a, b))) terms; 300 covers any df a seed count makes.
@@ -71,6 +72,7 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@lru_cache(maxsize=256)  # a report asks for the same few (level, df) pairs in every cell
 def t_quantile(p: float, df: float) -> float:
     """The t with P(T ≤ t) = p, by bisection on t_cdf (monotone) down to adjacent doubles."""
     if not 0.0 < p < 1.0:
