@@ -74,7 +74,8 @@ def ablation_table(results: dict) -> str:
     reused = sum(r["reused_from"] is not None for r in results["runs"])
     lines = [f"{len(results['runs'])} runs ({len(results['rows'])} cells × {results['seeds']} seeds, "
              f"{results['steps']} steps each) on {describe_machine(results['machine'])}; one run "
-             f"took {minutes[0]:.1f}–{minutes[-1]:.1f} min (median {minutes[len(minutes) // 2]:.1f})"
+             f"took {minutes[0]:.1f}–{minutes[-1]:.1f} min (median {minutes[len(minutes) // 2]:.1f}; from its start to "
+             f"its final evaluation, the pause of a run stopped and resumed included)"
              + (f"; {reused} of them are the identical runs of another grid (`--reuse`)" if reused else "")
              + f". Tabulated by `{results['command']}`.", ""]
     table = markdown_table(load_grid(results["grid"]), results["rows"], results)
@@ -213,7 +214,7 @@ def comparison_table(spec: dict) -> str:
     metrics = spec["metrics"]
     lines = [spec.get("about", ""), "", "| comparison | " + " | ".join(m["label"] for m in metrics) + " |",
              "|---|" + "---|" * len(metrics)]
-    counts = set()
+    counts, unvaried = set(), False
     for row in spec["rows"]:
         cells = []
         for metric in metrics:
@@ -221,13 +222,19 @@ def comparison_table(spec: dict) -> str:
                     for ref in (row["a"], row["b"]))
             d, digits = welch(a, b), metric.get("digits", 1)
             counts.add((d.n_a, d.n_b))
+            if d.df is None:  # every run of both cells gave the same value (a fixed τ): nothing to test
+                unvaried = True
+                cells.append(f"{d.effect:+.{digits}f} (no spread)")
+                continue
             p = "p < 0.001" if d.p < 0.001 else f"p = {d.p:.3f}"
             cells.append(f"{'**' if d.significant else ''}{d.effect:+.{digits}f}{'**' if d.significant else ''} "
                          f"({d.low:+.{digits}f} to {d.high:+.{digits}f}), {p}")
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     sizes = ", ".join(f"{a} and {b}" for a, b in sorted(counts))
     lines += ["", f"Each cell: the difference of means a − b, its 95 % confidence interval and the p-value of "
-                  f"Welch's t; n = {sizes} runs; bold where the interval excludes 0."]
+                  f"Welch's t; n = {sizes} runs; bold where the interval excludes 0."
+              + (" \"No spread\": every run of both cells gave the same value, so there is nothing to test."
+                 if unvaried else "")]
     if spec.get("reruns"):
         lines += ["", rerun_table(spec["source"], spec["reruns"], metrics)]
     return "\n".join(line for line in lines if line is not None).lstrip("\n")

@@ -77,6 +77,18 @@ def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_pa
     assert "| a | 95.0 (72.2 to 117.8) | 95.0 (72.2 to 100.0) |" in table and "n = 3 runs" in table
 
 
+
+def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    runs = [{"cell": cell, "final_t": 0.0, "zero_shot_top1": top1} for cell, top1 in
+            [("a", 30.0), ("a", 50.0), ("b", 10.0), ("b", 20.0)]]  # t fixed at 0 in every run
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "ablation.json").write_text(json.dumps({"runs": runs}))
+    table = readme_results.comparison_table({"source": "grid", "rows": [{"label": "a − b", "a": "a", "b": "b"}],
+                                             "metrics": [{"metric": "zero_shot_top1", "label": "top-1"},
+                                                         {"metric": "final_t", "label": "t", "digits": 2}]})
+    assert "| a − b | +25.0 (" in table and "| +0.00 (no spread) |" in table and "nothing to test" in table
+
 def test_experts_and_equilibrium_tables_average_over_runs():
     def experts(k1, k2):
         return {"draws": 10, "size": 500, "mode": "distance",

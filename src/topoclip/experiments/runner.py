@@ -139,7 +139,8 @@ def run_record(spec: RunSpec) -> dict:
             "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),
             "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale},
             "evaluations": evaluations,  # the periodic validation evaluations (train.eval_every), headline keys
-            # wall time from the (last) start, when config.json is written, to the final evaluation
+            # wall time from the first start (config.json is written once, not on resume) to the final evaluation:
+            # a run stopped and resumed later counts the pause
             "train_seconds": folder.evaluation.stat().st_mtime - folder.config.stat().st_mtime,
             "reused_from": os.path.relpath(reused, out_dir) if reused else None}
 
