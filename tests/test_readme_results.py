@@ -77,7 +77,6 @@ def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_pa
     assert "| a | 95.0 (72.2 to 117.8) | 95.0 (72.2 to 100.0) |" in table and "n = 3 runs" in table
 
 
-
 def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
     runs = [{"cell": cell, "final_t": 0.0, "zero_shot_top1": top1} for cell, top1 in
@@ -88,6 +87,7 @@ def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypat
                                              "metrics": [{"metric": "zero_shot_top1", "label": "top-1"},
                                                          {"metric": "final_t", "label": "t", "digits": 2}]})
     assert "| a − b | +25.0 (" in table and "| +0.00 (no spread) |" in table and "nothing to test" in table
+
 
 def test_experts_and_equilibrium_tables_average_over_runs():
     def experts(k1, k2):
