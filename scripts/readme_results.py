@@ -139,7 +139,7 @@ def similarities_table(runs: list[dict]) -> str:
 
     kinds = ("positive image-text", "negative image-text", "negative image-image", "negative text-text")
     lines = [f"{runs[0]['size']} test pairs per domain; median s in the topology's own units (a sum of m cosines for "
-             "the product sphere, so in [−m, m]).", "",
+             "the product sphere, so in [−m, m]; −‖u − v‖ for Euclidean, so unbounded below).", "",
              "| model | topology | domain | " + " | ".join(f"median s, {kind}" for kind in kinds)
              + " | image–text gap / range of s | negative image–text above the median positive |",
              "|---|---|---|" + "---|" * (len(kinds) + 2)]
@@ -148,8 +148,9 @@ def similarities_table(runs: list[dict]) -> str:
         for domain, record in run["domains"].items():
             summed = record["summed"]
             medians = [summed[kind]["median"] for kind in kinds]
+            gap = f"{(medians[0] - medians[1]) / (high - low):.3f}" if math.isfinite(high - low) else "— (unbounded)"
             lines.append(f"| {run['file']} | {run['topology']} | {domain} | " + " | ".join(f"{m:.2f}" for m in medians)
-                         + f" | {(medians[0] - medians[1]) / (high - low):.3f} | "
+                         + f" | {gap} | "
                          f"{summed['negatives_above_median_positive']:.1%} |")
     return "\n".join(lines)
 
@@ -222,7 +223,7 @@ def comparison_table(spec: dict) -> str:
                     for ref in (row["a"], row["b"]))
             d, digits = welch(a, b), metric.get("digits", 1)
             counts.add((d.n_a, d.n_b))
-            if d.df is None:  # every run of both cells gave the same value (a fixed τ): nothing to test
+            if d.unvaried:  # every run of both cells gave the same value (a fixed τ): nothing to test
                 unvaried = True
                 cells.append(f"{d.effect:+.{digits}f} (no spread)")
                 continue
@@ -277,7 +278,7 @@ def claims_table(claims: dict) -> str:
 # Blocks named NAME-tests are comparison tables (comparison_table); any other name not here is an ablation.
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table,
              "claims": claims_table, "experts": experts_table, "equilibrium": equilibrium_table,
-             "equilibrium-4800": equilibrium_table, "similarities": similarities_table,
+             "equilibrium-4800": equilibrium_table, "similarities": similarities_table, "collapse": similarities_table,
              "false-negatives": false_negatives_table}
 
 

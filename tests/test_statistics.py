@@ -79,6 +79,8 @@ def test_degenerate_and_refused():
     assert welch([1.0, 1.0], [1.0, 1.0]).p == 1.0
     same = welch([2.0, 2.0, 2.0], [1.0, 1.0])
     assert same.p == 0.0 and same.low == same.high == 1.0
+    assert same.unvaried and not welch([2.0, 2.1], [1.0, 1.0]).unvaried
+    assert same.describe() == "+1.0 (no spread: every run gave the same value, nothing to test; n = 3 and 2)"
     with pytest.raises(ValueError, match="at least 2 runs"):
         welch([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="measured twice"):

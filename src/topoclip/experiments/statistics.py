@@ -106,9 +106,16 @@ class Difference:
         """The interval excludes 0 (equivalently p < 1 − level)."""
         return self.low > 0 or self.high < 0
 
+    @property
+    def unvaried(self) -> bool:
+        """Every run gave the same value (e.g. a fixed τ): the interval is a point and p says nothing."""
+        return self.low == self.high
+
     def describe(self, digits: int = 1) -> str:
         """"+15.2 (95 % CI 3.1 to 27.3; Welch's t, p = 0.021; n = 5 and 5)"."""
         n = f"n = {self.n_a}" if self.test == "paired t" else f"n = {self.n_a} and {self.n_b}"
+        if self.unvaried:
+            return f"{self.effect:+.{digits}f} (no spread: every run gave the same value, nothing to test; {n})"
         p = "p < 0.001" if self.p < 0.001 else f"p = {self.p:.3f}"
         return (f"{self.effect:+.{digits}f} ({self.level * 100:.0f} % CI {self.low:+.{digits}f} to "
                 f"{self.high:+.{digits}f}; {self.test}, {p}; {n})")
