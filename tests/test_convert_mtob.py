@@ -10,13 +10,13 @@ from safetensors.torch import save_file
 
 import topoclip
 from _conversion_references import MtobCLIP
+from _reference import ERNIE_MISSING, ERNIE_VOCAB
 from topoclip.cli import main
 from topoclip.convert.mtob import import_mtob
 from topoclip.errors import CheckpointError
 
 from _tolerance import fp32_pair, network_roundings
 
-ERNIE_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "reference" / "ernie-2.0-en-vocab.txt"
 WORDS = ["a", "photo", "of", "the", "red", "blue", "cat", "dog", "on", "mat", "big", "small", "##s", "car", "tree"]
 TEXTS = ["a photo of a cat", "the red dog on the mat", "small blue cars", "a big tree", "cat"]
 # Our tower and the reference are two fp32 computations of the same unit-norm embeddings through
@@ -82,8 +82,8 @@ def test_wrong_heads_change_the_outputs(tmp_path):
 
 
 def test_sphere_baseline_and_the_ernie_vocabulary(tmp_path):
-    if not ERNIE_VOCAB.is_file():
-        pytest.skip("the reference ERNIE vocabulary is not in ../shared/reference")
+    if ERNIE_VOCAB is None:
+        pytest.skip(ERNIE_MISSING)
     reference = MtobCLIP(tokens=1, embed_dim=16, vocab=30522, context=20, text_heads=1, cls_id=101).eval()
     model, tokenizer, config = import_mtob(reference.state_dict(), ERNIE_VOCAB, name="sphere")
     assert (config.model.topology, config.model.text.cls_token_id, tokenizer.cls_id) == ("sphere", 101, 101)

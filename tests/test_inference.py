@@ -17,9 +17,10 @@ from topoclip.errors import UserError
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 
+from _reference import reference_file
 from _tolerance import TINY, fp32_pair, model_roundings
 
-CAT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cat.jpeg"
+CAT = reference_file("cat.jpeg")
 CAPTIONS = ["a photo of a cat", "a photo of a dog", "a red circle", "a blue square on the left", "a car"]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -85,8 +86,8 @@ def test_flat_vectors_have_the_similarity_as_their_inner_product(checkpoint):
 
 
 def test_predict_prints_the_top_labels(checkpoint, capsys):
-    if not CAT.is_file():
-        pytest.skip("../shared/reference/cat.jpeg is not here")
+    if CAT is None:
+        pytest.skip("cat.jpeg not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository or beside it")
     assert main(["predict", str(checkpoint), "--image", str(CAT), "--labels", "cat, dog,car", "--top", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == str(CAT) and len(lines) == 3
