@@ -127,3 +127,15 @@ def test_no_committed_result_names_a_machine_path():
     offenders = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "docs" / "results").rglob("*.json"))
                  if machine_path.search(path.read_text(encoding="utf-8"))]
     assert offenders == []
+
+
+def test_no_comparison_spec_asks_the_same_comparison_twice():
+    """Failed on main: table3-lr1e-3-4800-tests.json listed six of its rows twice, so the report printed them twice."""
+    repeated = {}
+    for path in sorted((ROOT / "docs" / "results").glob("*-tests.json")):
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+        keys = [json.dumps([row["a"], row["b"]]) for row in rows]
+        labels = [row["label"] for row in rows]
+        if len(set(keys)) < len(keys) or len(set(labels)) < len(labels):
+            repeated[path.name] = len(keys) - len(set(keys))
+    assert repeated == {}
