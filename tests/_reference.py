@@ -22,3 +22,4 @@ ERNIE_VOCAB_NAME = "ernie-2.0-en-vocab.txt"
 ERNIE_VOCAB = reference_file(ERNIE_VOCAB_NAME)
 ERNIE_MISSING = (f"{ERNIE_VOCAB_NAME} not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository "
                  f"or beside it")
+CAT_MISSING = ("cat.jpeg not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository or beside it")

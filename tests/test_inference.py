@@ -17,7 +17,7 @@ from topoclip.errors import UserError
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 
-from _reference import reference_file
+from _reference import CAT_MISSING, reference_file
 from _tolerance import TINY, fp32_pair, model_roundings
 
 CAT = reference_file("cat.jpeg")
@@ -87,7 +87,7 @@ def test_flat_vectors_have_the_similarity_as_their_inner_product(checkpoint):
 
 def test_predict_prints_the_top_labels(checkpoint, capsys):
     if CAT is None:
-        pytest.skip("cat.jpeg not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository or beside it")
+        pytest.skip(CAT_MISSING)
     assert main(["predict", str(checkpoint), "--image", str(CAT), "--labels", "cat, dog,car", "--top", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == str(CAT) and len(lines) == 3

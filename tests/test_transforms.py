@@ -19,7 +19,7 @@ from topoclip.transforms import (
     train_transform,
 )
 
-from _reference import reference_file
+from _reference import CAT_MISSING, reference_file
 from _tolerance import fp32_pair
 
 CAT = reference_file("cat.jpeg")
@@ -217,7 +217,7 @@ def test_shortest_eval_pixels_equal_pil_resize_then_centre_crop(shape):
     # the only room for a difference is none: the bound is 1/255 (one uint8 step), and the result is exact.
     if shape == "cat":
         if CAT is None:
-            pytest.skip("cat.jpeg not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository or beside it")
+            pytest.skip(CAT_MISSING)
         image = Image.open(CAT).convert("RGB")
     else:
         image = Image.fromarray(np.random.default_rng(sum(shape)).integers(0, 256, (*shape, 3), dtype=np.uint8))
