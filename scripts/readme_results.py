@@ -72,7 +72,7 @@ def ablation_table(results: dict) -> str:
     """Markdown of `topoclip ablate`'s JSON: how it was run, then the table it wrote (its rows)."""
     minutes = sorted(r["train_seconds"] / 60 for r in results["runs"])
     reused = sum(r["reused_from"] is not None for r in results["runs"])
-    lines = [f"{len(results['runs'])} runs ({len(results['rows'])} cells × {results['seeds']} seeds, "
+    lines = [f"{len(results['runs'])} runs ({len(results['rows'])} cells × {results['seeds']} seed{'s' * (results['seeds'] != 1)}, "
              f"{results['steps']} steps each) on {describe_machine(results['machine'])}; one run "
              f"took {minutes[0]:.1f}–{minutes[-1]:.1f} min (median {minutes[len(minutes) // 2]:.1f}; from its start to "
              f"its final evaluation, the pause of a run stopped and resumed included)"
