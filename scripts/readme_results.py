@@ -25,7 +25,7 @@ from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
 from topoclip.experiments.grid import load_grid
 from topoclip.experiments.report import markdown_table
-from topoclip.experiments.statistics import mean_std, prediction, welch
+from topoclip.experiments.statistics import format_p, holm, mean_std, prediction, welch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -201,41 +201,48 @@ def measured(item: dict) -> str:
     return f"{item['label']} {mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def tested(item: dict) -> str:
-    """"label: +15.2 (95 % CI …; Welch's t, p = …; n = 3 and 3)": Welch's t between two cells (`a` − `b`, each
-    [source, cell]) on one metric."""
-    a, b = (cell_values(source, cell, item["metric"], item.get("set", "")) for source, cell in (item["a"], item["b"]))
-    return f"{item['label']}: {welch(a, b).describe(item.get('digits', 1))}"
+def tested(items: list[dict]) -> str:
+    """"label: +15.2 (95 % CI …; Welch's t, p = …, Holm p = …; n = 3 and 3); …": Welch's t between two cells
+    (`a` − `b`, each [source, cell]) on one metric, for each comparison of a claim, with the p-values adjusted by
+    Holm's method over the claim's comparisons (those with a spread to test)."""
+    differences = [welch(*(cell_values(source, cell, item["metric"], item.get("set", ""))
+                           for source, cell in (item["a"], item["b"]))) for item in items]
+    adjusted = iter(holm([d.p for d in differences if not d.unvaried]))
+    return "; ".join(f"{item['label']}: {d.describe(item.get('digits', 1), None if d.unvaried else next(adjusted))}"
+                     for item, d in zip(items, differences)) or "—"
 
 
 def comparison_table(spec: dict) -> str:
     """Markdown: Welch's t of each comparison (a − b) on each metric; spec is docs/results/NAME.json:
     {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}]}, where a
-    and b are cells of the source, or [ablation, cell] pairs for cells of other results."""
+    and b are cells of the source, or [ablation, cell] pairs for cells of other results. Bold: the 95 % interval
+    excludes 0; †: so does Holm's adjustment over every test of the table."""
     metrics = spec["metrics"]
+    differences = [[welch(*(cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
+                            for ref in (row["a"], row["b"]))) for metric in metrics] for row in spec["rows"]]
+    tested = [d for row in differences for d in row if not d.unvaried]  # a fixed τ in both cells: nothing to test
+    adjusted = dict(zip(map(id, tested), holm([d.p for d in tested])))
     lines = [spec.get("about", ""), "", "| comparison | " + " | ".join(m["label"] for m in metrics) + " |",
              "|---|" + "---|" * len(metrics)]
-    counts, unvaried = set(), False
-    for row in spec["rows"]:
+    for row, row_differences in zip(spec["rows"], differences):
         cells = []
-        for metric in metrics:
-            a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
-                    for ref in (row["a"], row["b"]))
-            d, digits = welch(a, b), metric.get("digits", 1)
-            counts.add((d.n_a, d.n_b))
-            if d.unvaried:  # every run of both cells gave the same value (a fixed τ): nothing to test
-                unvaried = True
+        for metric, d in zip(metrics, row_differences):
+            digits = metric.get("digits", 1)
+            if d.unvaried:
                 cells.append(f"{d.effect:+.{digits}f} (no spread)")
                 continue
-            p = "p < 0.001" if d.p < 0.001 else f"p = {d.p:.3f}"
-            cells.append(f"{'**' if d.significant else ''}{d.effect:+.{digits}f}{'**' if d.significant else ''} "
-                         f"({d.low:+.{digits}f} to {d.high:+.{digits}f}), {p}")
+            bold = "**" if d.significant else ""
+            cells.append(f"{bold}{d.effect:+.{digits}f}{bold}{'†' if adjusted[id(d)] < 0.05 else ''} "
+                         f"({d.low:+.{digits}f} to {d.high:+.{digits}f}), {format_p(d.p)}")
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    sizes = ", ".join(f"{a} and {b}" for a, b in sorted(counts))
+    sizes = ", ".join(f"{a} and {b}" for a, b in sorted({(d.n_a, d.n_b) for row in differences for d in row}))
+    kept = sum(adjusted[id(d)] < 0.05 for d in tested)
     lines += ["", f"Each cell: the difference of means a − b, its 95 % confidence interval and the p-value of "
-                  f"Welch's t; n = {sizes} runs; bold where the interval excludes 0."
+                  f"Welch's t; n = {sizes} runs; bold where the interval excludes 0, † where the difference stays "
+                  f"significant after Holm's adjustment over the table's {len(tested)} tests "
+                  f"({kept} of the {sum(d.significant for d in tested)} bold ones)."
               + (" \"No spread\": every run of both cells gave the same value, so there is nothing to test."
-                 if unvaried else "")]
+                 if len(tested) < sum(map(len, differences)) else "")]
     if spec.get("reruns"):
         lines += ["", rerun_table(spec["source"], spec["reruns"], metrics)]
     return "\n".join(line for line in lines if line is not None).lstrip("\n")
@@ -269,7 +276,7 @@ def claims_table(claims: dict) -> str:
              "|---|---|---|---|---|"]
     for claim in claims["claims"]:
         numbers = "; ".join(measured(item) for item in claim["measured"])
-        tests = "; ".join(tested(item) for item in claim.get("tests", [])) or "—"
+        tests = tested(claim.get("tests", []))
         lines.append(f"| {claim['claim']} | {claim['paper']} | {numbers} | {tests} | **{claim['verdict']}**: "
                      f"{claim['why']} |")
     return "\n".join(lines)

@@ -89,6 +89,21 @@ def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypat
     assert "| a − b | +25.0 (" in table and "| +0.00 (no spread) |" in table and "nothing to test" in table
 
 
+def test_a_comparison_table_marks_what_survives_holm_over_the_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    values = {"big": (100.0, 101.0, 102.0), "mid": (2.5, 3.5, 4.5), "base": (0.0, 1.0, 2.0)}
+    runs = [{"cell": cell, "zero_shot_top1": v} for cell, vs in values.items() for v in vs]
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "ablation.json").write_text(json.dumps({"runs": runs}))
+    rows = [{"label": f"{a} − {b}", "a": a, "b": b} for a, b in [("big", "base"), ("mid", "base"), ("base", "base")]]
+    table = readme_results.comparison_table({"source": "grid", "rows": rows,
+                                             "metrics": [{"metric": "zero_shot_top1", "label": "top-1"}]})
+    # p = 2.7e-8, 0.0376 and 1 (Welch's t, df 4); Holm over 3: 8e-8, 2·0.0376 = 0.075, 1. Both of the first two
+    # are bold (significant alone); only the first keeps its † (significant after the adjustment).
+    assert "| big − base | **+100.0**† (" in table and "| mid − base | **+2.5** (" in table
+    assert "over the table's 3 tests (1 of the 2 bold ones)" in table
+
+
 def test_experts_and_equilibrium_tables_average_over_runs():
     def experts(k1, k2):
         return {"draws": 10, "size": 500, "mode": "distance",

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from topoclip.experiments.statistics import incomplete_beta, paired, prediction, t_cdf, t_quantile, welch
+from topoclip.experiments.statistics import holm, incomplete_beta, paired, prediction, t_cdf, t_quantile, welch
 
 CDF_BOUND = 1e-12
 QUANTILE_BOUND = 1e-9
@@ -56,6 +56,7 @@ def test_welch_against_scipy():
     assert (result.low, result.high) == pytest.approx((0.4801846547611528, 2.9348153452388472), rel=QUANTILE_BOUND)
     assert result.significant and (result.n_a, result.n_b) == (5, 4)
     assert result.describe() == "+1.7 (95 % CI +0.5 to +2.9; Welch's t, p = 0.018; n = 5 and 4)"
+    assert result.describe(holm_p=0.0537) == "+1.7 (95 % CI +0.5 to +2.9; Welch's t, p = 0.018, Holm p = 0.054; n = 5 and 4)"
 
 
 def test_paired_against_scipy():
@@ -108,3 +109,13 @@ def test_prediction_interval_covers_a_new_run_at_its_level():
         interval = prediction(runs[:5])
         hits += interval.low <= runs[5] <= interval.high
     assert abs(hits / trials - 0.95) < 5 * math.sqrt(0.95 * 0.05 / trials)
+
+
+@pytest.mark.parametrize("p_values, adjusted", [
+    ([0.01, 0.04, 0.03, 0.005], [0.03, 0.06, 0.06, 0.02]),
+    ([0.2, 0.001, 0.049, 0.5, 0.012, 0.3], [0.6, 0.006, 0.196, 0.6, 0.06, 0.6]),
+    ([0.7], [0.7]), ([0.4, 0.9], [0.8, 0.9]), ([], [])])
+def test_holm_against_statsmodels(p_values, adjusted):
+    # Printed by statsmodels 0.15.0, multipletests(p_values, method="holm")[1], in a side venv. Each adjusted
+    # p is one product of a double and an integer ≤ 6 (or 1.0): within 1 ulp, so rel=1e-15 holds anywhere.
+    assert holm(p_values) == pytest.approx(adjusted, rel=1e-15)

@@ -3,6 +3,8 @@
     welch(a, b)            two groups of runs (two cells), unequal variances: Welch's t
     paired(after, before)  the same runs at two points (e.g. a curve's last evaluation against an earlier one)
     prediction(values)     where one more run of the same cell lands: the interval a re-run is checked against
+    holm(p_values)         the p-values of a family of tests, adjusted so that any false "significant" among them
+                           has probability ≤ 5 % (Holm–Bonferroni)
 
 Each returns a `Difference`: the effect (mean of a − mean of b, from the unrounded values), its 95 %
 confidence interval, the two-sided p-value, the degrees of freedom and the numbers of runs. With
@@ -87,6 +89,11 @@ def t_quantile(p: float, df: float) -> float:
     return middle
 
 
+def format_p(p: float) -> str:
+    """"p = 0.021", or "p < 0.001" below the three decimals a p-value is shown with."""
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
 @dataclass(frozen=True)
 class Difference:
     """mean(a) − mean(b) with its confidence interval and two-sided p-value."""
@@ -111,12 +118,13 @@ class Difference:
         """Every run gave the same value (e.g. a fixed τ): the interval is a point and p says nothing."""
         return self.low == self.high
 
-    def describe(self, digits: int = 1) -> str:
-        """"+15.2 (95 % CI 3.1 to 27.3; Welch's t, p = 0.021; n = 5 and 5)"."""
+    def describe(self, digits: int = 1, holm_p: Optional[float] = None) -> str:
+        """"+15.2 (95 % CI 3.1 to 27.3; Welch's t, p = 0.021; n = 5 and 5)", with ", Holm p = 0.084" after p when
+        this test's p adjusted within its family (`holm`) is given."""
         n = f"n = {self.n_a}" if self.test == "paired t" else f"n = {self.n_a} and {self.n_b}"
         if self.unvaried:
             return f"{self.effect:+.{digits}f} (no spread: every run gave the same value, nothing to test; {n})"
-        p = "p < 0.001" if self.p < 0.001 else f"p = {self.p:.3f}"
+        p = format_p(self.p) + ("" if holm_p is None else f", Holm {format_p(holm_p)}")
         return (f"{self.effect:+.{digits}f} ({self.level * 100:.0f} % CI {self.low:+.{digits}f} to "
                 f"{self.high:+.{digits}f}; {self.test}, {p}; {n})")
 
@@ -150,6 +158,19 @@ def paired(after: Sequence[float], before: Sequence[float], level: float = 0.95)
     mean, sd = mean_std(differences)
     return _from_t("paired t", mean, sd / math.sqrt(len(differences)), len(differences) - 1, len(after), len(before),
                    level)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of m p-values, in their order: the i-th smallest becomes
+    max over j ≤ i of min(1, (m − j + 1)·p_(j)). "Adjusted p < α" for any of them then holds the chance of
+    one or more false rejections in the family at α whatever the dependence between the tests (Holm 1979),
+    and it is never less powerful than Bonferroni's m·p."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 @dataclass(frozen=True)
