@@ -72,7 +72,8 @@ def ablation_table(results: dict) -> str:
     """Markdown of `topoclip ablate`'s JSON: how it was run, then the table it wrote (its rows)."""
     minutes = sorted(r["train_seconds"] / 60 for r in results["runs"])
     reused = sum(r["reused_from"] is not None for r in results["runs"])
-    lines = [f"{len(results['runs'])} runs ({len(results['rows'])} cells × {results['seeds']} seed{'s' * (results['seeds'] != 1)}, "
+    seeds = f"{results['seeds']} seed{'s' * (results['seeds'] != 1)}"
+    lines = [f"{len(results['runs'])} runs ({len(results['rows'])} cells × {seeds}, "
              f"{results['steps']} steps each) on {describe_machine(results['machine'])}; one run "
              f"took {minutes[0]:.1f}–{minutes[-1]:.1f} min (median {minutes[len(minutes) // 2]:.1f}; from its start to "
              f"its final evaluation, the pause of a run stopped and resumed included)"
@@ -221,26 +222,26 @@ def comparison_table(spec: dict) -> str:
     differences = [[welch(*(cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
                             for ref in (row["a"], row["b"]))) for metric in metrics] for row in spec["rows"]]
     tested = [d for row in differences for d in row if not d.unvaried]  # a fixed τ in both cells: nothing to test
-    adjusted = dict(zip(map(id, tested), holm([d.p for d in tested])))
+    adjusted = iter(holm([d.p for d in tested]))  # in the order of `tested`: row by row
+    kept = [[not d.unvaried and next(adjusted) < 0.05 for d in row] for row in differences]
     lines = [spec.get("about", ""), "", "| comparison | " + " | ".join(m["label"] for m in metrics) + " |",
              "|---|" + "---|" * len(metrics)]
-    for row, row_differences in zip(spec["rows"], differences):
+    for row, row_differences, row_kept in zip(spec["rows"], differences, kept):
         cells = []
-        for metric, d in zip(metrics, row_differences):
+        for metric, d, holds in zip(metrics, row_differences, row_kept):
             digits = metric.get("digits", 1)
             if d.unvaried:
                 cells.append(f"{d.effect:+.{digits}f} (no spread)")
                 continue
             bold = "**" if d.significant else ""
-            cells.append(f"{bold}{d.effect:+.{digits}f}{bold}{'†' if adjusted[id(d)] < 0.05 else ''} "
+            cells.append(f"{bold}{d.effect:+.{digits}f}{bold}{'†' * holds} "
                          f"({d.low:+.{digits}f} to {d.high:+.{digits}f}), {format_p(d.p)}")
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     sizes = ", ".join(f"{a} and {b}" for a, b in sorted({(d.n_a, d.n_b) for row in differences for d in row}))
-    kept = sum(adjusted[id(d)] < 0.05 for d in tested)
     lines += ["", f"Each cell: the difference of means a − b, its 95 % confidence interval and the p-value of "
                   f"Welch's t; n = {sizes} runs; bold where the interval excludes 0, † where the difference stays "
                   f"significant after Holm's adjustment over the table's {len(tested)} tests "
-                  f"({kept} of the {sum(d.significant for d in tested)} bold ones)."
+                  f"({sum(map(sum, kept))} of the {sum(d.significant for d in tested)} bold ones)."
               + (" \"No spread\": every run of both cells gave the same value, so there is nothing to test."
                  if len(tested) < sum(map(len, differences)) else "")]
     if spec.get("reruns"):
