@@ -18,8 +18,13 @@ def reference_file(name: str) -> Optional[Path]:
     return next((Path(folder) / name for folder in folders if folder and (Path(folder) / name).is_file()), None)
 
 
+def missing(name: str) -> str:
+    """The skip reason of a test whose reference file `name` is in none of the places."""
+    return f"{name} not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository or beside it"
+
+
 ERNIE_VOCAB_NAME = "ernie-2.0-en-vocab.txt"
 ERNIE_VOCAB = reference_file(ERNIE_VOCAB_NAME)
-ERNIE_MISSING = (f"{ERNIE_VOCAB_NAME} not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository "
-                 f"or beside it")
-CAT_MISSING = ("cat.jpeg not found in $TOPOCLIP_REFERENCE_DIR, shared/reference in the repository or beside it")
+ERNIE_MISSING = missing(ERNIE_VOCAB_NAME)
+CAT = reference_file("cat.jpeg")  # a real photo
+CAT_MISSING = missing("cat.jpeg")

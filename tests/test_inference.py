@@ -17,10 +17,9 @@ from topoclip.errors import UserError
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 
-from _reference import CAT_MISSING, reference_file
+from _reference import CAT, CAT_MISSING
 from _tolerance import TINY, fp32_pair, model_roundings
 
-CAT = reference_file("cat.jpeg")
 CAPTIONS = ["a photo of a cat", "a photo of a dog", "a red circle", "a blue square on the left", "a car"]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
