@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from topoclip.experiments import grid as grids
+from topoclip.experiments.report import curve_metrics, late_rise, still_rising
 from topoclip.cli import main
 from topoclip.config import ConfigError, to_dict
 
@@ -121,6 +122,20 @@ def test_unknown_grid_and_cells_are_user_errors(tmp_path, capsys):
         grids.load_grid("no-such-grid")
     assert main(["ablate", "--grid", "table3", "--cells", "nothing*", "--out", str(tmp_path)]) == 2
     assert "matches no cell" in capsys.readouterr().err
+
+
+def test_still_rising_names_a_rise_without_spread():
+    # seeds that each gained exactly one image of 200 (+0.5 points) leave a paired t nothing to test: the
+    # column says so instead of printing a zero-width interval; a spread rise keeps its interval
+    key = curve_metrics("shape")["zero-shot top-1 (shape)"]
+
+    def row(gains):
+        runs = [{"evaluations": [{"step": 3, key: 90.0 + k}, {"step": 4, key: 90.0 + k + gain}]} for k, gain in enumerate(gains)]
+        return {"late_rise": {key: late_rise(runs, key, steps=4)}}
+
+    assert still_rising(row([0.5, 0.5, 0.5]), "shape") == "yes +0.5 (every seed the same)"
+    assert still_rising(row([0.0, 0.0, 0.0]), "shape") == "no +0.0 (every seed the same)"
+    assert still_rising(row([0.0, 1.0, 2.0]), "shape") == "no +1.0 (-1.5 to +3.5)"  # 1 ± t(0.975, 2)·1/√3
 
 
 def read_runs(out):

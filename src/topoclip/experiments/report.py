@@ -118,6 +118,8 @@ def still_rising(row: dict, zero_shot_set: str) -> str:
     rise = row.get("late_rise", {}).get(curve_metrics(zero_shot_set)[f"zero-shot top-1 ({zero_shot_set})"])
     if not rise:
         return "—"
+    if rise["low"] == rise["high"]:  # every seed moved by the same amount: no spread to test against (`unvaried`)
+        return f"{'yes' if rise['effect'] > 0 else 'no'} {rise['effect']:+.1f} (every seed the same)"
     return f"{'yes' if rise['low'] > 0 else 'no'} {rise['effect']:+.1f} ({rise['low']:+.1f} to {rise['high']:+.1f})"
 
 
