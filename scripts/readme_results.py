@@ -287,6 +287,7 @@ def claims_table(claims: dict) -> str:
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table,
              "claims": claims_table, "experts": experts_table, "equilibrium": equilibrium_table,
              "equilibrium-4800": equilibrium_table, "equilibrium-9600": equilibrium_table,
+             "equilibrium-19200": equilibrium_table,
              "similarities": similarities_table, "collapse": similarities_table,
              "false-negatives": false_negatives_table}
 
