@@ -283,13 +283,11 @@ def claims_table(claims: dict) -> str:
     return "\n".join(lines)
 
 
-# Blocks named NAME-tests are comparison tables (comparison_table); any other name not here is an ablation.
-RENDERERS = {"default-run": default_run_table, "compare": compare_table, "compare-4800": compare_table,
-             "claims": claims_table, "experts": experts_table, "equilibrium": equilibrium_table,
-             "equilibrium-4800": equilibrium_table, "equilibrium-9600": equilibrium_table,
-             "equilibrium-19200": equilibrium_table,
-             "similarities": similarities_table, "collapse": similarities_table,
-             "false-negatives": false_negatives_table}
+# A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium);
+# blocks named NAME-tests are comparison tables (comparison_table); any other name is an ablation.
+RENDERERS = {"default-run": default_run_table, "compare": compare_table, "claims": claims_table,
+             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table,
+             "collapse": similarities_table, "false-negatives": false_negatives_table}
 
 
 def load_results(name: str):
@@ -310,7 +308,8 @@ def render_blocks(readme: str) -> str:
     def replace(match: re.Match) -> str:
         name = match.group(1)
         results = load_results(name)
-        renderer = RENDERERS.get(name, comparison_table if name.endswith("-tests") else ablation_table)
+        renderer = RENDERERS.get(re.sub(r"-\d+$", "", name),
+                                 comparison_table if name.endswith("-tests") else ablation_table)
         return f"<!-- results:{name} -->\n{renderer(results)}\n<!-- /results:{name} -->"
 
     return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, readme, flags=re.S)
