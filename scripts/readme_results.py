@@ -118,7 +118,9 @@ def equilibrium_table(runs: list[dict], batch_size: int = 128) -> str:
     """Markdown: per group of runs (files GROUP-seed-K.json), the learned τ beside τ* (the τ minimising the loss
     of the trained model's fixed embeddings) with p % of captions shuffled, mean ± std over the group's runs."""
     fractions = sorted({c["fraction"] for c in runs[0]["curves"]})
-    lines = [f"Batches of {batch_size} built-in test pairs, {runs[0]['draws']} draws each; τ* is read on a grid of "
+    split = runs[0].get("split", "test")  # written since `analyze equilibrium --split`; test before it
+    pairs = "training pairs (the scenes the models trained on)" if split == "train" else f"{split} pairs"
+    lines = [f"Batches of {batch_size} built-in {pairs}, {runs[0]['draws']} draws each; τ* is read on a grid of "
              f"{len(runs[0]['scales'])} values from {runs[0]['scales'][0]:g} to {runs[0]['scales'][-1]:g} (×1.26 apart).",
              "", "| runs | topology | seeds | learned τ | " + " | ".join(f"τ* at {p:.0%} shuffled" for p in fractions)
              + " |", "|---|---|---|---|" + "---|" * len(fractions)]
@@ -283,10 +285,12 @@ def claims_table(claims: dict) -> str:
     return "\n".join(lines)
 
 
-# A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium);
+# A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium,
+# equilibrium-train-19200 as equilibrium-train);
 # blocks named NAME-tests are comparison tables (comparison_table); any other name is an ablation.
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "claims": claims_table,
-             "experts": experts_table, "equilibrium": equilibrium_table, "similarities": similarities_table,
+             "experts": experts_table, "equilibrium": equilibrium_table,
+             "equilibrium-train": equilibrium_table, "similarities": similarities_table,
              "collapse": similarities_table, "false-negatives": false_negatives_table}
 
 

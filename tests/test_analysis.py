@@ -294,6 +294,11 @@ def test_cli_analyze(run, tmp_path, capsys):
     assert main(["analyze", "temperature", str(run), "--out", str(tmp_path)]) == 0
     assert main(["analyze", "cost", "--preset", "tiny", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "cost.json").read_text())["configs"][0]["name"] == "tiny"
+    equilibrium_args = ["analyze", "equilibrium", str(run), "--size", "16", "--batch-sizes", "8", "--fractions", "0",
+                        "--draws", "1", "--device", "cpu", "--out", str(tmp_path)]
+    assert main(equilibrium_args) == 0 and main(equilibrium_args + ["--split", "train"]) == 0
+    test, train = written(tmp_path, "equilibrium"), written(tmp_path, "equilibrium-train")  # the train one replaced nothing
+    assert (test["split"], train["split"]) == ("test", "train") and test["curves"] != train["curves"]  # other scenes
     capsys.readouterr()
     assert main(["analyze", "probe", str(tmp_path / "no-run")]) == 2
     assert main(["analyze", "landscape", str(run), "--resolution", "4", "--out", str(tmp_path)]) == 2

@@ -121,6 +121,9 @@ def test_experts_and_equilibrium_tables_average_over_runs():
 
     table = readme_results.equilibrium_table([equilibrium(9.0, 10.0), equilibrium(11.0, 10.0)])
     assert "| multi | ps-inner | 2 | 10.0 ± 1.4 | 10.0 ± 0.0 | 1.0 ± 0.0 |" in table
+    assert table.startswith("Batches of 128 built-in test pairs")  # files from before `--split` are the test split's
+    trained_on = readme_results.equilibrium_table([{**equilibrium(9.0, 10.0), "split": "train"}])
+    assert trained_on.startswith("Batches of 128 built-in training pairs")
 
 
 def test_the_false_negatives_file_is_what_the_script_computes(monkeypatch, capsys):

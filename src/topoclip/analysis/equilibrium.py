@@ -11,7 +11,8 @@ InfoNCE loss splits exactly into an alignment and a uniformity term:
 row-wise and column-wise log-sum-exp). A perfectly separable batch drives the loss to 0, i.e. the
 ratio to −1; noise keeps it above.
 
-The experiment: take the trained model's embeddings of N built-in test pairs, draw batches of b
+The experiment: take the trained model's embeddings of N built-in test pairs (or the first N of the
+training split, the scenes it trained on, each with its first clean caption), draw batches of b
 pairs, give p % of the batch's images another batch member's caption (a derangement of the chosen
 rows; at least 2 rows when p > 0), and evaluate the terms on a grid of τ. It also reports, for each
 (b, p), τ* — the τ on the grid minimising the loss of the fixed embeddings: the temperature the
@@ -87,8 +88,13 @@ def equilibrium_curves(score, images: torch.Tensor, texts: torch.Tensor, fractio
     return curves
 
 
+def output_name(split: str) -> str:
+    """equilibrium for the test split, equilibrium-SPLIT otherwise: an analysis of another split never replaces it."""
+    return "equilibrium" if split == "test" else f"equilibrium-{split}"
+
+
 def plot_curves(result: dict, out_dir):
-    """equilibrium.png: per batch size, the ratio A/U (top) and the loss (bottom) against τ, one line per p."""
+    """equilibrium.png (equilibrium-SPLIT.png): per batch size, the ratio A/U (top) and the loss (bottom) against τ, one line per p."""
     plt = pyplot()
     batch_sizes = sorted({c["batch_size"] for c in result["curves"]})
     figure, axes = plt.subplots(2, len(batch_sizes), figsize=(4.6 * len(batch_sizes), 7), squeeze=False, sharex=True)
@@ -109,24 +115,24 @@ def plot_curves(result: dict, out_dir):
     axes[1][0].set_ylabel("InfoNCE loss (● = τ*)")
     axes[0][-1].legend(fontsize=8)
     figure.tight_layout()
-    return save_figure(figure, out_dir, "equilibrium")
+    return save_figure(figure, out_dir, output_name(result["split"]))
 
 
 def analyze_equilibrium(loaded: Pretrained, out_dir, size: int = 512, fractions: Sequence[float] = FRACTIONS,
                         batch_sizes: Sequence[int] = BATCH_SIZES, scales: Sequence[float] = SCALES, draws: int = 8,
-                        seed: int = 0) -> dict:
-    """Encode `size` test pairs, compute the curves, write equilibrium.png and equilibrium.json."""
+                        seed: int = 0, split: str = "test") -> dict:
+    """Encode `size` pairs of `split`, compute the curves, write equilibrium.png and .json (-SPLIT for another split)."""
     usable = sorted({b for b in batch_sizes if 2 <= b <= size})
     if not usable:
         raise ConfigError(f"batch sizes {list(batch_sizes)}: each needs 2 ≤ b ≤ --size {size}; pick smaller ones or a larger --size")
     with torch.inference_mode():
-        encoded = encode_pairs(loaded, size)
+        encoded = encode_pairs(loaded, size, split=split)
         curves = equilibrium_curves(loaded.model.similarity, encoded.images, encoded.texts, fractions, usable,
                                     list(scales), draws, seed)
     model_scale = loaded.model.temperature.scale.item()
     result = {"analysis": "equilibrium", "model": loaded.name, "checkpoint": str(loaded.checkpoint),
               "topology": loaded.model.config.topology, "model_scale": model_scale, "model_t": math.log(model_scale),
-              "size": size, "draws": draws, "seed": seed, "scales": list(scales), "curves": curves}
+              "split": split, "size": size, "draws": draws, "seed": seed, "scales": list(scales), "curves": curves}
     result["plots"] = [plot_curves(result, out_dir).name]
-    write_json(out_dir, "equilibrium", result)
+    write_json(out_dir, output_name(split), result)
     return result

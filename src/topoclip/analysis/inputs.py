@@ -3,7 +3,7 @@
 - :func:`load_model` takes a run folder (its newest checkpoint), a checkpoint folder or a
   ``model.safetensors`` file and returns the model in eval mode on the chosen device, with its
   tokenizer, config and where it came from.
-- :func:`scene_pairs` / :func:`encode_pairs`: N images of the built-in scenes' test split, each with
+- :func:`scene_pairs` / :func:`encode_pairs`: N images of a built-in scenes split (test unless told), each with
   its own clean caption (one caption per image), in-domain or in the out-of-domain rendering
   style, and their embeddings (N, m, n). Text i is image i's positive; every other text is a
   negative. The scenes settings come from the model's config (defaults when it trained on other data).
@@ -78,9 +78,10 @@ class EncodedPairs:
     texts: torch.Tensor  # (N, m, n) caption embeddings; row i is image i's positive
 
 
-def encode_pairs(loaded: Pretrained, size: int, style: str = "in-domain", batch_size: int = 256) -> EncodedPairs:
-    """Render and encode `size` test pairs of the built-in scenes in `style`."""
-    pairs = scene_pairs(loaded.config, size, style)
+def encode_pairs(loaded: Pretrained, size: int, style: str = "in-domain", batch_size: int = 256,
+                 split: str = "test") -> EncodedPairs:
+    """Render and encode the first `size` pairs of the built-in scenes' `split` in `style`."""
+    pairs = scene_pairs(loaded.config, size, style, split)
     images = embed_images(loaded.model, pairs.images, loaded.transform, batch_size, loaded.device)
     texts = embed_texts(loaded.model, loaded.tokenizer, pairs.captions, batch_size, loaded.device)
     return EncodedPairs(style, pairs, images, texts)

@@ -39,11 +39,12 @@ def command_analyze_similarities(args) -> int:
 
 
 def command_analyze_equilibrium(args) -> int:
-    from topoclip.analysis.equilibrium import analyze_equilibrium
+    from topoclip.analysis.equilibrium import analyze_equilibrium, output_name
 
     loaded, out = analysis_inputs(args)
-    result = analyze_equilibrium(loaded, out, args.size, args.fractions, args.batch_sizes, draws=args.draws, seed=args.seed)
-    return analysis_written("equilibrium", result, out)
+    result = analyze_equilibrium(loaded, out, args.size, args.fractions, args.batch_sizes, draws=args.draws, seed=args.seed,
+                                 split=args.split)
+    return analysis_written(output_name(args.split), result, out)
 
 
 def command_analyze_landscape(args) -> int:
@@ -105,6 +106,7 @@ def add_analyze(commands) -> None:
     from topoclip.analysis.landscape import analyze_landscape
     from topoclip.analysis.probe import analyze_probe
     from topoclip.analysis.similarities import analyze_similarities
+    from topoclip.data.scenes import SPLITS
 
     analyze = add_command(commands, "analyze", None, "the paper's analyses of a trained run or checkpoint: each "
                           "writes PNG plots and a JSON of the numbers (default into RUN/analysis/)")
@@ -130,7 +132,10 @@ def add_analyze(commands) -> None:
     sub = analysis("equilibrium", command_analyze_equilibrium, "alignment / uniformity term of InfoNCE as τ varies, "
                    "with p %% of captions shuffled and batch size b")
     sub.add_argument("--size", type=int, default=default_of(analyze_equilibrium, "size"),
-                     help="test pairs to draw batches from (default %(default)s)")
+                     help="pairs to draw batches from (default %(default)s)")
+    sub.add_argument("--split", choices=SPLITS, default=default_of(analyze_equilibrium, "split"),
+                     help="built-in split the pairs come from, train being the scenes the model trained on (default "
+                          "%(default)s; another split writes equilibrium-SPLIT.json)")
     sub.add_argument("--fractions", type=float, nargs="+", default=default_of(analyze_equilibrium, "fractions"),
                      help="shuffled shares")
     sub.add_argument("--batch-sizes", type=int, nargs="+", default=default_of(analyze_equilibrium, "batch_sizes"))
