@@ -94,7 +94,7 @@ def output_name(split: str) -> str:
 
 
 def plot_curves(result: dict, out_dir):
-    """equilibrium.png (equilibrium-SPLIT.png): per batch size, the ratio A/U (top) and the loss (bottom) against τ, one line per p."""
+    """equilibrium(-SPLIT).png: per batch size, the ratio A/U (top) and the loss (bottom) against τ, one line per p."""
     plt = pyplot()
     batch_sizes = sorted({c["batch_size"] for c in result["curves"]})
     figure, axes = plt.subplots(2, len(batch_sizes), figsize=(4.6 * len(batch_sizes), 7), squeeze=False, sharex=True)
@@ -121,7 +121,7 @@ def plot_curves(result: dict, out_dir):
 def analyze_equilibrium(loaded: Pretrained, out_dir, size: int = 512, fractions: Sequence[float] = FRACTIONS,
                         batch_sizes: Sequence[int] = BATCH_SIZES, scales: Sequence[float] = SCALES, draws: int = 8,
                         seed: int = 0, split: str = "test") -> dict:
-    """Encode `size` pairs of `split`, compute the curves, write equilibrium.png and .json (-SPLIT for another split)."""
+    """Encode `size` pairs of `split`, compute the curves, write equilibrium(-SPLIT).png and .json."""
     usable = sorted({b for b in batch_sizes if 2 <= b <= size})
     if not usable:
         raise ConfigError(f"batch sizes {list(batch_sizes)}: each needs 2 ≤ b ≤ --size {size}; pick smaller ones or a larger --size")

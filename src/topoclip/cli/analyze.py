@@ -42,8 +42,8 @@ def command_analyze_equilibrium(args) -> int:
     from topoclip.analysis.equilibrium import analyze_equilibrium, output_name
 
     loaded, out = analysis_inputs(args)
-    result = analyze_equilibrium(loaded, out, args.size, args.fractions, args.batch_sizes, draws=args.draws, seed=args.seed,
-                                 split=args.split)
+    result = analyze_equilibrium(loaded, out, args.size, args.fractions, args.batch_sizes, draws=args.draws,
+                                 seed=args.seed, split=args.split)
     return analysis_written(output_name(args.split), result, out)
 
 
