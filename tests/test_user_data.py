@@ -590,5 +590,6 @@ def test_karpathy_paths_outside_the_root_are_refused_and_counted(tmp_path, verif
 def test_every_documented_kind_is_exercised():
     exercised = {"corrupt_image", "tiny_image", "huge_image", "missing_file", "empty_caption", "bad_encoding",
                  "unpaired_member", "corrupt_shard", "path_outside_root",
-                 "bad_label"}  # the last in test_benchmarks.py (CLIP_benchmark's .cls labels)
+                 "bad_label",  # in test_benchmarks.py (CLIP_benchmark's .cls labels)
+                 "long_caption"}  # in test_hostile_inputs.py
     assert exercised == set(BAD_SAMPLE_KINDS)

@@ -7,7 +7,7 @@ for training, the optimizer/scheduler/RNG/data state (torch.save, loaded with we
       tokenizer.json        the tokenizer the model was trained with
       training_state.pt     optimizer, scheduler, step, RNG states, data position (resume only)
 
-A checkpoint is written to a temporary sibling folder and renamed into place, so a killed run
+A checkpoint is written to a new scratch sibling folder (run_folder.scratch_name) and renamed into place, so a killed run
 never leaves a half-written checkpoint under its final name; a full disk removes the temporary
 folder and raises DiskFullError. Weights with an inf/NaN are never written (NonFiniteError).
 Reading a checkpoint that is malformed or does not fit its model raises CheckpointError.
@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from topoclip.atomic import SCRATCH_SUFFIX, scratch_name
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
 from topoclip.errors import CheckpointError, DiskFullError, NonFiniteError, is_disk_full
 from topoclip.model import CLIP
@@ -61,10 +62,10 @@ def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
     if broken:
         raise NonFiniteError(f"not writing checkpoint {path}: {len(broken)} of {len(state)} tensors hold inf/NaN "
                              f"({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''})")
-    temporary = path.with_name(path.name + ".tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = scratch_name(path)
     try:
-        temporary.mkdir(parents=True)
+        temporary.mkdir()  # a new name (FileExistsError otherwise): never a folder of the user's
         save_file(state, temporary / WEIGHTS, metadata={"format": "pt", "topoclip": "1"})
         (temporary / MODEL_CONFIG).write_text(json.dumps(to_dict(config), indent=2))
         if tokenizer is not None:
@@ -135,8 +136,8 @@ def load_config_from(path: Path) -> Config:
     file = config_file(path)
     try:
         values = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, an integer of over 4,300 digits
+        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
         raise CheckpointError(f"{file} is not valid JSON ({detail}); it should be the config the run wrote") from None
     if not isinstance(values, dict):
         raise CheckpointError(f"{file} is not a config (a JSON object of sections); it holds {type(values).__name__}")
@@ -191,17 +192,22 @@ def load_weights(model: CLIP, folder: Path) -> None:
     model.load_state_dict(weights)
 
 
-def load_tokenizer_from(folder: Path):
-    """The Tokenizer saved in a checkpoint folder, or None; CheckpointError when tokenizer.json is malformed."""
+def load_tokenizer_from(folder: Path, text_config=None):
+    """The Tokenizer saved in a checkpoint folder, or None; CheckpointError when tokenizer.json is malformed or,
+    given the model's `text_config`, gives ids past its vocabulary (its context length is then the model's)."""
     file = Path(folder) / TOKENIZER
     if not file.is_file():
         return None
     from topoclip.tokenizer import Tokenizer
 
     try:
-        return Tokenizer.load(file)
+        tokenizer = Tokenizer.load(file, None if text_config is None else text_config.context_length)
     except ValueError as error:  # the tokenizer's messages name the file and what is wrong
         raise CheckpointError(str(error)) from None
+    if text_config is not None and tokenizer.id_bound > text_config.vocab_size:
+        raise CheckpointError(f"{file} gives token ids up to {tokenizer.id_bound - 1} but the model's text embedding "
+                              f"has {text_config.vocab_size} rows: the tokenizer is not the model's")
+    return tokenizer
 
 
 def load_checkpoint(path, map_location: str = "cpu"):
@@ -211,7 +217,7 @@ def load_checkpoint(path, map_location: str = "cpu"):
     check_weights_fit(folder, config.model)  # before the model is built from a config anyone may have written
     model = CLIP(config.model).to(map_location)
     load_weights(model, folder)
-    return model, load_tokenizer_from(folder), config
+    return model, load_tokenizer_from(folder, config.model.text), config
 
 
 def load_training_state(path: Path) -> dict:
@@ -231,7 +237,9 @@ def load_training_state(path: Path) -> dict:
 
 def prune_checkpoints(folder: Path, keep: int) -> None:
     """Delete all but the newest `keep` step checkpoints (and stale temporary folders)."""
-    for stale in Path(folder).glob(f"{STEP_PREFIX}*.tmp"):
+    # Scratch folders of checkpoints a killed run was writing (and, from before scratch_name, step-*.tmp):
+    # inside a run's own checkpoints/ folder, so only ever topoclip's.
+    for stale in [*Path(folder).glob(f".{STEP_PREFIX}*{SCRATCH_SUFFIX}"), *Path(folder).glob(f"{STEP_PREFIX}*.tmp")]:
         shutil.rmtree(stale, ignore_errors=True)
     for old in step_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

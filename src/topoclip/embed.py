@@ -5,6 +5,7 @@ counted, so a shard may hold fewer rows)::
 
     OUT/img_emb/img_emb_00000.npy     (rows, m, n) float32, or (rows, m·n) with flat=True
     OUT/img_emb/img_keys_00000.json   the rows' keys: file paths relative to the folder, CSV paths, shard keys
+    OUT/img_emb/img_stats_00000.json  the shard's kept and skipped inputs (embed.json adds them up)
     OUT/text_emb/text_emb_00000.npy   the same for texts; keys are the line numbers of the text file
     OUT/embed.json                    the model, the shape, the counts of embedded and skipped inputs
 
@@ -15,6 +16,7 @@ uninterrupted run writes. The folder belongs to one process at a time (a lock).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,9 @@ from topoclip.geometry import require_flat
 SHARD_SIZE = 10_000
 SUMMARY = "embed.json"
 KINDS = {"image": ("img_emb", "img"), "text": ("text_emb", "text")}  # folder, file prefix
+# How a resume names the recorded hashes that changed.
+CHANGES = {"weights_sha256": "the weights (the model has a newer checkpoint?)", "images_sha256": "the image files "
+           "listed", "texts_sha256": "the lines of --texts"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ def list_images(source: Union[str, Path], image_key: str = "filepath") -> list[I
     """The images of a folder (recursively), a CSV / TSV (its `image_key` column, paths inside its folder)
     or local WebDataset shards (a brace pattern of .tar files), in their fixed order."""
     from topoclip.data.benchmark_sets import WDS_IMAGE_EXTENSIONS, _samples
-    from topoclip.data.shards import expand_shard_sources
+    from topoclip.data.shards import command_urls, expand_shard_sources
 
     text = str(source)
     path = Path(text)
@@ -69,14 +74,22 @@ def list_images(source: Union[str, Path], image_key: str = "filepath") -> list[I
                 inputs.append(ImageInput(written, None, bad.kind))
         return inputs
     if ".tar" in text:
-        if "://" in text or text.startswith("pipe:"):
-            raise UserError(f"{text}: topoclip embed reads local shards only")
-        shards, _ = expand_shard_sources(text)
+        try:
+            remote = command_urls(text)
+            shards, _ = expand_shard_sources(text)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        if remote:
+            raise UserError(f"{text} expands to {remote[0]!r}: topoclip embed reads local shards only")
         inputs = []
         for shard in shards:
             if not Path(shard).is_file():
                 raise FileNotFoundError(f"shard {shard} does not exist")
-            for key, members in _samples(Path(shard)).items():
+            try:
+                samples = _samples(Path(shard))
+            except ValueError as error:  # not a readable tar: named, with the fix
+                raise UserError(str(error)) from None
+            for key, members in samples.items():
                 member = next((members[ext] for ext in (*WDS_IMAGE_EXTENSIONS, "jpe", "bmp", "tif", "tiff")
                                if ext in members), None)
                 inputs.append(ImageInput(key, member, "" if member else "unpaired_member"))
@@ -108,7 +121,7 @@ def _collate(batch):
 
 
 class ShardWriter:
-    """Embedding shards of one kind in OUT/<folder>/, written atomically: the .npy, then the keys."""
+    """Embedding shards of one kind in OUT/<folder>/, written atomically: the .npy, its counts, then the keys."""
 
     def __init__(self, out: Path, kind: str):
         folder, self.prefix = KINDS[kind]
@@ -118,6 +131,10 @@ class ShardWriter:
     def paths(self, index: int) -> tuple[Path, Path]:
         return (self.folder / f"{self.prefix}_emb_{index:05d}.npy", self.folder / f"{self.prefix}_keys_{index:05d}.json")
 
+    def counts_path(self, index: int) -> Path:
+        """The shard's kept and skipped inputs (a summary after a resume adds up every shard's)."""
+        return self.folder / f"{self.prefix}_stats_{index:05d}.json"
+
     def complete(self) -> int:
         """The number of complete shards from the first on (a shard is complete once its keys file exists)."""
         index = 0
@@ -125,30 +142,41 @@ class ShardWriter:
             index += 1
         return index
 
-    def write(self, index: int, embeddings: np.ndarray, keys: list[str]) -> None:
-        from topoclip.training.run_folder import write_text_atomic
+    def counts(self, shards: int) -> BadSampleCounter:
+        """The counts of shards 0 … shards-1 (a shard written before counts were kept adds nothing)."""
+        total = BadSampleCounter()
+        for index in range(shards):
+            try:
+                counts = json.loads(self.counts_path(index).read_text(encoding="utf-8"))
+                total += BadSampleCounter(counts["kept"], counts["bad"])
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+        return total
+
+    def write(self, index: int, embeddings: np.ndarray, keys: list[str], counter: BadSampleCounter) -> None:
+        from topoclip.atomic import write_atomic, write_text_atomic
 
         array, key_file = self.paths(index)
-        temporary = array.with_suffix(".npy.partial")
-        with open(temporary, "wb") as file:
-            np.save(file, embeddings)
-        temporary.replace(array)
+        write_atomic(array, lambda file: np.save(file, embeddings))
+        write_text_atomic(self.counts_path(index), json.dumps(counter.as_dict()))
         write_text_atomic(key_file, json.dumps(keys))
 
 
 def _embed_in_shards(writer: ShardWriter, total: int, shard_size: int, unit: str, progress: bool,
                      embed_range: Callable[[int, int, BadSampleCounter], tuple[np.ndarray, list[str]]]) -> dict:
-    """Shards `writer.complete()` … of `total` inputs, each from embed_range(start, stop, counter) -> (rows, keys)."""
+    """Shards `writer.complete()` … of `total` inputs, each from embed_range(start, stop, counter) -> (rows, keys);
+    the counts cover every shard, those of an earlier, interrupted run too."""
     done = writer.complete()
-    counter = BadSampleCounter()
     bar = tqdm(total=total, initial=min(done * shard_size, total), desc=unit + "s", unit=unit, disable=not progress)
-    for shard in range(done, -(-total // shard_size)):
+    shards = -(-total // shard_size)
+    for shard in range(done, shards):
         start, stop = shard * shard_size, min((shard + 1) * shard_size, total)
+        counter = BadSampleCounter()
         embeddings, keys = embed_range(start, stop, counter)
-        writer.write(shard, embeddings, keys)
+        writer.write(shard, embeddings, keys, counter)
         bar.update(stop - start)
     bar.close()
-    return {"inputs": total, "resumed_after_shards": done, **counter.as_dict()}
+    return {"inputs": total, "resumed_after_shards": done, **writer.counts(shards).as_dict()}
 
 
 def _rows(clip, blocks: list[torch.Tensor], flat: bool) -> np.ndarray:
@@ -195,12 +223,45 @@ def embed_texts(clip, texts: Sequence[str], out: Path, flat: bool = False, batch
     return _embed_in_shards(ShardWriter(out, "text"), len(texts), shard_size, "text", progress, embed_range)
 
 
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sha256_lines(lines: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _read_texts(path) -> list[str]:
+    """The lines of a --texts file; UserError when it is missing or not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise UserError(f"--texts {path} is not UTF-8 text (byte {error.start}); write one caption per line in UTF-8") from None
+
+
+def _read_summary(path: Path) -> dict:
+    """The settings an earlier run recorded in embed.json; UserError when the file is damaged."""
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8")).get("settings")
+    except (ValueError, RecursionError, AttributeError):  # not JSON, not UTF-8, not an object
+        settings = None
+    if not isinstance(settings, dict):
+        raise UserError(f"{path} is damaged (no settings object); remove the folder's embeddings or choose another --out")
+    return settings
+
+
 def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] = None, flat: bool = False,
           image_key: str = "filepath", batch_size: int = 256, shard_size: int = SHARD_SIZE, num_workers: int = 2,
           device: str = "cpu", progress: bool = True) -> dict:
     """`topoclip embed`: embed the images and/or the texts (a file, one per line) into shards under `out`."""
+    from topoclip.checkpoint import WEIGHTS
     from topoclip.inference import load
-    from topoclip.training.run_folder import claim_folder, write_text_atomic
+    from topoclip.atomic import write_text_atomic
+    from topoclip.training.run_folder import claim_folder
 
     if not (images or texts):
         raise UserError("say what to embed: --images (a folder, CSV or shards) and/or --texts (a file, one per line)")
@@ -214,21 +275,28 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
             raise UserError(f"--flat: {error}") from None
     out = Path(out)
     summary_path = out / SUMMARY
-    settings = {"model": str(model_source), "flat": flat, "shard_size": shard_size, "images": images, "texts": texts}
+    lines = _read_texts(texts) if texts else None
     with claim_folder(out, "embedding folder"):
+        inputs = list_images(images, image_key) if images else None
+        # What the shards were made from: a resume against other weights or another listing would mix two
+        # models' vectors, or write rows under shard numbers that now mean other inputs.
+        settings = {"model": str(model_source), "flat": flat, "shard_size": shard_size, "images": images,
+                    "texts": texts, "weights_sha256": _sha256_file(clip.checkpoint / WEIGHTS) if clip.checkpoint else None,
+                    "images_sha256": _sha256_lines([item.key for item in inputs]) if images else None,
+                    "texts_sha256": _sha256_lines(lines) if texts else None}
         if summary_path.is_file():
-            before = json.loads(summary_path.read_text())
-            changed = [key for key, value in settings.items() if before.get("settings", {}).get(key) != value]
+            before = _read_summary(summary_path)
+            changed = [key for key, value in settings.items() if before.get(key) != value]
+            changed = [CHANGES.get(key, key) for key in changed  # a hash says more only where its source is the same
+                       if not (key.endswith("_sha256") and key.removesuffix("_sha256") in changed)]
             if changed:
-                raise UserError(f"{out} holds embeddings made with other settings ({', '.join(changed)}); resume with "
-                                f"the same ones, or choose another --out")
+                raise UserError(f"{out} holds embeddings made with other settings ({', '.join(changed)}); resume "
+                                f"with the same ones, or choose another --out")
         write_text_atomic(summary_path, json.dumps({"settings": settings}, indent=2))
         summary = {"settings": settings, "shape": list(clip.model.embedding_shape)}
         if images:
-            summary["images"] = embed_images(clip, list_images(images, image_key), out, flat, batch_size, shard_size,
-                                             num_workers, progress)
+            summary["images"] = embed_images(clip, inputs, out, flat, batch_size, shard_size, num_workers, progress)
         if texts:
-            lines = Path(texts).read_text(encoding="utf-8").splitlines()
             summary["texts"] = embed_texts(clip, lines, out, flat, batch_size, shard_size, progress)
         write_text_atomic(summary_path, json.dumps(summary, indent=2))
     return summary

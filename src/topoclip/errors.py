@@ -43,6 +43,39 @@ class DiskFullError(UserError):
         self.path = Path(path) if path is not None else None
 
 
+# The longest file name most file systems take (ext4, XFS, APFS, NTFS: 255 bytes).
+MAX_NAME_BYTES = 255
+
+
+def file_name_problem(name) -> Optional[str]:
+    """Why `name` cannot be one file name inside a folder the user chose, or None when it can.
+
+    A name from a config, a flag or a file (a run name, a model name in a result file's name) must never leave
+    its folder nor end in a traceback: one part (no "/" or backslash), not "." or "..", no NUL, valid UTF-8 (no
+    lone surrogates), at most MAX_NAME_BYTES bytes.
+    """
+    if not isinstance(name, str) or not name:
+        return "it is empty" if name == "" else f"it is a {type(name).__name__}, not text"
+    if "\0" in name:
+        return "it holds a NUL character"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "no '/' or backslash, not '.' or '..'"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "it is not valid text: it holds a lone surrogate"
+    return f"it is {size} bytes, over the {MAX_NAME_BYTES} a file name may have" if size > MAX_NAME_BYTES else None
+
+
+def check_file_name(name, what: str, fix: str) -> str:
+    """`name` if it can be one file name (see `file_name_problem`), else UserError naming `what`, why and `fix`."""
+    problem = file_name_problem(name)
+    if problem:
+        shown = repr(name)[:80] if isinstance(name, str) else type(name).__name__
+        raise UserError(f"{what} {shown} must be a plain file name ({problem}); {fix}")
+    return name
+
+
 def is_disk_full(error: BaseException) -> bool:
     """True when `error` (or an exception it was raised from) says the disk or the quota is full.
 

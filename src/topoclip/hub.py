@@ -10,6 +10,8 @@ huggingface_hub (`pip install "topoclip[hub]"`; log in with `hf auth login` or p
 from __future__ import annotations
 
 import json
+import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -27,6 +29,22 @@ def markdown_table(rows: list[list], columns: list[str]) -> str:
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     return "\n".join(lines + ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows])
+
+
+# A Hub repository id as the Hub takes it (huggingface_hub.utils.validate_repo_id): org/name, each part letters,
+# digits, "-", "_" and ".", not starting or ending with "-" or ".", no "--" or "..", the name at most 96 characters.
+REPO_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?$",
+                     re.ASCII)
+
+LICENSE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}$", re.ASCII)  # the Hub's license identifiers: mit, apache-2.0
+
+
+def check_repo_id(repo_id: str) -> str:
+    """`repo_id` when the Hub would take it (see REPO_ID), else UserError saying the form."""
+    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
+        raise UserError(f"{repo_id!r:.100} is not a Hub repository id; give the repository as org/name (or "
+                        f"user/name), of letters, digits, '-', '_' and '.' only, e.g. my-org/topoclip-vit-b16")
+    return repo_id
 
 
 def model_card(config, repo_id: str, evaluation: Optional[list], license: str, openclip: bool) -> str:
@@ -67,9 +85,14 @@ def upload_folder(source, destination: Path, repo_id: str, license: str = "mit")
     """Write what `push` uploads into `destination` (new or empty): the exported model, the card, OpenCLIP's files."""
     from topoclip.checkpoint import resolve_checkpoint, save_checkpoint
     from topoclip.convert.openclip_export import export_openclip, openclip_refusal
+    from topoclip.evaluation.run import read_evaluation
     from topoclip.inference import load_folder
     from topoclip.training.run_folder import RunFolder
 
+    check_repo_id(repo_id)
+    if not LICENSE.match(license):  # it goes into the card's YAML front matter as it is
+        raise UserError(f"--license {license!r:.60} is not a license identifier; give one such as mit, apache-2.0, "
+                        f"cc-by-4.0 or other")
     loaded = load_folder(Path(source), torch.device("cpu"))
     destination = Path(destination)
     save_checkpoint(destination, loaded.model, loaded.config, loaded.tokenizer)
@@ -82,7 +105,10 @@ def upload_folder(source, destination: Path, repo_id: str, license: str = "mit")
     evaluation = None
     run = RunFolder(loaded.run_dir or resolve_checkpoint(Path(source)))  # a run's eval.json, or one beside the weights
     if run.evaluation.is_file():
-        evaluation = json.loads(run.evaluation.read_text(encoding="utf-8"))
+        try:
+            evaluation = read_evaluation(run.evaluation)
+        except UserError as error:  # the model is still worth its card: said, and the table left out
+            print(f"topoclip: note: the model card has no evaluation table: {error}", file=sys.stderr)
     (destination / CARD).write_text(model_card(loaded.config, repo_id, evaluation, license, openclip), encoding="utf-8")
     return destination
 
@@ -94,8 +120,7 @@ def push(source, repo_id: str, private: bool = False, license: str = "mit", toke
         from huggingface_hub import HfApi
     except ImportError:
         raise UserError("pushing to the Hugging Face Hub needs huggingface_hub: pip install 'topoclip[hub]'") from None
-    if repo_id.count("/") != 1:
-        raise UserError(f"{repo_id!r}: give the repository as org/name (or user/name)")
+    check_repo_id(repo_id)
     with tempfile.TemporaryDirectory() as temporary:
         folder = upload_folder(source, Path(temporary) / "upload", repo_id, license)
         api = HfApi(token=token)

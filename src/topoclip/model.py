@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from topoclip import geometry
-from topoclip.config import Config, ModelConfig, load_config, validate_model
+from topoclip.config import Config, ConfigError, ModelConfig, load_config, validate_model
 from topoclip.temperature import Temperature
 from topoclip.text import TextTransformer
 from topoclip.vision import VisionTransformer
@@ -28,10 +28,26 @@ class CLIPOutput:
     bias: Optional[torch.Tensor]  # SigLIP β (0-d) or None
 
 
+# The most parameters a model may have: 2^34 fp32 numbers are 64 GiB, about five times ViT-bigG/14 with its text
+# tower. Each size has its own bound in topoclip.config; this bounds them together (width × layers, patches × width).
+MAX_PARAMETERS = 2**34
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """The number of parameters CLIP(config) has, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(parameter.numel() for parameter in CLIP(config).parameters())
+
+
 class CLIP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         validate_model(config)
+        if torch.empty(()).device.type != "meta":  # counted on the meta device first: refused before it is allocated
+            count = parameter_count(config)
+            if count > MAX_PARAMETERS:
+                raise ConfigError(f"the model has {count:,} parameters ({count * 4 / 2**30:,.0f} GiB in fp32), over the "
+                                  f"{MAX_PARAMETERS:,} topoclip builds; lower model.vision/text width or layers")
         self.config = config
         self.visual = VisionTransformer(config.vision, config.class_tokens, config.embed_dim)
         self.text = TextTransformer(config.text, config.class_tokens, config.embed_dim)

@@ -26,6 +26,8 @@ import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from topoclip.errors import UserError
+
 DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context (SPEC §6)
 CONTINUATION_PREFIX = "##"  # WordPiece marker for a piece that continues a word
 # Trained vocabularies start with these, in this order: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
@@ -35,6 +37,13 @@ SAVED_FILE_NAME = "tokenizer.json"  # `save(directory)` writes this file inside 
 # OpenAI CLIP's byte-level BPE vocabulary (topoclip.convert.openai) frames a text with these instead
 # of [CLS]/[SEP], pads with id 0 and has no unknown token (every byte is a token).
 OPENAI_START, OPENAI_END = "<|startoftext|>", "<|endoftext|>"
+# OpenAI's pre-tokenization (topoclip.convert.openai): contractions, letter runs, single digits, runs of other symbols.
+OPENAI_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+# The regular expressions a tokenizer.json may hold: those topoclip's own tokenizers use. Any other is refused on
+# loading, since a pattern can backtrack catastrophically on a caption (the library then panics at its retry limit).
+KNOWN_PATTERNS = frozenset({r"\s+", OPENAI_SPLIT_PATTERN})
+# The longest context a tokenizer.json may set: model.text.context_length's bound in topoclip.config.
+MAX_CONTEXT_LENGTH = 65536
 
 
 @dataclass
@@ -202,10 +211,15 @@ class Tokenizer:
         expected = "expected a tokenizer.json from the HF tokenizers library (or a BERT vocab.txt)"
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{str(path)!r} is not valid JSON ({error}); {expected}") from None
+        except (json.JSONDecodeError, RecursionError) as error:
+            detail = "nested too deeply" if isinstance(error, RecursionError) else error
+            raise ValueError(f"{str(path)!r} is not valid JSON ({detail}); {expected}") from None
         if not isinstance(data, dict) or "model" not in data:
             raise ValueError(f"{str(path)!r} has no 'model' entry; {expected}")
+        unknown = sorted(set(_patterns(data)) - KNOWN_PATTERNS)
+        if unknown:
+            raise ValueError(f"{str(path)!r} uses the regular expression {unknown[0][:80]!r}, which topoclip does not "
+                             f"know to be safe on any caption; use a tokenizer topoclip wrote (or a BERT vocab.txt)")
         try:
             backend = BackendTokenizer.from_str(text)
         except Exception as error:  # the Rust parser raises plain Exception
@@ -213,6 +227,9 @@ class Tokenizer:
         if context_length is None:
             stored = backend.truncation  # `save` stores the context length as the truncation length
             context_length = stored["max_length"] if stored else DEFAULT_CONTEXT_LENGTH
+            if not isinstance(context_length, int) or not 2 <= context_length <= MAX_CONTEXT_LENGTH:
+                raise ValueError(f"{str(path)!r} sets the context length (truncation.max_length) to {context_length}; "
+                                 f"it must be 2 … {MAX_CONTEXT_LENGTH} (77 for CLIP)")
         return cls(backend, context_length)
 
     def save(self, path: Union[str, Path]) -> Path:
@@ -234,6 +251,11 @@ class Tokenizer:
         """Number of token ids; every id in a TextBatch is below this."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def id_bound(self) -> int:
+        """One past the largest token id it can give (a vocabulary may skip ids): the text embedding needs this many rows."""
+        return max(self._backend.get_vocab(with_added_tokens=True).values()) + 1
+
     def __call__(self, texts: Union[str, Sequence[str]], context_length: Optional[int] = None) -> TextBatch:
         """Tokenize captions -> TextBatch with input_ids (B, L) int64 and attention_mask (B, L) bool.
 
@@ -253,7 +275,13 @@ class Tokenizer:
         if not texts:
             empty = torch.zeros(0, length, dtype=torch.int64)
             return TextBatch(empty, empty.bool())
-        encodings = self._backend_for(length).encode_batch(texts)
+        try:
+            encodings = self._backend_for(length).encode_batch(texts)
+        except BaseException as error:  # the library panics (a BaseException) where a limit of its own is passed
+            if type(error).__name__ != "PanicException":
+                raise
+            raise UserError(f"the tokenizer failed on a caption ({str(error)[:120]}); use a tokenizer topoclip "
+                            f"wrote") from None
         input_ids = torch.tensor([encoding.ids for encoding in encodings], dtype=torch.int64)  # (B, L)
         attention_mask = torch.tensor([encoding.attention_mask for encoding in encodings], dtype=torch.bool)  # (B, L)
         return TextBatch(input_ids, attention_mask)
@@ -303,6 +331,19 @@ def _set_length(backend: BackendTokenizer, length: int, pad_id: int) -> None:
     """Truncate to `length` ids including [CLS]/[SEP], and pad to exactly `length` on the right."""
     backend.enable_truncation(max_length=length, direction="right")
     backend.enable_padding(direction="right", pad_id=pad_id, pad_token=backend.id_to_token(pad_id), length=length)
+
+
+def _patterns(data) -> Iterable[str]:
+    """Every {"Regex": pattern} in a parsed tokenizer.json, walked without recursion (the file may nest deeply)."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("Regex"), str):
+                yield node["Regex"]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def _check_context_length(context_length) -> int:

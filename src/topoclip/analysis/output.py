@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from topoclip.training.run_folder import save_png_atomic
+from topoclip.atomic import save_png_atomic
 
 
 def pyplot():

@@ -113,8 +113,9 @@ def add_push(commands) -> None:
 
 
 def command_make_shards(args) -> int:
-    from topoclip.data.shard_writer import csv_to_shards, write_shards
+    from topoclip.data.shard_writer import csv_to_shards, require_empty_folder, write_shards
 
+    require_empty_folder(args.out)  # before anything is read or rendered
     if args.csv:
         paths, counter = csv_to_shards(args.csv, args.out, image_key=args.image_key, caption_key=args.caption_key,
                                        samples_per_shard=args.samples_per_shard, image_size=args.image_size)

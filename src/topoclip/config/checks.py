@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from topoclip.config.schema import Config, ConfigError, DataConfig, EvaluateConfig, ModelConfig, TrainConfig
 from topoclip.data.sources import SOURCES, SourceError, get_source
+from topoclip.errors import file_name_problem
 from topoclip.geometry import TOPOLOGIES, get_topology
 
 
@@ -48,6 +49,9 @@ def _bound(value: float) -> str:
 
 
 FINITE = Range()
+# The longest vision sequence: (image_size / patch_size)² + class tokens, the bound of the text context.
+MAX_POSITIONS = 65536
+INT64_LIMIT = 2**63  # every integer setting ends in a torch or numpy int64 (a seed, a size, a step)
 POSITIVE = Range(0, low_inclusive=False)
 AT_LEAST_ONE = Range(1)
 NON_NEGATIVE = Range(0)
@@ -156,6 +160,10 @@ def validate_numbers(config: "Config") -> None:
     for key, value in numeric_fields(config):
         allowed = NUMERIC_RANGES.get(key, FINITE)
         items = value if isinstance(value, (list, tuple)) else [value]
+        huge = next((item for item in items if isinstance(item, int) and not -INT64_LIMIT <= item < INT64_LIMIT), None)
+        if huge is not None:  # before any arithmetic: float(2**1100) overflows, str() of 5,000 digits is refused
+            raise ConfigError(f"{key} is an integer of {huge.bit_length()} bits, past the 64-bit integers that torch "
+                              f"and numpy take (|value| < 2^63); e.g. {key}={json.dumps(_default_of(key))} (the default)")
         if all(item in allowed for item in items):
             continue
         shown = json.dumps(list(value) if isinstance(value, tuple) else value)  # NaN / Infinity as typed
@@ -193,6 +201,11 @@ def validate_model(config: ModelConfig) -> None:
     if vision.image_size % vision.patch_size:
         raise ConfigError(f"model.vision.image_size={vision.image_size} is not a multiple of "
                           f"model.vision.patch_size={vision.patch_size}; pick a patch size dividing it")
+    positions = (vision.image_size // vision.patch_size) ** 2 + config.class_tokens
+    if positions > MAX_POSITIONS:
+        raise ConfigError(f"model.vision.image_size={vision.image_size} with patch_size={vision.patch_size} makes "
+                          f"{positions:,} positions, over {MAX_POSITIONS:,} (attention is positions² a head); raise "
+                          f"the patch size or lower the image size (ViT-B/16: 224 and 16)")
     if not config.text.cls_token_id < config.text.vocab_size:
         raise ConfigError(f"model.text.cls_token_id={config.text.cls_token_id} is outside the vocabulary "
                           f"(vocab_size={config.text.vocab_size})")
@@ -245,10 +258,14 @@ def validate_locks(config: Config) -> None:
 
 
 def command_urls(data: DataConfig) -> list[str]:
-    """The parts of data.train_data that would be opened by running a command (a shard URL with a scheme but
-    file:); such a value may come only from the user, never from a config.json read out of a folder."""
+    """The URLs data.train_data expands to that would be opened by running a command or over the network (any
+    scheme but file:, after brace expansion); such a value may come only from the user, never from a config.json
+    read out of a folder."""
     source = SOURCES.get(data.source)  # an unknown source is refused by validate_source, with the choices
-    return source.commands(data) if source else []
+    try:
+        return source.commands(data) if source else []
+    except SourceError as error:
+        raise ConfigError(str(error)) from None
 
 
 def refuse_folder_commands(config: Config, file: Path, typed: Optional[str] = None) -> None:
@@ -256,8 +273,8 @@ def refuse_folder_commands(config: Config, file: Path, typed: Optional[str] = No
     unless the user typed that same value (`typed`, from the command line)."""
     found = command_urls(config.data)
     if found and config.data.train_data != typed:
-        raise ConfigError(f"{file} sets data.train_data to {found[0]!r}, which runs a command to read it; a config "
-                          f"read from a folder never runs commands. If this is your own run, give the value on the "
+        raise ConfigError(f"{file} sets data.train_data to {found[0]!r}, which runs a command or reads the network "
+                          f"(after brace expansion); a config read from a folder never does either. If this is your own run, give the value on the "
                           f"command line: --set data.train_data='{config.data.train_data}'")
 
 
@@ -305,8 +322,9 @@ def validate(config: Config) -> None:
     validate_source(config)
     validate_data(config.data)
     validate_evaluate(config.evaluate, config.model.topology)
-    if config.name and (Path(config.name).name != config.name or config.name in (".", "..")):
-        raise ConfigError(f"name={config.name!r} must be a plain folder name (no '/', no '..'): it names the run "
+    problem = file_name_problem(config.name) if config.name else None
+    if problem:
+        raise ConfigError(f"name={config.name!r:.80} must be a plain folder name ({problem}): it names the run "
                           f"folder runs/NAME-TIMESTAMP; to train somewhere else give --out FOLDER")
     if config.train.margin_relative and math.isinf(get_topology(config.model.topology).similarity_range(1)[0]):
         raise ConfigError(f"train.margin_relative: {config.model.topology}'s similarity range is unbounded, so it has no "

@@ -187,6 +187,9 @@ def parse_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits(), 4,300)
+        raise ConfigError(f"a --set value is a number of {len(text):,} digits ({text[:20]}...); every setting is far "
+                          f"smaller (integers are 64-bit)") from None
     except RecursionError:  # "[[[[...": no setting nests lists more than one deep
         raise ConfigError(f"a --set value nests lists {text.count('[')} deep ({text[:20]}...); no setting takes "
                           f"more than one level of list, e.g. data.weights=[1.0, 3.0]") from None
@@ -241,8 +244,8 @@ def read_preset_file(path: Path) -> dict:
     """A preset JSON file's values; ConfigError naming the file when it is not a JSON object."""
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, an integer of over 4,300 digits
+        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
         raise ConfigError(f"preset file {path} is not valid JSON ({detail}); a preset is a JSON object of "
                           f'sections, e.g. {{"base": "cpu-multi", "train": {{"steps": 100}}}}') from None
     if not isinstance(values, dict):
@@ -266,6 +269,9 @@ def preset_dict(name: str, _bases: tuple = ()) -> dict:
     values.pop("description", None)
     own_name = values.get("name", Path(name).stem)
     base = values.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"preset {name!r}: its \"base\" is a {type(base).__name__}; name one preset, e.g. "
+                          f'"base": "cpu-multi"')
     if base:
         if base in _bases:
             raise ConfigError(f"preset {name!r}: its base chain {' -> '.join(_bases + (name, base))} is a loop; "

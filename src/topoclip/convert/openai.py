@@ -35,7 +35,7 @@ from topoclip.convert.architecture import build_imported, model_values, rename_k
 from topoclip.convert.files import read_state_dict, source_name, weights_file
 from topoclip.errors import CheckpointError
 from topoclip.model import CLIP
-from topoclip.tokenizer import OPENAI_END, OPENAI_START, Tokenizer
+from topoclip.tokenizer import OPENAI_END, OPENAI_SPLIT_PATTERN, OPENAI_START, Tokenizer
 
 FORMATS = ("openai", "openclip")
 ACTIVATIONS = ("gelu", "quick_gelu")
@@ -52,8 +52,6 @@ RULES = [
 IGNORED = ("input_resolution", "context_length", "vocab_size", "attn_mask")
 TEXT_LAYOUT = {"norm_first": True, "embedding_norm": False, "attention": "causal", "pooling": "end_of_text"}
 
-# OpenAI's pre-tokenization: contractions, letter runs, single digits, runs of other symbols.
-SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 END_OF_WORD = "</w>"
 BYTE_TOKENS = 256
 
@@ -118,7 +116,7 @@ def bpe_tokenizer(path: Union[str, Path], vocab_size: int = 49408, context_lengt
     backend.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
                                                normalizers.Lowercase()])
     backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="removed", invert=True),
+        pre_tokenizers.Split(Regex(OPENAI_SPLIT_PATTERN), behavior="removed", invert=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.Sequence([decoders.BPEDecoder(suffix=END_OF_WORD), decoders.ByteLevel()])

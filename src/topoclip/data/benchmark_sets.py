@@ -33,8 +33,9 @@ import torch
 from PIL import Image
 
 from topoclip.data.folders import listed
-from topoclip.data.images import DecodeSettings, clean_caption, decode_image
+from topoclip.data.images import MAX_CAPTION_CHARS, DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, BadSampleCounter
+from topoclip.data.shards import MAX_SHARDS
 from topoclip.data.types import ClassificationSet, RetrievalSet
 
 WDS_CLASSNAMES = "classnames.txt"
@@ -87,16 +88,28 @@ def _samples(tar: Path) -> dict[str, dict[str, TarMember]]:
     """{key: {extension: member}} of one shard, grouped as webdataset does (key = name up to the first dot
     of its base name, extension = the rest, lower case)."""
     samples: dict[str, dict[str, TarMember]] = {}
-    with tarfile.open(tar, "r:") as archive:  # plain tar: listed, never extracted
-        for info in archive:
-            if not info.isfile():
-                continue
-            folder, _, base = info.name.rpartition("/")
-            stem, dot, extension = base.partition(".")
-            if not dot or not stem:
-                continue
-            key = f"{folder}/{stem}" if folder else stem
-            samples.setdefault(key, {})[extension.lower()] = TarMember(tar, info.offset_data, info.size)
+    size = tar.stat().st_size
+    try:
+        with tarfile.open(tar, "r:") as archive:  # plain tar: listed, never extracted
+            for info in archive:
+                if not info.isfile():
+                    continue
+                if info.offset_data + info.size > size:
+                    raise tarfile.ReadError(f"member {info.name} ends past the end of the file")
+                folder, _, base = info.name.rpartition("/")
+                stem, dot, extension = base.partition(".")
+                if not dot or not stem:
+                    continue
+                key = f"{folder}/{stem}" if folder else stem
+                samples.setdefault(key, {})[extension.lower()] = TarMember(tar, info.offset_data, info.size)
+            end = archive.offset  # where the listing stopped: the end-of-archive blocks (zeros), or damage
+        with open(tar, "rb") as file:
+            file.seek(end)
+            if file.read(2 * tarfile.BLOCKSIZE).strip(b"\0"):  # tarfile takes a cut header for the end
+                raise tarfile.ReadError(f"the listing stops at byte {end:,} of {size:,} on a damaged header")
+    except (tarfile.TarError, EOFError) as error:
+        raise ValueError(f"shard {tar} is not a readable tar ({error or type(error).__name__}; cut short or not a "
+                         f"tar): download it again, or leave it out") from None
     return samples
 
 
@@ -135,9 +148,11 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
         found = sorted(child.name for child in root.iterdir() if (child / WDS_SHARD_COUNT).is_file())
         raise ValueError(f"{root} has no split {split!r} ({split}/{WDS_SHARD_COUNT} is missing); splits found: {found}")
     try:
-        shards = int(count_file.read_text().strip())
+        shards = int(count_file.read_text(encoding="utf-8", errors="replace").strip()[:20])
     except ValueError:
-        raise ValueError(f"{count_file} must hold the number of shards, e.g. 1") from None
+        shards = 0
+    if not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"{count_file} must hold the number of shards, 1 … {MAX_SHARDS:,}, e.g. 1")
     tars = [root / split / f"{index}.tar" for index in range(shards)]
     missing = [tar.name for tar in tars if not tar.is_file()]
     if missing:
@@ -154,6 +169,9 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
             target = sample.get("txt" if retrieval else "cls")
             if image is None or target is None:
                 counter.add("unpaired_member")
+                continue
+            if target.size > 4 * MAX_CAPTION_CHARS:  # a label or a few captions; read into memory only below this
+                counter.add("long_caption")
                 continue
             try:
                 text = target.read().decode("utf-8")
@@ -185,6 +203,9 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
     templates_file = root / WDS_TEMPLATES
     templates = [line.replace("{c}", "{}") for line in _read_lines(templates_file)] if templates_file.is_file() \
         else ["a photo of a {}."]
+    if not templates:
+        raise ValueError(f"{templates_file} holds no template; write one per line, e.g. 'a photo of a {{c}}.', or "
+                         f"remove the file (then 'a photo of a {{c}}.' is used)")
     labels = torch.tensor(targets, dtype=torch.int64)
     if labels.min() < 0 or labels.max() >= len(classnames):
         raise ValueError(f"{what}: labels span [{int(labels.min())}, {int(labels.max())}] but {WDS_CLASSNAMES} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
@@ -70,13 +71,22 @@ def read_caption_table(
                 )
             columns[key] = header.index(key)
         image_column, caption_column = columns[image_key], columns.get(caption_key)
-        rows = []
-        for row in reader:
+        rows, unreadable = [], []
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as error:  # a field past csv.field_size_limit(), a NUL: the reader goes on at the next line
+                unreadable.append(f"line {reader.line_num}: {error}")
+                continue
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
             image = row[image_column] if image_column < len(row) else ""
             caption = row[caption_column] if caption_column is not None and caption_column < len(row) else None
             rows.append((image, caption))
+    if unreadable:
+        warnings.warn(f"{path}: skipped {len(unreadable)} row(s) csv cannot read, e.g. {unreadable[0]}", stacklevel=2)
     return rows
 
 

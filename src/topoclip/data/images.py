@@ -176,14 +176,22 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
 
 
+# The longest caption read: far above any real one (the text context keeps its first few hundred characters),
+# and a bound on what one sample's text costs the tokenizer (a 200 MB "caption" aborts its training).
+MAX_CAPTION_CHARS = 65_536
+
+
 def clean_caption(raw: Union[bytes, bytearray, str, None]) -> str:
     """Caption text with control characters removed and whitespace runs collapsed to one space.
 
     Raises BadSample("bad_encoding") for bytes that are not UTF-8 (or a str holding undecodable bytes as
-    surrogates, as `errors="surrogateescape"` produces) and BadSample("empty_caption") for nothing left.
+    surrogates, as `errors="surrogateescape"` produces), BadSample("empty_caption") for nothing left and
+    BadSample("long_caption") past MAX_CAPTION_CHARS.
     """
     if raw is None:
         raise BadSample("empty_caption", "no caption")
+    if isinstance(raw, (bytes, bytearray, memoryview, str)) and len(raw) > 4 * MAX_CAPTION_CHARS:  # not decoded:
+        raise BadSample("long_caption", f"caption of {len(raw):,} bytes or characters")  # ≤ 4 bytes a character
     if isinstance(raw, (bytes, bytearray, memoryview)):
         try:
             text = bytes(raw).decode("utf-8")
@@ -200,6 +208,8 @@ def clean_caption(raw: Union[bytes, bytearray, str, None]) -> str:
     text = " ".join(_CONTROL_CHARACTERS.sub(" ", text.replace("\ufeff", "")).split())
     if not text:
         raise BadSample("empty_caption", "caption is empty or only whitespace")
+    if len(text) > MAX_CAPTION_CHARS:
+        raise BadSample("long_caption", f"caption of {len(text):,} characters")
     return text
 
 

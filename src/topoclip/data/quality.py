@@ -18,6 +18,7 @@ BAD_SAMPLE_KINDS = {
     "missing_file": "the image file named by the row does not exist or cannot be read",
     "empty_caption": "the caption is missing, empty or only whitespace",
     "bad_encoding": "the caption bytes are not valid UTF-8",
+    "long_caption": "the caption is longer than topoclip.data.images.MAX_CAPTION_CHARS (65,536) characters: not a caption",
     "unpaired_member": "a tar member has no image or no caption with the same key next to it",
     "bad_label": "an evaluation sample's class label (.cls) is not a whole number",
     "corrupt_shard": "a tar shard could not be opened or read to its end (counted once each time a shard fails)",

@@ -18,9 +18,11 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 from PIL import Image
 
+from topoclip.atomic import scratch_name
 from topoclip.data.csv import read_caption_table
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
+from topoclip.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,18 @@ def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def require_empty_folder(out_dir: Union[str, Path]) -> Path:
+    """`out_dir`, created if needed; UserError when it holds anything (writing 00000.tar… among other shards would
+    mix two sets and keep the old tail)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    present = sorted(entry.name for entry in out_dir.iterdir())
+    if present:
+        raise UserError(f"{out_dir} is not empty ({', '.join(present[:3])}{', ...' if len(present) > 3 else ''}); "
+                        f"shards are written into a new or empty folder: choose another --out")
+    return out_dir
+
+
 def write_shards(
     samples: Iterable[tuple],
     out_dir: Union[str, Path],
@@ -62,7 +76,8 @@ def write_shards(
 
     image: uint8 array (H, W, 3) / (H, W), PIL image (encoded as `image_format`: jpg, png or webp) or
     encoded bytes (written unchanged, extension from the magic number, else `image_format`).
-    caption: str (written as UTF-8) or bytes (unchanged). Shards are `out_dir/00000.tar`, `00001.tar`, ...;
+    caption: str (written as UTF-8) or bytes (unchanged). Shards are `out_dir/00000.tar`, `00001.tar`, ... in a
+    new or empty `out_dir` (UserError otherwise);
     keys are the shard number (5 digits) + the index in the shard, as img2dataset writes them. Each shard
     is written to a temporary name and renamed when complete. Returns the shard paths in order.
     """
@@ -71,8 +86,7 @@ def write_shards(
         raise ValueError(f"image_format must be one of {sorted(_SAVE_FORMATS)}, got {image_format!r}")
     if samples_per_shard < 1:
         raise ValueError(f"samples_per_shard must be at least 1, got {samples_per_shard}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = require_empty_folder(out_dir)
     index_digits = len(str(samples_per_shard - 1))
     paths: list[Path] = []
     tar: Optional[tarfile.TarFile] = None
@@ -85,7 +99,9 @@ def write_shards(
                     tar.close()
                     os.replace(temporary, paths[-1])
                 paths.append(out_dir / f"{shard:05d}.tar")
-                temporary = paths[-1].with_name(paths[-1].name + ".partial")
+                temporary = scratch_name(paths[-1])
+                with open(temporary, "xb"):  # a new name: never a file of the user's
+                    pass
                 tar = tarfile.open(temporary, "w", format=tarfile.GNU_FORMAT)
             image, caption, metadata = (tuple(sample) + (None,))[:3]
             key = f"{shard:05d}{index:0{index_digits}d}"

@@ -13,6 +13,7 @@ are drawn with replacement with probability proportional to their source's weigh
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -21,6 +22,7 @@ import re
 import warnings
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
+import braceexpand
 import numpy as np
 import torch
 import torch.utils.data
@@ -31,6 +33,44 @@ from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption
 from topoclip.data.quality import BadSample, DataQualityError
 
 logger = logging.getLogger(__name__)
+
+
+# Shards one spec may expand to: LAION-5B is about 230,000 shards, so real data sits far below; a brace
+# pattern such as "{0..99999999}" would otherwise build a list of 10^8 strings (GBs) before anything is read.
+MAX_SHARDS = 1_000_000
+
+
+def expand_urls(spec: str) -> list[str]:
+    """The URLs of one "::"-joined shard spec, expanded exactly as webdataset expands them (its
+    `shardlists.expand_urls`: ${WDS_VAR} environment variables, then braces), at most MAX_SHARDS.
+
+    ValueError (one line) for a missing ${WDS_VAR} variable or a spec that expands past MAX_SHARDS.
+    """
+    urls: list[str] = []
+    for part in spec.split("::"):
+        for _ in range(10):  # webdataset substitutes up to ten times, for variables that name variables
+            last = part
+            try:
+                part = wds.shardlists.envsubst(part)
+            except AssertionError:  # webdataset's way of saying a ${VAR} has no WDS_VAR in the environment
+                raise ValueError(f"shard pattern {spec!r} names an environment variable ${{...}} that is not set "
+                                 f"(webdataset reads ${{NAME}} as WDS_NAME)") from None
+            if part == last:
+                break
+        urls.extend(itertools.islice(braceexpand.braceexpand(part), MAX_SHARDS + 1 - len(urls)))
+        if len(urls) > MAX_SHARDS:
+            raise ValueError(f"shard pattern {spec[:200]!r} expands to more than {MAX_SHARDS:,} shards; "
+                             f"check its braces (e.g. 'data/{{00000..00999}}.tar')")
+    return urls
+
+
+def command_urls(specs: Union[str, Sequence[str]]) -> list[str]:
+    """The expanded URLs of shard specs that webdataset would open through a command or the network: any
+    scheme but file: (pipe:, http(s): and s3: run curl, aws or a shell), and "-" (stdin). Braces and
+    ${WDS_VAR} are expanded first, so a command hidden inside braces is found like a plain one."""
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    return [url for spec in specs for url in expand_urls(spec) if not _is_local(url.strip())
+            and not url.strip().lower().startswith("file:")]
 
 
 def expand_shard_sources(
@@ -55,9 +95,11 @@ def expand_shard_sources(
         raise ValueError(f"source weights must be non-negative with at least one positive, got {list(weights)}")
     shards, shard_weights = [], []
     for source, weight in zip(sources, weights):
-        expanded = wds.shardlists.expand_urls(source)  # brace expansion (and WDS_ environment variables)
+        expanded = expand_urls(source)
         shards.extend(expanded)
         shard_weights.extend([float(weight)] * len(expanded))
+        if len(shards) > MAX_SHARDS:
+            raise ValueError(f"the shard patterns expand to more than {MAX_SHARDS:,} shards; check their braces")
     return shards, shard_weights
 
 

@@ -15,14 +15,8 @@ Functions take the config sections they read (duck-typed: this module sits below
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
-
-# A shard "URL" with any scheme but these is opened by webdataset through a command (pipe:, or curl/aws/
-# gsutil for http/s3/gs); a config read from a folder must never set one (topoclip.config.refuse_folder_commands).
-NO_COMMAND_SCHEMES = ("file",)
-
 
 class SourceError(ValueError):
     """Settings a data source cannot use; topoclip.config turns it into a ConfigError."""
@@ -41,7 +35,7 @@ class DataSource:
     captions: Callable[[Any, int], list[str]]
     # Samples of one epoch, or None when the data has no fixed epoch.
     epoch_samples: Callable[[Any], Optional[int]]
-    # The parts of data.train_data that would run a command to be read (see NO_COMMAND_SCHEMES).
+    # The URLs data.train_data expands to that would be read through a command or the network (pipe:, http:).
     commands: Callable[[Any], list[str]] = lambda data: []
     # Evaluation sets the source brings itself: (config, split) -> (classification sets, retrieval sets).
     evaluation_sets: Callable[[Any, str], tuple[list, list]] = lambda config, split: ([], [])
@@ -132,13 +126,14 @@ def shard_captions(data, count: int) -> list[str]:
 
 
 def shard_commands(data) -> list[str]:
-    """The "::"-joined parts of data.train_data that webdataset would open through a command."""
-    found = []
-    for part in (part.strip() for part in data.train_data.split("::")):
-        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", part)
-        if part == "-" or (scheme and scheme.group(1).lower() not in NO_COMMAND_SCHEMES):
-            found.append(part)
-    return found
+    """The URLs data.train_data expands to (braces and ${WDS_VAR}, as webdataset expands them) that webdataset
+    would open through a command or the network."""
+    from topoclip.data.shards import command_urls
+
+    try:
+        return command_urls(data.train_data)
+    except ValueError as error:
+        raise SourceError(f"data.train_data: {error}") from None
 
 
 SOURCES: dict[str, DataSource] = {

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from topoclip.errors import UserError
+from topoclip.errors import UserError, check_file_name
 from topoclip.geometry import require_flat
 
 LANGUAGE = "en"
@@ -33,8 +33,10 @@ MODEL_TYPE = "topoclip"  # CLIP_benchmark's --model_type for topoclip runs
 
 
 def output_name(dataset: str, pretrained: str, model: str, task: str, language: str = LANGUAGE) -> str:
-    """CLIP_benchmark's default output file name for one result."""
-    return f"{dataset.removeprefix('wds/').replace('/', '_')}_{Path(pretrained).name}_{model}_{language}_{task}.json"
+    """CLIP_benchmark's default output file name for one result; UserError when the model name (or any part)
+    would make it leave the output folder or not be a file name."""
+    name = f"{dataset.removeprefix('wds/').replace('/', '_')}_{Path(pretrained).name}_{model}_{language}_{task}.json"
+    return check_file_name(name, "the result file name", f"give a model name of plain text (--name; it was {model!r:.60})")
 
 
 def clip_benchmark_metrics(record: dict) -> dict:

@@ -8,6 +8,7 @@ Karpathy caption files are added from `config.evaluate`.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -15,7 +16,7 @@ from typing import Optional
 
 from topoclip.config import Config
 from topoclip.data.types import ClassificationSet, RetrievalSet
-from topoclip.errors import EvaluationSetError
+from topoclip.errors import EvaluationSetError, UserError
 from topoclip.evaluation.retrieval import evaluate_retrieval
 from topoclip.evaluation.zeroshot import evaluate_classification_modes, record
 from topoclip.transforms import eval_transform
@@ -144,6 +145,32 @@ def temperature_summary(model) -> str:
     if math.isinf(low):
         return text + f"({low:g}, {high:g}]: logits τ·s are unbounded below"
     return text + f"[{low:.2f}, {high:.2f}], so logits τ·s span ±{scale * (high - low) / 2:.1f} around their middle"
+
+
+# The numbers each record of eval.json must have (what `headline` and `table_rows` read).
+RECORD_METRICS = {"zeroshot_classification": ("top1", "top5", "mean_per_class_recall"),
+                  "zeroshot_retrieval": ("image_retrieval_recall@1", "text_retrieval_recall@1", "image_retrieval_recall@5",
+                                         "text_retrieval_recall@5", "mean_recall")}
+
+
+def read_evaluation(path) -> list[dict]:
+    """The records of an eval.json, checked to be what `evaluate` writes; UserError naming the file otherwise."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    try:
+        records = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply, an integer of 4,300+ digits
+        records = None
+    good = isinstance(records, list) and all(
+        isinstance(item, dict) and isinstance(item.get("dataset"), str) and item.get("task") in RECORD_METRICS
+        and isinstance(item.get("metrics"), dict) and all(number(item["metrics"].get(key))
+                                                           for key in RECORD_METRICS[item["task"]])
+        for item in records)
+    if not good:
+        raise UserError(f"{path} is damaged (not the list of evaluation records topoclip writes); delete it and run "
+                        f"`topoclip train --resume` on its run to evaluate again")
+    return records
 
 
 def headline(records: list[dict]) -> dict[str, float]:

@@ -130,10 +130,15 @@ def check_template(template: str) -> None:
 
     example = 'e.g. "a photo of a {}."'
     try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+        parsed = [(field, spec, conversion) for _, field, spec, conversion in string.Formatter().parse(template)
+                  if field is not None]
     except ValueError as error:
         raise UserError(f"template {template!r} is not a format string ({error}); write {{{{ and }}}} for "
                         f"literal braces, {example}") from None
+    fields = [field for field, _, _ in parsed]
+    if fields == [""] and parsed[0][1:] != ("", None):  # "{:>200000000}" would size a string from the template
+        raise UserError(f"template {template!r} gives its {{}} a format spec or conversion "
+                        f"({parsed[0][1] or '!' + str(parsed[0][2])!r}); write a plain {{}}, {example}")
     if fields != [""]:
         named = f", named {fields}" if any(fields) else ""
         raise UserError(f"template {template!r} must hold one {{}} where the class name goes (it has "

@@ -164,6 +164,18 @@ class StreamPosition:
             self.workers = {int(worker): (int(cursor), int(made)) for worker, (cursor, made) in state["workers"].items()}
             self.last = int(state["last"])
 
+    @staticmethod
+    def is_state(state) -> bool:
+        """Whether `state` (read from a checkpoint) has the form `state()` gives: integers where it has them."""
+        def integers(*values) -> bool:
+            return all(isinstance(value, int) and not isinstance(value, bool) for value in values)
+
+        return (isinstance(state, dict) and integers(*(state.get(key) for key in
+                                                        ("epoch", "last", "num_workers", "world_size")))
+                and isinstance(state.get("workers"), dict)
+                and all(isinstance(worker, str) and worker.isdigit() and isinstance(value, list) and len(value) == 2
+                        and integers(*value) for worker, value in state["workers"].items()))
+
     def advance(self, batch: RawBatch) -> None:
         for epoch, worker, cursor, made in batch.positions:
             if epoch != self.epoch:

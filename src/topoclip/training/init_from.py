@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from topoclip.checkpoint import TOKENIZER, load_config_from, load_weights, resolve_checkpoint
+from topoclip.checkpoint import TOKENIZER, check_weights_fit, load_config_from, load_weights, resolve_checkpoint
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, merge, to_dict
 from topoclip.model import CLIP
 
@@ -63,6 +63,7 @@ def check_initial_checkpoint(config: Config) -> None:
                 if key in ("class_tokens", "embed_dim") else f"set --set model.{key}={_json(theirs.get(key))}")
         raise ConfigError(f"train.init_from={config.train.init_from}: its model.{key} is {_json(theirs.get(key))} but "
                           f"this run's is {_json(value)}; {hint} (or leave out --preset to train the checkpoint's own config)")
+    check_weights_fit(folder, config.model)  # from the safetensors header and a meta model: nothing allocated yet
 
 
 def initial_tokenizer(config: Config) -> Path:

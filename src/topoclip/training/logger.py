@@ -22,7 +22,8 @@ from typing import Optional, Sequence
 
 from topoclip.config import flat_dict
 from topoclip.errors import UserError
-from topoclip.training.run_folder import METRICS, PLOTS, save_png_atomic
+from topoclip.atomic import save_png_atomic, write_text_atomic
+from topoclip.training.run_folder import METRICS, PLOTS
 
 
 
@@ -38,7 +39,7 @@ def _parse_lines(path: Path) -> tuple[list[dict], list[str]]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, nested too deeply, an integer of 4,300+ digits
             problems.append(f"line {number} is not JSON ({line[:40]!r})")
             continue
         if isinstance(record, dict):
@@ -74,9 +75,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     if problems:
         warnings.warn(f"{path}: dropped {'; '.join(problems)}; kept {len(records)} complete records", stacklevel=2)
     kept = [r for r in records if r.get("step", 0) <= step]
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    os.replace(temporary, path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class MetricsLogger:
@@ -175,6 +174,11 @@ def start_wandb(run_dir: Path, config: dict):
 
 
 
+def number(value) -> bool:
+    """A finite-or-not float or int, not a bool: what a plot can draw."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
     """Draw metrics.jsonl: loss.png, temperature.png, learning_rate.png, evaluation.png."""
     import matplotlib
@@ -184,7 +188,7 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
 
     records = read_metrics(metrics_path)
     steps = [r for r in records if "loss" in r]
-    evals = [r for r in records if "eval" in r]
+    evals = [r for r in records if isinstance(r.get("eval"), dict) and number(r.get("step"))]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -205,11 +209,15 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
+    def curve(key: str) -> tuple[list, list]:
+        """(steps, values) of the training records that hold `key` as a number (a hand-edited line may not)."""
+        kept = [r for r in steps if number(r.get("step")) and number(r.get(key))]
+        return [r["step"] for r in kept], [r[key] for r in kept]
+
     if steps:
-        x = [r["step"] for r in steps]
-        figure("loss", {"loss": (x, [r["loss"] for r in steps])}, "contrastive loss")
-        figure("temperature", {"τ = exp(t)": (x, [r["scale"] for r in steps])}, "τ")
-        figure("learning_rate", {"lr": (x, [r["lr"] for r in steps])}, "learning rate")
+        figure("loss", {"loss": curve("loss")}, "contrastive loss")
+        figure("temperature", {"τ = exp(t)": curve("scale")}, "τ")
+        figure("learning_rate", {"lr": curve("lr")}, "learning rate")
     if evals:
         from matplotlib.lines import Line2D
 
@@ -263,6 +271,8 @@ def evaluation_series(evals: list[dict]) -> dict[str, dict[str, tuple[list, list
                 dataset = dataset.removesuffix(suffix)
             metric = metric.removeprefix("distance/").replace("embedding/", "embedding ")
             name = f"{dataset}/{metric}"
+            if not number(value):
+                continue
             steps, numbers = series.setdefault(name, {}).setdefault(split, ([], []))
             steps.append(record["step"])
             numbers.append(value)

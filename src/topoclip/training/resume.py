@@ -10,11 +10,12 @@ from typing import Any, Optional
 
 import torch
 
-from topoclip.checkpoint import (CONFIG, STEP_PREFIX, check_weights_fit, load_config_from, load_training_state,
+from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TRAINING_STATE, check_weights_fit, load_config_from, load_training_state,
                                  load_weights, prune_checkpoints, save_checkpoint, step_checkpoints)
 from topoclip.config import Config, ConfigError, flat_dict, refuse_folder_commands, to_dict
 from topoclip.data.quality import BadSampleCounter
 from topoclip.errors import CheckpointError, DiskFullError, RunFolderError
+from topoclip.training.data import StreamPosition
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.run_folder import RunFolder
 from topoclip.training.guard import parameters_finite
@@ -90,12 +91,12 @@ def finished(run_dir: Path, config: Config) -> Optional[str]:
 
 def finish_leftovers(run_dir: Path, config: Config) -> None:
     """What a run killed after writing eval.json left undone: the final record in metrics.jsonl, the plots."""
-    from topoclip.evaluation.run import headline
+    from topoclip.evaluation.run import headline, read_evaluation
     from topoclip.training.logger import read_metrics
 
+    records = read_evaluation(RunFolder(run_dir).evaluation)
     logger = MetricsLogger(run_dir, report_to=())  # metrics.jsonl and plots only: no reporter opens a new log
     if not any(record.get("final") for record in read_metrics(logger.path)):
-        records = json.loads(RunFolder(run_dir).evaluation.read_text(encoding="utf-8"))
         logger.log({"step": config.train.steps, "eval": headline(records), "final": True})
     if not all((RunFolder(run_dir).plots / f"{name}.png").is_file() for name in ("loss", "evaluation")):
         print(f"topoclip: note: drawing the plots of {run_dir}, which its run did not finish", file=sys.stderr)
@@ -180,6 +181,57 @@ def resume_from(folder: Path, model, optimizer, scheduler, scaler, counter: BadS
     if not parameters_finite(model):
         raise CheckpointError(f"{folder} holds inf/NaN weights")
     state = load_training_state(folder)
+    check_training_state(state, optimizer, folder)
+    try:
+        return _apply_training_state(state, optimizer, scheduler, scaler, counter)
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as error:  # what no check foresaw
+        raise CheckpointError(f"{folder / TRAINING_STATE} does not fit this run ({type(error).__name__}: "
+                              f"{str(error)[:120]})") from None
+
+
+def check_training_state(state, optimizer, folder: Path) -> None:
+    """CheckpointError unless `state` (a loaded training_state.pt) has every part with its type, and optimizer
+    state for `optimizer`'s groups and parameters with their shapes: all is checked before anything is used."""
+    def bad(what: str):
+        return CheckpointError(f"{folder / TRAINING_STATE}: {what}; the file is damaged or from another run")
+
+    expected = {"step": int, "optimizer": dict, "scheduler": dict, "scaler": dict, "rng": dict, "data": dict}
+    if not isinstance(state, dict):
+        raise bad(f"it holds a {type(state).__name__}, not the training state")
+    for key, kind in expected.items():
+        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+            raise bad(f"{key!r} is missing or not a {kind.__name__}")
+    if state["step"] < 0:
+        raise bad(f"step {state['step']} is negative")
+    groups, saved = optimizer.param_groups, state["optimizer"].get("param_groups")
+    if not isinstance(saved, list) or len(saved) != len(groups) or not all(
+            isinstance(group, dict) and isinstance(group.get("params"), list) and len(group["params"]) == len(current["params"])
+            for group, current in zip(saved, groups)):
+        raise bad(f"its optimizer has other parameter groups than this model's {len(groups)}")
+    parameters = {index: parameter for group, current in zip(saved, groups)
+                  for index, parameter in zip(group["params"], current["params"])}
+    moments = state["optimizer"].get("state")
+    if not isinstance(moments, dict):
+        raise bad("its optimizer state is not a mapping")
+    for index, values in moments.items():
+        if index not in parameters or not isinstance(values, dict):
+            raise bad(f"its optimizer holds state for parameter {index!r}, which this model does not have")
+        for name, value in values.items():
+            if not isinstance(value, torch.Tensor) or (value.dim() and value.shape != parameters[index].shape):
+                raise bad(f"its optimizer's {name} of parameter {index} does not have the parameter's shape")
+    rng, data = state["rng"], state["data"]
+    if not isinstance(rng.get("torch"), torch.Tensor) or rng["torch"].dtype != torch.uint8 or not isinstance(
+            rng.get("cuda"), list):
+        raise bad("its RNG state is not a byte tensor (and a list for CUDA)")
+    if not isinstance(data.get("kept"), int) or not isinstance(data.get("bad"), dict) or not all(
+            isinstance(kind, str) and isinstance(count, int) for kind, count in data["bad"].items()):
+        raise bad("its data counts are not numbers by kind")
+    streams = data.get("streams")
+    if streams is not None and not (isinstance(streams, list) and streams and all(map(StreamPosition.is_state, streams))):
+        raise bad("its data-stream positions are not a list of positions")
+
+
+def _apply_training_state(state: dict, optimizer, scheduler, scaler, counter: BadSampleCounter):
     # The hyperparameters follow the *current* config (a resume may change train.lr, weight decay,
     # steps): keep the ones the optimizer was just built with, and recompute this step's lr.
     current = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]

@@ -13,8 +13,8 @@ run leaves behind is taken over by the next run (with a note), while a second pr
 beside a live one (a fresh run into the same `--out`, or a second `--resume`) stops with one line
 naming the holder. A run that ends normally removes the file.
 
-Files the trainer replaces in place (config.json) are written to a temporary sibling and renamed,
-so a reader or a crash sees the old file or the new one, never half of one.
+Files the trainer replaces in place (config.json) are written to a scratch sibling and renamed (see
+`scratch_name`), so a reader or a crash sees the old file or the new one, never half of one.
 """
 from __future__ import annotations
 
@@ -226,27 +226,3 @@ def claim_folder(folder, what: str = "folder") -> RunFolderLock:
     except OSError as error:
         raise RunFolderError(f"cannot write to the {what} {folder} ({error.strerror or error}); choose another --out") from None
 
-
-def save_png_atomic(figure, path, **options) -> None:
-    """Save a matplotlib figure as PNG to `path` in one step (temporary sibling + rename): a process killed
-    while plotting leaves the old plot or none, never half of one."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        figure.savefig(temporary, format="png", **options)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path, text: str) -> None:
-    """Replace `path` with `text` in one step (temporary sibling + rename)."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise

@@ -43,7 +43,8 @@ from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.resume import (finish_leftovers, finished, require_fitting_checkpoint, resume_config,
                                       resume_newest_good, rng_states, save_checkpoint_and_prune)
-from topoclip.training.run_folder import RunFolder, claim_run_folder, write_text_atomic
+from topoclip.atomic import write_text_atomic
+from topoclip.training.run_folder import RunFolder, claim_run_folder
 from topoclip.training.guard import StepGuard
 from topoclip.training.lock import apply_locks
 from topoclip.training.step import batch_loss, forward_backward_loss, loss_at, loss_keywords, optimizer_step, set_tf32

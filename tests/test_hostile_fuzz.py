@@ -1,0 +1,127 @@
+"""Property tests over what a file or a flag may hold (issue #41): config values (from `--set`, a preset file and a
+run folder's config.json) and tokenizer files. Whatever the value: exit 0 or 2, one line on stderr, no
+traceback, nothing written outside the named folder. Derandomized, so every run draws the same examples."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from topoclip.cli import main
+from topoclip.config import load_config
+from topoclip.config.loading import valid_keys
+from topoclip.errors import UserError
+from topoclip.training.trainer import train
+
+SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
+         'evaluate.template_modes=["distance"]', "data.scenes.train_size=256", "data.scenes.val_size=32",
+         "data.scenes.test_size=32", "train.steps=1"]
+FUZZ = settings(max_examples=60, derandomize=True, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+# Values a hostile file may hold: integers past int64 and past Python's 4,300-digit conversion, non-finite
+# floats, NUL and lone surrogates, deep and wide nesting.
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=2**62, max_value=2**80),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=30),
+                    st.sampled_from(["\0", "\ud800", "../../x", "{pipe:touch X; cat a.,b.}tar", "pipe:id",
+                                     "{https://example.invalid/a,b}.tar", "9" * 5000, "-1", "1e400", "[[[[[[[["]))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                            max_size=4), max_leaves=12)
+KEYS = st.sampled_from(valid_keys())
+
+
+def one_line_or_success(status: int, err: str) -> None:
+    assert status in (0, 2)
+    assert "Traceback" not in err
+    if status == 2:
+        assert err.count("\n") == 1 and err.startswith("topoclip: error: "), err
+
+
+def as_text(value) -> str:
+    try:
+        return json.dumps(value, allow_nan=True)
+    except ValueError:  # an integer of 4,300+ digits: typed as its digits
+        return str(value) if not isinstance(value, int) else "9" * 5000
+
+
+@FUZZ
+@given(pairs=st.lists(st.tuples(KEYS, values), min_size=1, max_size=3))
+def test_set_values_are_a_config_or_one_line(pairs):
+    overrides = [f"{key}={as_text(value)}" for key, value in pairs]
+    try:
+        load_config("tiny", SMALL + overrides)
+    except UserError as error:
+        assert "\n" not in str(error)
+
+
+# A preset file: its known top-level keys (a "base" among them) with hostile values, or anything at all.
+presets = values | st.dictionaries(st.sampled_from(["base", "name", "description", "model", "train", "data", "evaluate"]),
+                                   values | st.sampled_from(["tiny", "cpu-multi", "../../etc/passwd"]), max_size=4)
+
+
+@FUZZ
+@given(preset=presets)
+def test_a_preset_file_is_a_config_or_one_line(tmp_path_factory, preset):
+    file = tmp_path_factory.mktemp("preset") / "preset.json"
+    file.write_text(as_text(preset), encoding="utf-8", errors="surrogatepass")
+    try:
+        load_config(str(file), SMALL)
+    except UserError as error:
+        assert "\n" not in str(error)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return train(load_config("tiny", SMALL), out_dir=tmp_path_factory.mktemp("run") / "run", progress=False)
+
+
+def set_path(values: dict, key: str, value) -> None:
+    *sections, last = key.split(".")
+    for section in sections:
+        values = values.setdefault(section, {}) if isinstance(values.get(section, {}), dict) else {}
+    values[last] = value
+
+
+@FUZZ
+@given(pairs=st.lists(st.tuples(KEYS.filter(lambda key: key not in ("train.steps", "train.eval_every")), values),
+                      min_size=1, max_size=3))
+def test_a_run_folders_config_resumes_or_is_one_line(run, tmp_path_factory, capfd, pairs):
+    """A finished run whose config.json anyone edited: `train --resume` says it is complete (0) or refuses (2);
+    nothing is written but inside the run folder, and no command runs."""
+    root = tmp_path_factory.mktemp("fuzz")
+    folder = root / "run"
+    shutil.copytree(run, folder)
+    values = json.loads((folder / "config.json").read_text())
+    for key, value in pairs:
+        set_path(values, key, value)
+    (folder / "config.json").write_text(as_text(values), encoding="utf-8", errors="surrogatepass")
+    status = main(["train", "--resume", str(folder), "--quiet"])
+    one_line_or_success(status, capfd.readouterr().err)
+    assert sorted(path.name for path in root.iterdir()) == ["run"] and not Path("X").exists()
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(["truncation", "padding", "normalizer", "pre_tokenizer", "model",
+                                                 "post_processor", "decoder", "added_tokens"]),
+                                st.sampled_from([None, "max_length", "type", "vocab", "pattern", "Regex", "id"]),
+                                values), min_size=1, max_size=3))
+def test_a_checkpoints_tokenizer_file_loads_or_is_one_line(run, tmp_path_factory, capfd, edits):
+    from topoclip.checkpoint import step_checkpoints
+
+    folder = tmp_path_factory.mktemp("checkpoint") / "checkpoint"
+    shutil.copytree(step_checkpoints(run / "checkpoints")[-1], folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    for section, key, value in edits:
+        if key is None or not isinstance(tokenizer.get(section), dict):
+            tokenizer[section] = value
+        else:
+            tokenizer[section][key] = value
+    (folder / "tokenizer.json").write_text(as_text(tokenizer), encoding="utf-8", errors="surrogatepass")
+    image = folder.parent / "x.png"
+    from PIL import Image
+
+    Image.new("RGB", (9, 9), (200, 10, 10)).save(image)
+    status = main(["predict", str(folder), "--labels", "a red circle,a blue square", "--image", str(image)])
+    one_line_or_success(status, capfd.readouterr().err)

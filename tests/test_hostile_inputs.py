@@ -1,0 +1,465 @@
+"""Hostile input, third round (issue #41): each case failed before its fix — a command or a network read
+hidden in braces, names that leave their folder, numbers from a file that size memory, writers that delete or
+mix a user's files, and inputs that ended in a traceback. The promise for each: exit 0 or 2, one line,
+nothing run, nothing written outside the named folder."""
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from topoclip.checkpoint import TRAINING_STATE, step_checkpoints
+from topoclip.cli import main
+from topoclip.config import ConfigError, load_config
+from topoclip.training.trainer import train
+
+SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
+         'evaluate.template_modes=["distance"]', "data.scenes.train_size=256", "data.scenes.val_size=32",
+         "data.scenes.test_size=32"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    config = load_config("tiny", SMALL + ["train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=5"])
+    return train(config, out_dir=tmp_path_factory.mktemp("run") / "run", progress=False)
+
+
+def one_line_error(capsys) -> str:
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topoclip: error: ") and "Traceback" not in error, error
+    return error
+
+
+def resumable_copy(run: Path, tmp_path: Path) -> Path:
+    """A copy of the run with its newest checkpoint and final files removed: `--resume` continues it."""
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    shutil.rmtree(folder / "checkpoints" / "step-000002")
+    (folder / "eval.json").unlink()
+    return folder
+
+
+# ------------------------------------------------------------------ 1. commands and the network hidden in braces
+
+
+@pytest.mark.parametrize("payload", [
+    "{pipe:touch MARKER; cat a.,b.}tar",
+    "{https://example.invalid/x.tar,a.tar}",
+    "{http://127.0.0.1:9/x.tar,a.tar}",
+    "a.tar::{b.tar,PIPE:touch MARKER}",
+    "${HIDDEN}",  # webdataset reads it from WDS_HIDDEN
+    "{ pipe:touch MARKER,a.tar}",
+])
+def test_a_folders_config_never_runs_a_command_hidden_in_its_urls(run, tmp_path, capsys, monkeypatch, payload):
+    marker = tmp_path / "PWNED"
+    monkeypatch.setenv("WDS_HIDDEN", f"pipe:touch {marker}")
+    folder = resumable_copy(run, tmp_path)
+    values = json.loads((folder / "config.json").read_text())
+    values["data"].update(source="shards", train_data=payload.replace("MARKER", str(marker)))
+    (folder / "config.json").write_text(json.dumps(values))
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 2
+    assert "runs a command or reads the network" in one_line_error(capsys)
+    assert not marker.exists()
+
+
+def test_the_command_check_expands_as_webdataset_does():
+    from webdataset.shardlists import expand_urls as webdataset_expansion
+
+    from topoclip.data.shards import command_urls, expand_urls
+
+    for spec in ["a/{000..003}.tar::b/{x,y}.tar", "{pipe:cat a.,b.}tar", "data/{0..2}/{a,b}.tar"]:
+        assert expand_urls(spec) == webdataset_expansion(spec)
+    assert command_urls("{pipe:cat a.,b.}tar") == ["pipe:cat a.tar"]
+    assert command_urls("{file:a.tar,b.tar}") == []
+
+
+def test_a_brace_pattern_of_a_hundred_million_shards_is_refused_before_it_is_listed(run, tmp_path, capsys):
+    assert main(["embed", str(run), "--images", "s/{000000000..099999999}.tar", "--out", str(tmp_path / "o")]) == 2
+    assert "more than 1,000,000 shards" in one_line_error(capsys)
+
+
+# ------------------------------------------------------------------ 2. names that become paths
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "x\0y", "\ud800", "é" * 200])
+def test_eval_output_file_names_stay_in_their_folder(run, tmp_path, capsys, name):
+    out = tmp_path / "deep" / "results"
+    assert main(["eval", str(run), "--output", str(out), "--name", name]) == 2
+    assert "must be a plain file name" in one_line_error(capsys)
+    assert not any(path.is_file() for path in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("name", ["x\0y", "\ud800", "a\\b"])
+def test_a_run_name_with_a_nul_or_a_lone_surrogate_is_one_line(name):
+    with pytest.raises(ConfigError, match="must be a plain folder name"):
+        load_config("tiny", [f"name={name}"])
+
+
+# ------------------------------------------------------------------ 3. numbers from a file that size memory
+
+
+@pytest.mark.parametrize("template", ["a {:>200000000}", "a {!r}", "a {:,}"])
+def test_a_template_cannot_size_a_string(run, template, capsys):
+    assert main(["predict", str(run), "--labels", "cat,dog", "--template", template, "--image", "x.png"]) == 2
+    assert "format spec or conversion" in one_line_error(capsys)
+
+
+def checkpoint_copy(run: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(step_checkpoints(run / "checkpoints")[-1], folder)
+    return folder
+
+
+def edit_tokenizer(folder: Path, edit) -> None:
+    file = folder / "tokenizer.json"
+    values = json.loads(file.read_text())
+    edit(values)
+    file.write_text(json.dumps(values))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t["truncation"].update(max_length=10**9), "context length"),  # used the model's: loads
+    (lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "(a|a)*$"}, "content": "x"}),
+     "regular expression"),
+    (lambda t: t["model"]["vocab"].update({f"extra{i}": 10_000 + i for i in range(3)}), "the tokenizer is not the model's"),
+])
+def test_a_checkpoints_tokenizer_is_checked_against_its_model(run, tmp_path, capsys, edit, message):
+    folder = checkpoint_copy(run, tmp_path)
+    edit_tokenizer(folder, edit)
+    Image.new("RGB", (9, 9), (200, 10, 10)).save(tmp_path / "x.png")
+    status = main(["predict", str(folder), "--labels", "cat,dog", "--image", str(tmp_path / "x.png")])
+    if message == "context length":  # the model's own context length wins: nothing is sized from the file
+        assert status == 0
+        from topoclip.tokenizer import Tokenizer
+
+        with pytest.raises(ValueError, match="context length"):
+            Tokenizer.load(folder / "tokenizer.json")
+        return
+    assert status == 2
+    assert message in one_line_error(capsys)
+
+
+def test_a_deeply_nested_tokenizer_file_is_one_line(run, tmp_path, capsys):
+    folder = checkpoint_copy(run, tmp_path)
+    (folder / "tokenizer.json").write_text('{"model": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert main(["predict", str(folder), "--labels", "cat,dog", "--image", "x.png"]) == 2
+    assert "nested too deeply" in one_line_error(capsys)
+
+
+def test_a_panic_inside_the_tokenizer_library_is_a_user_error():
+    from tokenizers import Regex, normalizers
+
+    from topoclip.errors import UserError
+    from topoclip.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.train(["a red circle", "a blue square"], vocab_size=64)
+    tokenizer._backend.normalizer = normalizers.Replace(Regex("(a|a)*$"), "x")  # past the library's retry limit
+    with pytest.raises(UserError, match="the tokenizer failed on a caption"):
+        tokenizer(["a" * 40 + "b"])
+
+
+def write_tar(path: Path, members: dict) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, __import__("io").BytesIO(data))
+    return path
+
+
+def png_bytes() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_huge_caption_is_skipped_and_counted_not_read_into_the_tokenizer(tmp_path):
+    from topoclip.data.images import MAX_CAPTION_CHARS, clean_caption
+    from topoclip.data.quality import BadSample
+    from topoclip.data.shards import read_captions
+
+    shard = write_tar(tmp_path / "0.tar", {"0.png": png_bytes(), "0.txt": b"x" * (4 * MAX_CAPTION_CHARS + 1),
+                                           "1.png": png_bytes(), "1.txt": b"a red circle"})
+    assert read_captions(str(shard), 10) == ["a red circle"]
+    for raw in ("y" * (MAX_CAPTION_CHARS + 1), b"z " * (MAX_CAPTION_CHARS // 2 + 1)):
+        with pytest.raises(BadSample) as caught:
+            clean_caption(raw)
+        assert caught.value.kind == "long_caption"
+
+
+def test_a_csv_field_past_csvs_limit_skips_its_row(tmp_path):
+    from topoclip.data.csv import read_caption_table
+
+    table = tmp_path / "t.csv"
+    table.write_text("filepath,title\na.jpg,red\nb.jpg," + "x" * 200_000 + "\nc.jpg,blue\n")
+    with pytest.warns(UserWarning, match="skipped 1 row"):
+        assert read_caption_table(table) == [("a.jpg", "red"), ("c.jpg", "blue")]
+
+
+def clip_benchmark_set(root: Path, shards: str = "1", templates: str = None) -> Path:
+    (root / "test").mkdir(parents=True)
+    (root / "test" / "nshards.txt").write_text(shards)
+    (root / "classnames.txt").write_text("red\nblue\n")
+    if templates is not None:
+        (root / "zeroshot_classification_templates.txt").write_text(templates)
+    write_tar(root / "test" / "0.tar", {"0.png": png_bytes(), "0.cls": b"0", "1.png": png_bytes(), "1.cls": b"1"})
+    return root
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda root: (root / "test" / "nshards.txt").write_text("100000000"), "number of shards"),
+    (lambda root: (root / "test" / "0.tar").write_bytes(b"garbage" * 100), "not a readable tar"),
+    (lambda root: (root / "test" / "0.tar").write_bytes((root / "test" / "0.tar").read_bytes()[:1200]),
+     "not a readable tar"),
+    (lambda root: (root / "zeroshot_classification_templates.txt").write_text("\n\n"), "holds no template"),
+])
+def test_a_damaged_clip_benchmark_set_is_one_line(tmp_path, damage, message):
+    from topoclip.data.benchmark_sets import load_wds_set
+
+    root = clip_benchmark_set(tmp_path / "wds_x")
+    assert len(load_wds_set(root).images) == 2
+    damage(root)
+    with pytest.raises(ValueError, match=message):
+        load_wds_set(root)
+
+
+# ------------------------------------------------------------------ 4. writers never delete or mix a user's files
+
+
+def test_writers_leave_a_users_scratch_named_folder_alone(run, tmp_path, capsys):
+    precious = {}
+    for destination in ("weights", "converted", "dry"):
+        folder = tmp_path / f"{destination}.tmp"
+        folder.mkdir()
+        (folder / "mine.txt").write_text("keep me")
+        precious[destination] = folder
+    assert main(["export", str(run), "--weights", str(tmp_path / "weights")]) == 0
+    assert main(["convert", str(run), str(tmp_path / "converted")]) == 0
+    assert main(["push", str(run), "me/model", "--dry-run", str(tmp_path / "dry")]) == 0
+    for folder in precious.values():
+        assert (folder / "mine.txt").read_text() == "keep me"
+    assert not list(tmp_path.rglob("*.partial"))  # no scratch left behind either
+
+
+def test_make_shards_refuses_a_folder_that_holds_anything(tmp_path, capsys):
+    out = tmp_path / "shards"
+    out.mkdir()
+    (out / "00000.tar").write_bytes(b"an earlier set")
+    (out / "00001.tar").write_bytes(b"an earlier set")
+    assert main(["data", "make-shards", "--preset", "tiny", "--count", "4", "--out", str(out)]) == 2
+    assert "not empty" in one_line_error(capsys)
+    assert (out / "00000.tar").read_bytes() == b"an earlier set"
+
+
+@pytest.fixture()
+def images(tmp_path) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for index in range(3):
+        Image.new("RGB", (9, 9), (40 * index, 10, 10)).save(folder / f"{index}.png")
+    return folder
+
+
+def test_embed_refuses_to_resume_against_a_changed_model_or_listing(run, tmp_path, images, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(run, model)
+    out = tmp_path / "out"
+    options = ["--images", str(images), "--out", str(out), "--shard-size", "2", "--workers", "0", "--quiet"]
+    assert main(["embed", str(model), *options]) == 0
+    summary = json.loads((out / "embed.json").read_text())
+    assert summary["images"]["kept"] == 3 and len(summary["settings"]["weights_sha256"]) == 64
+    # A newer checkpoint in the run folder: the same --model argument now means other weights.
+    shutil.copytree(model / "checkpoints" / "step-000002", model / "checkpoints" / "step-000003")
+    newest = model / "checkpoints" / "step-000003" / "model.safetensors"
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(newest)
+    save_file({name: tensor + 0.01 for name, tensor in weights.items()}, newest)
+    assert main(["embed", str(model), *options]) == 2
+    assert "the weights" in one_line_error(capsys)
+    shutil.rmtree(model / "checkpoints" / "step-000003")
+    Image.new("RGB", (9, 9), (0, 200, 10)).save(images / "0a.png")  # sorts between 0.png and 1.png
+    assert main(["embed", str(model), *options]) == 2
+    assert "the image files listed" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("damage", ["not json", "[1, 2]", '{"settings": 3}', "\udcff"])
+def test_embed_with_a_damaged_summary_is_one_line(run, tmp_path, images, capsys, damage):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "embed.json").write_bytes(damage.encode("utf-8", "surrogateescape"))
+    assert main(["embed", str(run), "--images", str(images), "--out", str(out), "--workers", "0", "--quiet"]) == 2
+    assert "damaged" in one_line_error(capsys)
+
+
+def test_embed_texts_not_utf8_and_a_truncated_shard_are_one_line(run, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_bytes(b"a red circle\n\xff\xfe\n")
+    assert main(["embed", str(run), "--texts", str(texts), "--out", str(tmp_path / "a"), "--quiet"]) == 2
+    assert "not UTF-8" in one_line_error(capsys)
+    shard = write_tar(tmp_path / "0.tar", {"0.png": png_bytes(), "0.txt": b"red", "1.png": png_bytes(), "1.txt": b"x"})
+    shard.write_bytes(shard.read_bytes()[:1200])
+    assert main(["embed", str(run), "--images", str(shard), "--out", str(tmp_path / "b"), "--workers", "0",
+                 "--quiet"]) == 2
+    assert "not a readable tar" in one_line_error(capsys)
+
+
+# ------------------------------------------------------------------ 5. a bad training state falls back
+
+
+def damaged_states():
+    def optimizer_groups(state):
+        state["optimizer"]["param_groups"] = state["optimizer"]["param_groups"][:1]
+
+    def moment_shape(state):
+        moments = next(iter(state["optimizer"]["state"].values()))
+        moments["exp_avg"] = torch.zeros(3, 3, 3)
+
+    def streams(state):
+        state["data"]["streams"] = [{"epoch": "x"}]
+
+    return {"missing key": lambda state: state.pop("scheduler"),
+            "wrong type": lambda state: state.update(step="12"),
+            "other groups": optimizer_groups,
+            "moment shape": moment_shape,
+            "rng": lambda state: state["rng"].update(torch=torch.zeros(3)),
+            "counts": lambda state: state["data"].update(bad={"corrupt_image": "many"}),
+            "stream": streams,
+            "not a dict": lambda state: state.clear() or state.update(step=1)}
+
+
+@pytest.mark.parametrize("damage", sorted(damaged_states()))
+def test_a_bad_training_state_falls_back_to_the_checkpoint_before(run, tmp_path, capsys, damage):
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    (folder / "eval.json").unlink()
+    file = folder / "checkpoints" / "step-000002" / TRAINING_STATE
+    state = torch.load(file, weights_only=True)
+    damaged_states()[damage](state)
+    torch.save(state, file)
+    assert main(["train", "--resume", str(folder), "--quiet", "--set", "train.steps=3"]) == 0
+    captured = capsys.readouterr()
+    assert "skipping damaged checkpoint step-000002" in captured.err and "resuming from step-000001" in captured.out
+
+
+# ------------------------------------------------------------------ 5. numbers past what they end in
+
+
+@pytest.mark.parametrize("setting", ["train.seed=1180591620717411303424", "train.seed=" + "9" * 5000,
+                                     "model.vision.width=" + "1" + "0" * 400])
+def test_integers_past_int64_are_one_line(setting, tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", "--set", setting, "--out", str(tmp_path / "run")]) == 2
+    assert "64-bit" in one_line_error(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text", ['{"train": {"seed": 1180591620717411303424}}', '{"train": {"seed": ' + "9" * 5000 + "}}",
+                                  '{"base": ["tiny"]}', '{"base": 3}'])
+def test_a_preset_file_with_a_huge_integer_or_a_bad_base_is_one_line(text, tmp_path, capsys):
+    preset = tmp_path / "preset.json"
+    preset.write_text(text)
+    assert main(["train", "--preset", str(preset), "--out", str(tmp_path / "run")]) == 2
+    one_line_error(capsys)
+
+
+def test_a_folders_config_with_a_huge_integer_is_one_line(run, tmp_path, capsys):
+    folder = resumable_copy(run, tmp_path)
+    text = (folder / "config.json").read_text().replace('"seed": 0', '"seed": ' + "9" * 5000, 1)
+    (folder / "config.json").write_text(text)
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 2
+    one_line_error(capsys)
+
+
+@pytest.mark.parametrize("settings", [["model.vision.image_size=8192", "model.vision.patch_size=1"],
+                                      ["model.text.width=16384", "model.text.heads=16", "model.text.layers=1024"]])
+def test_sizes_that_pass_alone_but_not_together_are_refused_before_anything_is_built(settings, tmp_path, capsys):
+    options = [part for setting in settings for part in ("--set", setting)]
+    assert main(["train", "--preset", "tiny", *options, "--out", str(tmp_path / "run")]) == 2
+    assert "positions" in one_line_error(capsys) if "model.vision.patch_size=1" in settings else True
+    from topoclip.model import CLIP
+
+    with pytest.raises(ConfigError, match="positions, over 65,536|over the 17,179,869,184"):
+        CLIP(load_config("tiny", settings).model)
+
+
+def test_init_from_a_folder_claiming_a_huge_model_is_refused_from_the_header(run, tmp_path, capsys):
+    folder = checkpoint_copy(run, tmp_path)
+    values = json.loads((folder / "topoclip_config.json").read_text())
+    values["model"]["vision"].update(width=8192, heads=64, layers=24)
+    (folder / "topoclip_config.json").write_text(json.dumps(values))
+    settings = [part for s in SMALL + ["train.steps=1"] for part in ("--set", s)]
+    assert main(["train", "--init-from", str(folder), "--out", str(tmp_path / "new"), "--quiet", *settings]) == 2
+    assert "does not fit the model" in one_line_error(capsys)
+
+
+# ------------------------------------------------------------------ 5. a run's own files, damaged
+
+
+@pytest.mark.parametrize("damage", ["garbage", "[1, 2]", '[{"dataset": "x", "task": "zeroshot_retrieval"}]',
+                                    "[" * 100_000])
+def test_a_damaged_eval_json_is_one_line_on_resume_and_a_note_on_push(run, tmp_path, capsys, damage):
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    (folder / "eval.json").write_text(damage)
+    shutil.rmtree(folder / "plots")  # a finished run with work left over reads eval.json
+    metrics = folder / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines() if '"final"' not in line))
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 2
+    assert "eval.json is damaged" in one_line_error(capsys)
+    assert main(["push", str(folder), "me/model", "--dry-run", str(tmp_path / "dry")]) == 0
+    assert "no evaluation table" in capsys.readouterr().err
+    assert "## Evaluation" not in (tmp_path / "dry" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("line", ['{"step": 1, "loss": 2.0, "lr": 0.1}', '{"step": 1, "loss": 2.0, "scale": "x"}',
+                                  '{"step": ' + "9" * 5000 + "}", "[" * 100_000, '{"step": 1, "eval": {"x/top1": "y"}}',
+                                  '{"step": 1, "loss": "' + "x" * 50_000_000 + '"}'])
+def test_metrics_lines_without_their_numbers_are_left_out_of_the_plots(tmp_path, line):
+    from topoclip.training.logger import plot_metrics
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 0, "loss": 3.0, "scale": 10.0, "lr": 0.1}\n' + line + "\n")
+    written = plot_metrics(metrics, tmp_path / "plots")
+    assert {path.name for path in written} >= {"loss.png", "temperature.png", "learning_rate.png"}
+
+
+@pytest.mark.parametrize("repo_id", ['me/mo"del', "me/model\nlicense: x", "../x", "me/../x"])
+def test_a_hub_repo_id_the_hub_would_refuse_is_one_line_before_anything_is_written(run, tmp_path, capsys, repo_id):
+    assert main(["push", str(run), repo_id, "--dry-run", str(tmp_path / "dry")]) == 2
+    assert "not a Hub repository id" in one_line_error(capsys)
+    assert not (tmp_path / "dry").exists()
+
+
+def test_a_license_is_an_identifier_not_yaml(run, tmp_path, capsys):
+    assert main(["push", str(run), "me/model", "--license", "mit\nbase_model: evil", "--dry-run", str(tmp_path / "d")]) == 2
+    assert "not a license identifier" in one_line_error(capsys)
+
+
+def test_embed_counts_every_shard_after_a_resume(run, tmp_path, images, monkeypatch):
+    from topoclip import embed as embedding
+
+    (images / "bad.png").write_bytes(b"not an image")
+    whole = embedding.embed(run, tmp_path / "whole", images=str(images), shard_size=2, num_workers=0, progress=False)
+    real_write, calls = embedding.ShardWriter.write, []
+
+    def dies_on_the_second_shard(self, index, *args):
+        calls.append(index)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_write(self, index, *args)
+
+    monkeypatch.setattr(embedding.ShardWriter, "write", dies_on_the_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        embedding.embed(run, tmp_path / "resumed", images=str(images), shard_size=2, num_workers=0, progress=False)
+    monkeypatch.setattr(embedding.ShardWriter, "write", real_write)
+    resumed = embedding.embed(run, tmp_path / "resumed", images=str(images), shard_size=2, num_workers=0, progress=False)
+    assert resumed["images"]["resumed_after_shards"] == 1
+    counts = {key: whole["images"][key] for key in ("seen", "kept", "bad")}
+    assert counts == {"seen": 4, "kept": 3, "bad": {"corrupt_image": 1}}
+    assert {key: resumed["images"][key] for key in counts} == counts
