@@ -463,3 +463,20 @@ def test_embed_counts_every_shard_after_a_resume(run, tmp_path, images, monkeypa
     counts = {key: whole["images"][key] for key in ("seen", "kept", "bad")}
     assert counts == {"seen": 4, "kept": 3, "bad": {"corrupt_image": 1}}
     assert {key: resumed["images"][key] for key in counts} == counts
+
+
+def test_embed_on_a_full_disk_says_so_and_leaves_no_scratch(run, tmp_path, images, monkeypatch, capsys):
+    import errno
+
+    real_save = np.save
+
+    def full_disk(file, array):
+        real_save(file, array)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full_disk)
+    out = tmp_path / "out"
+    assert main(["embed", str(run), "--images", str(images), "--out", str(out), "--workers", "0", "--quiet"]) == 2
+    error = one_line_error(capsys)
+    assert "no space left" in error and "run the same command to resume" in error
+    assert not [path for path in out.rglob("*") if path.name.startswith(".")]

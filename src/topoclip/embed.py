@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from topoclip.data.images import DecodeSettings, decode_image, image_files, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
-from topoclip.errors import UserError
+from topoclip.errors import DiskFullError, UserError, is_disk_full
 from topoclip.geometry import require_flat
 
 SHARD_SIZE = 10_000
@@ -157,9 +157,16 @@ class ShardWriter:
         from topoclip.atomic import write_atomic, write_text_atomic
 
         array, key_file = self.paths(index)
-        write_atomic(array, lambda file: np.save(file, embeddings))
-        write_text_atomic(self.counts_path(index), json.dumps(counter.as_dict()))
-        write_text_atomic(key_file, json.dumps(keys))
+        try:
+            write_atomic(array, lambda file: np.save(file, embeddings))
+            write_text_atomic(self.counts_path(index), json.dumps(counter.as_dict()))
+            write_text_atomic(key_file, json.dumps(keys))
+        except OSError as error:
+            if not is_disk_full(error):
+                raise
+            raise DiskFullError(f"no space left on {self.folder} while writing shard {index} (nothing of it is kept; "
+                                f"shards before it are complete): free space and run the same command to resume",
+                                self.folder) from None
 
 
 def _embed_in_shards(writer: ShardWriter, total: int, shard_size: int, unit: str, progress: bool,
