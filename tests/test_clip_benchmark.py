@@ -2,8 +2,8 @@
 run on a topoclip model (`topoclip benchmark`) over a set its own `convert_dataset` wrote gives the numbers
 `topoclip eval` gives on that set.
 
-CLIP_benchmark needs torchvision, which CI's CPU torch cannot import: these tests run where it imports
-(the README's side venv: torch + torchvision + `pip install clip_benchmark open_clip_torch`).
+CLIP_benchmark needs torchvision, which the CPU build of torch cannot import: these tests run in the field lane
+(`bash .ci/field`: the CUDA build of torch, which runs on a CPU, torchvision, clip_benchmark and open_clip_torch).
 """
 import csv
 import json
@@ -12,25 +12,33 @@ import pytest
 import torch
 from PIL import Image
 
-pytest.importorskip("clip_benchmark.cli")  # (it also needs requests, which it does not declare)
-from clip_benchmark.webdataset_builder import PIL_to_bytes, convert_dataset, convert_retrieval_dataset  # noqa: E402
+from topoclip.cli import main
+from topoclip.config import load_config
+from topoclip.data.scenes import classification_sets, retrieval_set
+from topoclip.training.trainer import train
 
-from topoclip.cli import main  # noqa: E402
-from topoclip.config import load_config  # noqa: E402
-from topoclip.data.scenes import classification_sets, retrieval_set  # noqa: E402
-from topoclip.training.trainer import train  # noqa: E402
+pytestmark = pytest.mark.torchvision
+
+
+@pytest.fixture(scope="module")
+def builder():
+    """CLIP_benchmark's own dataset writer (its cli also needs requests, which it does not declare)."""
+    pytest.importorskip("clip_benchmark.cli")
+    from clip_benchmark import webdataset_builder
+
+    return webdataset_builder
 
 
 class Listed(list):
     """A list of (image, target) with CLIP_benchmark's optional .classes / .templates attributes."""
 
 
-def export(dataset, folder, templates=None):
+def export(builder, dataset, folder, templates=None):
     """Our scenes set written by CLIP_benchmark's own converter (templates in its {c} form)."""
     items = Listed((Image.fromarray(image), int(label)) for image, label in zip(dataset.images, dataset.labels))
     items.classes = list(dataset.classnames)
     items.templates = [template.replace("{}", "{c}") for template in (templates or dataset.templates)]
-    convert_dataset(items, "test", str(folder), transform=PIL_to_bytes("png"), verbose=False)
+    builder.convert_dataset(items, "test", str(folder), transform=builder.PIL_to_bytes("png"), verbose=False)
     return folder
 
 
@@ -43,16 +51,17 @@ def run(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
+def sets(builder, tmp_path_factory):
     root = tmp_path_factory.mktemp("wds")
     scenes = load_config("tiny").data.scenes
     shape = next(s for s in classification_sets(scenes, "test", 48, include_out_of_domain=False) if s.name == "shape")
-    export(shape, root / "wds_shape1", templates=shape.templates[:1])  # one template
-    export(shape, root / "wds_shape", templates=shape.templates)  # several: averaged
+    export(builder, shape, root / "wds_shape1", templates=shape.templates[:1])  # one template
+    export(builder, shape, root / "wds_shape", templates=shape.templates)  # several: averaged
     pairs = retrieval_set(scenes, "test", 24, captions_per_image=2)
     items = [(Image.fromarray(pairs.images[i]), [c for c, owner in zip(pairs.captions, pairs.caption_image) if owner == i])
              for i in range(len(pairs.images))]
-    convert_retrieval_dataset(items, "test", str(root / "wds_pairs"), transform=PIL_to_bytes("png"), verbose=False)
+    builder.convert_retrieval_dataset(items, "test", str(root / "wds_pairs"), transform=builder.PIL_to_bytes("png"),
+                                      verbose=False)
     (root / "wds_pairs" / "dataset_type.txt").write_text("retrieval\n")  # as CLIP_benchmark's own retrieval sets
     return root
 
@@ -122,3 +131,15 @@ def test_openclip_s_eval_pixels_equal_the_shortest_resize():
     for image in images:
         # One uint8 step is 1/255 before normalisation; after it, 1/(255·std).
         assert ((ours(image) - preprocess(image)) * std).abs().max() <= 1 / 255
+
+
+def test_clip_benchmark_s_numpy_2_4_failure_is_one_line_naming_the_fix(builder, run, monkeypatch, capsys):
+    from clip_benchmark import cli
+
+    def as_under_numpy_2_4():  # what clip_benchmark 1.6.2's accuracy() raises there: float() of a 1-element array
+        raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+
+    monkeypatch.setattr(cli, "main", as_under_numpy_2_4)
+    assert main(["benchmark", str(run), "--", "--dataset", "wds/x", "--dataset_root", "x"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "numpy<2.4" in error and "CLIP_benchmark#147" in error

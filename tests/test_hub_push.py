@@ -47,8 +47,10 @@ def test_push_sends_the_exported_model_and_a_card(run, monkeypatch, capsys):
     files = upload[3]
     sphere = json.loads(files["topoclip_config.json"])["model"]["topology"] == "sphere"
     expected = {"model.safetensors", "topoclip_config.json", "tokenizer.json", "README.md"}
-    if sphere:  # OpenCLIP can express it: its files go too
-        expected |= {"open_clip_config.json", "open_clip_model.safetensors"}
+    if sphere:  # OpenCLIP can express it: its files go too, with what routes get_tokenizer to tokenizer.json
+        expected |= {"open_clip_config.json", "open_clip_model.safetensors", "tokenizer_config.json"}
+        text = json.loads(files["open_clip_config.json"])["model_cfg"]["text_cfg"]
+        assert text["hf_tokenizer_name"] == "someone/tiny" and text["pool_type"] == "eos"
     assert set(files) == expected and "config.json" not in files  # no clash with transformers' config.json
     card = files["README.md"].decode()
     assert card.startswith("---\nlicense: mit\nlibrary_name: topoclip\n")

@@ -1,5 +1,6 @@
-"""A topoclip model out to OpenCLIP's files: loaded by the real open_clip where it imports (the side venv),
+"""A topoclip model out to OpenCLIP's files: loaded by the real open_clip in the field lane (`bash .ci/field`),
 read back by topoclip's own importer everywhere, refused in one line where OpenCLIP cannot express it."""
+import gzip
 import json
 
 import pytest
@@ -15,24 +16,40 @@ from _tolerance import TINY, fp32_pair, model_roundings
 OPENAI_LAYOUT = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
                  "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false",
                  "model.vision.activation=quick_gelu", "model.text.activation=quick_gelu"]
+# Ordinary texts, one longer than the 32-token context (truncated: its end token kept).
+TEXTS = ["a red circle left of a blue square", "The GREEN triangle!!", "a photo of the cat", "two small stars",
+         " ".join(["a big red circle and a small blue square"] * 6)]
+# OpenAI's BPE from a small merges file (topoclip.convert.openai): the end-of-text token is the largest id.
+MERGES = ["t h", "th e</w>", "a t</w>", "c a", "r e", "re d</w>", "c at</w>", "b l", "bl u", "blu e</w>", "s t",
+          "st a", "sta r", "star s</w>"]
 
 
-@pytest.fixture()
-def exported(tmp_path):
-    config = load_config("tiny", OPENAI_LAYOUT)
+def tokenizer_and_config(kind, tmp_path):
+    """A WordPiece vocabulary trained here (pooled at its [SEP], model.text.end_token_id), or OpenAI's BPE."""
+    if kind == "wordpiece":
+        from topoclip.tokenizer import Tokenizer
+
+        config = load_config("tiny", OPENAI_LAYOUT)
+        tokenizer = Tokenizer.train(TEXTS * 3, vocab_size=config.model.text.vocab_size,
+                                    context_length=config.model.text.context_length)
+        return tokenizer, load_config("tiny", OPENAI_LAYOUT + [f"model.text.end_token_id={tokenizer.sep_id}",
+                                                               f"model.text.cls_token_id={tokenizer.cls_id}"])
+    from topoclip.convert.openai import bpe_tokenizer
+
+    merges = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
+    merges.write_bytes(gzip.compress(("#version: 0.2\n" + "\n".join(MERGES) + "\n").encode()))
+    vocab = 2 * 256 + len(MERGES) + 2
+    return bpe_tokenizer(merges, vocab, 32), load_config("tiny", OPENAI_LAYOUT + [f"model.text.vocab_size={vocab}",
+                                                                                  f"model.text.cls_token_id={vocab - 2}"])
+
+
+@pytest.fixture(params=["wordpiece", "openai-bpe"])
+def exported(request, tmp_path):
+    tokenizer, config = tokenizer_and_config(request.param, tmp_path)
     torch.manual_seed(0)
-    checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config)
+    checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer)
     assert main(["export", str(checkpoint), "--openclip", str(tmp_path / "openclip")]) == 0
     return checkpoint, tmp_path / "openclip"
-
-
-def inputs(config, batch=3):
-    generator = torch.Generator().manual_seed(1)
-    size, length, vocab = config.vision.image_size, config.text.context_length, config.text.vocab_size
-    images = torch.randn(batch, 3, size, size, generator=generator)
-    ids = torch.randint(1, vocab - 2, (batch, length), generator=generator)
-    ids[:, 0], ids[:, 9:], ids[:, 8] = vocab - 2, 0, vocab - 1  # start, text, end-of-text (the largest id), padding
-    return images, ids
 
 
 def test_the_exported_files_read_back_into_the_same_model(exported, tmp_path):
@@ -47,19 +64,48 @@ def test_the_exported_files_read_back_into_the_same_model(exported, tmp_path):
         assert torch.equal(tensor, again.state_dict()[name]), name
 
 
-def test_open_clip_loads_the_export_with_topoclip_s_embeddings(exported):
+def test_transformers_reads_the_exported_tokenizer_with_topoclip_s_ids(exported):
+    transformers = pytest.importorskip("transformers")
+    checkpoint, folder = exported
+    _, tokenizer, _ = load_checkpoint(checkpoint)
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = theirs(TEXTS, padding="max_length", max_length=tokenizer.context_length, truncation=True,
+                 return_tensors="pt").input_ids
+    ours = tokenizer(TEXTS)
+    assert torch.equal(ids[ours.attention_mask], ours.input_ids[ours.attention_mask])  # every id up to the end token
+    assert set(ids[~ours.attention_mask].tolist()) <= {theirs.pad_token_id}
+    assert int(ids[-1, -1]) == tokenizer.sep_id  # the long text is cut before its end token, not through it
+
+
+@pytest.mark.torchvision
+def test_open_clip_tokenizes_and_embeds_strings_as_topoclip_does(exported):
     open_clip = pytest.importorskip("open_clip")
     checkpoint, folder = exported
-    model, _, config = load_checkpoint(checkpoint)
+    model, tokenizer, config = load_checkpoint(checkpoint)
     theirs, _, _ = open_clip.create_model_and_transforms(f"local-dir:{folder}")
     theirs.eval()
-    images, ids = inputs(config.model)
+    ids = open_clip.get_tokenizer(f"local-dir:{folder}")(TEXTS)
+    ours = tokenizer(TEXTS)
+    assert torch.equal(ids[ours.attention_mask], ours.input_ids[ours.attention_mask])  # padding: see transformers_config
+    images = torch.randn(3, 3, config.model.vision.image_size, config.model.vision.image_size,
+                         generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         # Two fp32 runs of the same towers in other kernels: within the towers' rounding bound (unit vectors).
         bound = fp32_pair(model_roundings(TINY, 3))
         torch.testing.assert_close(theirs.encode_image(images, normalize=True), model.encode_image(images)[:, 0], **bound)
-        torch.testing.assert_close(theirs.encode_text(ids, normalize=True), model.encode_text(ids, ids != 0)[:, 0], **bound)
+        torch.testing.assert_close(theirs.encode_text(ids, normalize=True), model.encode_text(ours)[:, 0], **bound)
         assert float(theirs.logit_scale.exp()) == pytest.approx(float(model.temperature.scale), rel=1e-6)
+
+
+def test_a_model_pooled_at_a_word_or_without_its_tokenizer_is_refused_in_one_line(tmp_path, capsys):
+    tokenizer, config = tokenizer_and_config("wordpiece", tmp_path)
+    wrong = load_config("tiny", OPENAI_LAYOUT)  # pooled at the largest id: a word of this vocabulary, not [SEP]
+    for folder, tokenizer_given, reason in [(tmp_path / "word", tokenizer, "not its tokenizer's end token"),
+                                            (tmp_path / "none", None, "no tokenizer.json")]:
+        checkpoint = save_checkpoint(folder, CLIP(wrong.model), wrong, tokenizer_given)
+        assert main(["export", str(checkpoint), "--openclip", str(tmp_path / "out")]) == 2
+        error = capsys.readouterr().err
+        assert reason in error and error.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("overrides, reason", [

@@ -73,8 +73,9 @@ def model_card(config, repo_id: str, evaluation: Optional[list], license: str, o
               'probabilities = clip.classify([pathlib.Path("cat.jpg")], ["cat", "dog"])', "```", ""]
     if openclip:
         lines += ["With OpenCLIP:", "", "```python", "import open_clip", "",
-                  f'model, _, preprocess = open_clip.create_model_and_transforms("hf-hub:{repo_id}")', "```", "",
-                  "(OpenCLIP's tokenizer is its own BPE tokenizer; this model's is `tokenizer.json`.)", ""]
+                  f'model, _, preprocess = open_clip.create_model_and_transforms("hf-hub:{repo_id}")',
+                  f'tokenizer = open_clip.get_tokenizer("hf-hub:{repo_id}")  # this model\'s own, tokenizer.json',
+                  "```", ""]
     lines += ["## Config", "", "<details><summary>topoclip_config.json</summary>", "", "```json",
               json.dumps(to_dict(config)["model"], indent=2), "```", "", "</details>", "",
               "## License", "", f"{license}", ""]
@@ -84,7 +85,7 @@ def model_card(config, repo_id: str, evaluation: Optional[list], license: str, o
 def upload_folder(source, destination: Path, repo_id: str, license: str = "mit") -> Path:
     """Write what `push` uploads into `destination` (new or empty): the exported model, the card, OpenCLIP's files."""
     from topoclip.checkpoint import resolve_checkpoint, save_checkpoint
-    from topoclip.convert.openclip_export import export_openclip, openclip_refusal
+    from topoclip.convert.openclip_export import export_openclip, openclip_refusal, tokenizer_refusal
     from topoclip.evaluation.run import read_evaluation
     from topoclip.inference import load_folder
     from topoclip.training.run_folder import RunFolder
@@ -96,10 +97,11 @@ def upload_folder(source, destination: Path, repo_id: str, license: str = "mit")
     loaded = load_folder(Path(source), torch.device("cpu"))
     destination = Path(destination)
     save_checkpoint(destination, loaded.model, loaded.config, loaded.tokenizer)
-    openclip = not openclip_refusal(loaded.config)
+    openclip = not (openclip_refusal(loaded.config) or tokenizer_refusal(loaded.config, loaded.tokenizer))
     if openclip:
         with tempfile.TemporaryDirectory() as temporary:
-            exported = export_openclip(loaded.model, loaded.config, Path(temporary) / "openclip")
+            exported = export_openclip(loaded.model, loaded.config, Path(temporary) / "openclip", loaded.tokenizer,
+                                       tokenizer_name=repo_id)
             for file in exported.iterdir():
                 file.replace(destination / file.name)
     evaluation = None

@@ -7,12 +7,14 @@ Two layouts, chosen by ``model.text.pooling``:
   last block computes only those rows.
 - ``"end_of_text"`` (OpenAI CLIP): the end-of-text token repeated m times where it stands,
   ``<sot> w1 … <eot>×m [PAD]…``; the outputs are those m positions. The end-of-text token is the
-  largest id of the sequence (OpenAI's tokenizer numbers it last; their code pools at
-  ``argmax(ids)``). In a causal tower the first copy sees exactly what OpenAI's pooled token
-  sees, whatever m is, so a single-token OpenAI model upcycled to m tokens keeps its first output.
+  first token of id ``model.text.end_token_id`` (OpenCLIP's ``pool_type="eos"``; [SEP] in a WordPiece
+  vocabulary) or, when that is None, the largest id of the sequence (OpenAI's tokenizer numbers it
+  last; their code pools at ``argmax(ids)``). In a causal tower the first copy sees exactly what
+  OpenAI's pooled token sees, whatever m is, so a single-token OpenAI model upcycled to m tokens
+  keeps its first output.
 
 Both lengthen a (B, L) sequence to L + m − 1: the positional table has context + m − 1 rows.
-Neither branches on values, so both trace (ONNX export).
+Neither branches on values, so both trace (ONNX export). Each is built from (m, the TextConfig).
 """
 from __future__ import annotations
 
@@ -23,10 +25,10 @@ from torch import nn
 class ClassTokenPooling(nn.Module):
     """[CLS]×m at the start; reads positions 0 … m − 1."""
 
-    def __init__(self, class_tokens: int, cls_token_id: int):
+    def __init__(self, class_tokens: int, config):
         super().__init__()
         self.class_tokens = class_tokens
-        self.cls_token_id = cls_token_id
+        self.cls_token_id = config.cls_token_id
         self.output_tokens = class_tokens  # the last block may compute only these first rows
 
     def insert(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,12 +45,19 @@ class ClassTokenPooling(nn.Module):
 
 
 class EndOfTextPooling(nn.Module):
-    """The end-of-text token (the largest id) ×m where it stands; reads those m positions."""
+    """The end-of-text token (config.end_token_id, else the largest id) ×m where it stands; reads those m positions."""
 
-    def __init__(self, class_tokens: int, cls_token_id: int = 0):
+    def __init__(self, class_tokens: int, config):
         super().__init__()
         self.class_tokens = class_tokens
+        self.end_token_id = config.end_token_id
         self.output_tokens = 0  # the rows read differ per text: every row is computed
+
+    def end(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, L) -> (B, 1) position of the end-of-text token: the first of equal maxima (argmax's rule)."""
+        if self.end_token_id is None:
+            return input_ids.argmax(dim=1, keepdim=True)
+        return (input_ids == self.end_token_id).int().argmax(dim=1, keepdim=True)
 
     def insert(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, mask (B, L) -> (B, L + m − 1) with m − 1 more end-of-text tokens right after the first.
@@ -59,7 +68,7 @@ class EndOfTextPooling(nn.Module):
         if not extra:
             return input_ids, attention_mask
         batch = input_ids.shape[0]
-        end = input_ids.argmax(dim=1, keepdim=True)  # (B, 1) position of the end-of-text token
+        end = self.end(input_ids)  # (B, 1)
         after = end + torch.arange(1, extra + 1, device=input_ids.device)  # (B, m − 1)
         ids = torch.cat([input_ids, input_ids.new_zeros(batch, extra)], dim=1)
         mask = torch.cat([attention_mask, attention_mask.new_zeros(batch, extra)], dim=1)
@@ -69,10 +78,17 @@ class EndOfTextPooling(nn.Module):
 
     def select(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, L, w), ids (B, L) after `insert` -> (B, m, w): the m end-of-text positions."""
-        # argmax returns the first of equal maxima: the original end-of-text token.
-        start = input_ids.argmax(dim=1, keepdim=True)  # (B, 1)
+        start = self.end(input_ids)  # (B, 1): the original end-of-text token, the first of its copies
         rows = start + torch.arange(self.class_tokens, device=x.device)  # (B, m)
         return x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
 
 
 POOLINGS = {"class_tokens": ClassTokenPooling, "end_of_text": EndOfTextPooling}
+
+
+def end_of_text_id(config, id_bound: int):
+    """The id end_of_text pooling reads in texts of ids < `id_bound` (None for class_tokens pooling): what must be
+    the tokenizer's end token."""
+    if config.pooling != "end_of_text":
+        return None
+    return config.end_token_id if config.end_token_id is not None else id_bound - 1

@@ -53,7 +53,7 @@ class TextTransformer(nn.Module):
         self.causal = config.attention == "causal"
         self.transformer = Transformer(width, config.layers, config.heads, config.mlp_ratio,
                                        config.activation, config.norm_first, self.causal)
-        self.pooling = POOLINGS[config.pooling](class_tokens, config.cls_token_id)
+        self.pooling = POOLINGS[config.pooling](class_tokens, config)
         self.ln_final = nn.LayerNorm(width)
         self.text_projection = projection(width, embed_dim)
         nn.init.normal_(self.token_embedding.weight, std=0.02)

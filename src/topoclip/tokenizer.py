@@ -244,6 +244,20 @@ class Tokenizer:
         self._backend.save(str(path), pretty=True)
         return path
 
+    def transformers_config(self) -> dict:
+        """tokenizer_config.json for transformers' AutoTokenizer beside `save`'s tokenizer.json: the same ids up to
+        the end token (the tokenizer.json's post-processor frames a text; transformers keeps the end token when it
+        truncates). OpenAI's BPE pads with id 0, the ordinary token "!", which transformers would then split out
+        of every text as a special token: there it pads with the end token, as transformers' CLIPTokenizer does
+        (the tower reads nothing after the end token, so the embeddings are the same)."""
+        name = self._backend.id_to_token
+        pad = name(self.pad_id) if self.unk_id is not None else name(self.sep_id)
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": self.context_length,
+                "bos_token": name(self.cls_id), "cls_token": name(self.cls_id), "eos_token": name(self.sep_id),
+                "sep_token": name(self.sep_id), "pad_token": pad,
+                "unk_token": name(self.unk_id) if self.unk_id is not None else None,
+                "clean_up_tokenization_spaces": False}
+
     # ----- encoding -----
 
     @property

@@ -52,9 +52,10 @@ def command_export(args) -> int:
     if args.openclip:
         from topoclip.convert.openclip_export import export_openclip
 
-        export_openclip(model, config, args.openclip)
-        print(f"wrote {args.openclip} (open_clip_config.json, open_clip_model.safetensors): "
-              f"open_clip.create_model_and_transforms('local-dir:{args.openclip}')")
+        export_openclip(model, config, args.openclip, tokenizer)
+        print(f"wrote {args.openclip} (open_clip_config.json, open_clip_model.safetensors, tokenizer.json, "
+              f"tokenizer_config.json): open_clip.create_model_and_transforms('local-dir:{args.openclip}') and "
+              f"open_clip.get_tokenizer('local-dir:{args.openclip}')")
     if args.weights:
         save_checkpoint(check_destination(args.weights), model, config, tokenizer)
         print(f"wrote {args.weights} (model.safetensors, topoclip_config.json{', tokenizer.json' if tokenizer else ''})")

@@ -80,6 +80,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "model.text.heads": AT_LEAST_ONE,
     "model.text.mlp_ratio": POSITIVE,
     "model.text.cls_token_id": NON_NEGATIVE,
+    "model.text.end_token_id": NON_NEGATIVE,
     "model.temperature.init": FINITE,
     "model.temperature.max_scale": POSITIVE,
     "model.temperature.bias_init": FINITE,
@@ -209,6 +210,12 @@ def validate_model(config: ModelConfig) -> None:
     if not config.text.cls_token_id < config.text.vocab_size:
         raise ConfigError(f"model.text.cls_token_id={config.text.cls_token_id} is outside the vocabulary "
                           f"(vocab_size={config.text.vocab_size})")
+    end = config.text.end_token_id
+    if end is not None and (config.text.pooling != "end_of_text" or not end < config.text.vocab_size):
+        raise ConfigError(f"model.text.end_token_id={end} is the token model.text.pooling=end_of_text reads; "
+                          + (f"this model pools {config.text.pooling}: set model.text.end_token_id=null"
+                             if config.text.pooling != "end_of_text" else
+                             f"it is outside the vocabulary (vocab_size={config.text.vocab_size})"))
     if config.text.attention == "causal" and config.text.pooling == "class_tokens":
         raise ConfigError("model.text.attention=causal with pooling=class_tokens: class tokens at the start would "
                           "see only themselves; set model.text.pooling=end_of_text (OpenAI CLIP's layout)")

@@ -61,6 +61,9 @@ class TextConfig:
     # pooled at its end-of-text token; see topoclip.pooling for the two layouts of the m tokens.
     attention: Literal["bidirectional", "causal"] = "bidirectional"
     pooling: Literal["class_tokens", "end_of_text"] = "class_tokens"
+    # pooling=end_of_text reads the first token of this id (the tokenizer's end token: [SEP] in a WordPiece
+    # vocabulary); None reads the largest id of the text, OpenAI's end-of-text (its vocabulary numbers it last).
+    end_token_id: Optional[int] = None
 
 
 @dataclass

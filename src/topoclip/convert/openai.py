@@ -141,12 +141,14 @@ def openclip_settings(folder: Path) -> dict:
     model = data.get("model_cfg", {})
     text = model.get("text_cfg", {})
     unsupported = {key: text[key] for key in ("hf_model_name", "no_causal_mask", "proj_bias") if text.get(key)}
-    if text.get("pool_type", "argmax") != "argmax":
+    if text.get("pool_type", "argmax") not in ("argmax", "eos"):
         unsupported["pool_type"] = text["pool_type"]
     if unsupported:
         raise CheckpointError(f"{path}: this OpenCLIP text tower ({unsupported}) is not the CLIP layout topoclip imports "
                               f"(causal, pooled at the end-of-text token)")
     settings = {"activation": "quick_gelu" if model.get("quick_gelu") else "gelu"}
+    if text.get("pool_type") == "eos":  # pooled at the first token of this id (OpenCLIP's default eos_id is 2)
+        settings["end_token_id"] = int(text.get("eos_id", 2))
     preprocess = data.get("preprocess_cfg", {})
     if "mean" in preprocess and "std" in preprocess:
         settings["pixels"] = {"mean": list(preprocess["mean"]), "std": list(preprocess["std"])}
@@ -190,7 +192,8 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
     if "visual.class_embedding" in state and state["visual.class_embedding"].dim() == 1:
         state["visual.class_embedding"] = state["visual.class_embedding"][None]  # (width,) -> (1, width)
     vocab_size = state["text.token_embedding.weight"].shape[0] if "text.token_embedding.weight" in state else 0
-    layout = {**TEXT_LAYOUT, "cls_token_id": max(vocab_size - 2, 0)}  # <|startoftext|>; unused by this pooling
+    layout = {**TEXT_LAYOUT, "cls_token_id": max(vocab_size - 2, 0),  # <|startoftext|>; unused by this pooling
+              "end_token_id": settings.get("end_token_id")}
     values = model_values(state, activation, layout)
     values["vision"]["eval_resize"] = "shortest"  # OpenAI's and OpenCLIP's evaluation geometry
     if "pixels" in settings:
@@ -202,6 +205,9 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
             raise ConfigError(f"model.{tower}.activation={chosen} but this {format} checkpoint was trained with "
                               f"{activation}; every output would change. Drop the setting (or use {activation})")
     tokenizer = None
+    beside = None if isinstance(source, dict) else weights_file(source).parent / "tokenizer.json"
+    if vocab is None and beside is not None and beside.is_file():  # a topoclip export carries its own
+        vocab = beside
     if vocab is not None and Path(vocab).suffix == ".json":  # a tokenizer.json saved by topoclip
         tokenizer = Tokenizer.from_vocab(vocab, context_length=config.model.text.context_length)
     elif vocab is not None:

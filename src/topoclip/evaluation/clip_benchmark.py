@@ -138,6 +138,16 @@ def run_clip_benchmark(run, arguments: Sequence[str], model_name: str) -> int:
     saved, sys.argv = sys.argv, argv + list(arguments)
     try:
         cli.main()
+    except TypeError as error:
+        if "0-dimensional arrays" not in str(error):
+            raise
+        # clip_benchmark 1.6.2's accuracy() calls float() on a 1-element array, which NumPy 2.4 refuses
+        # (LAION-AI/CLIP_benchmark#147, open): its classification needs NumPy < 2.4.
+        import numpy
+
+        raise UserError(f"CLIP_benchmark's zero-shot classification fails under NumPy {numpy.__version__} (its "
+                        f"accuracy() takes float() of an array; LAION-AI/CLIP_benchmark#147): pip install "
+                        f"'numpy<2.4' in this environment") from None
     finally:
         sys.argv = saved
     return 0

@@ -9,6 +9,7 @@ from typing import Optional
 from topoclip.config import Config, ConfigError
 from topoclip.data.sources import get_source
 from topoclip.errors import UserError
+from topoclip.pooling import end_of_text_id
 from topoclip.tokenizer import Tokenizer
 
 # Captions read to train a vocabulary when the config names none.
@@ -44,23 +45,30 @@ def training_captions(config: Config) -> list[str]:
 def check_tokenizer(tokenizer: Tokenizer, config: Config) -> None:
     """The tokenizer must fit the text tower; refused before training starts."""
     text = config.model.text
-    if tokenizer.vocab_size > text.vocab_size:
-        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.text.vocab_size={text.vocab_size}; "
-                          f"set model.text.vocab_size={tokenizer.vocab_size}")
+    if tokenizer.id_bound > text.vocab_size:
+        raise ConfigError(f"the tokenizer gives ids up to {tokenizer.id_bound - 1} but model.text.vocab_size="
+                          f"{text.vocab_size}; set model.text.vocab_size={tokenizer.id_bound}")
     if tokenizer.cls_id != text.cls_token_id:
         raise ConfigError(f"the tokenizer's [CLS] id is {tokenizer.cls_id} but model.text.cls_token_id={text.cls_token_id}; "
                           f"set model.text.cls_token_id={tokenizer.cls_id}")
+    pooled = end_of_text_id(text, tokenizer.id_bound)
+    if pooled is not None and pooled != tokenizer.sep_id:
+        raise ConfigError(f"model.text.pooling=end_of_text reads the token of id {pooled}, but this tokenizer ends a text "
+                          f"with id {tokenizer.sep_id}; set model.text.end_token_id={tokenizer.sep_id}")
 
 
 def fit_to_trained_tokenizer(config: Config, tokenizer: Tokenizer) -> Config:
-    """A vocabulary topoclip trains (data.tokenizer "") sets model.text.cls_token_id to its own [CLS] id.
+    """A vocabulary topoclip trains (data.tokenizer "") sets model.text.cls_token_id to its own [CLS] id (and, for
+    end_of_text pooling, model.text.end_token_id to its [SEP] id).
 
     So a paper preset (cls_token_id 101, BERT's) runs on one's own captions as it is; the resolved
     config (config.json) records the id used. model.text.vocab_size stays: the trained vocabulary has
     at most that many tokens, the text tower keeps that many rows (unused ones cost only memory) and
     the model's shape stays the preset's. A given vocabulary (data.tokenizer set) is checked instead.
     """
-    if config.data.tokenizer or tokenizer.cls_id == config.model.text.cls_token_id:
+    text = config.model.text
+    end = tokenizer.sep_id if text.pooling == "end_of_text" else text.end_token_id  # pooled where the text ends
+    if config.data.tokenizer or (tokenizer.cls_id, end) == (text.cls_token_id, text.end_token_id):
         return config
-    text = dataclasses.replace(config.model.text, cls_token_id=tokenizer.cls_id)
+    text = dataclasses.replace(text, cls_token_id=tokenizer.cls_id, end_token_id=end)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, text=text))

@@ -146,7 +146,8 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     # (training one is deterministic) and none reads a file rank 0 writes.
     saved_tokenizer = run_dir / TOKENIZER if resuming and (run_dir / TOKENIZER).is_file() else None
     tokenizer = build_tokenizer(config, saved_tokenizer)
-    config = fit_to_trained_tokenizer(config, tokenizer)
+    if not resuming:  # a resumed run keeps the ids its config.json recorded
+        config = fit_to_trained_tokenizer(config, tokenizer)
     check_tokenizer(tokenizer, config)
     folder = RunFolder(run_dir)
     if main and not resuming:
