@@ -5,7 +5,8 @@ usage: _distributed_worker.py INPUTS.pt OUT_DIR
 Each rank joins the gloo group through topoclip.distributed.init_distributed (torchrun's env),
 checks the collectives, then for every case in INPUTS wraps the same CLIP in DDP, takes its half of
 the global batch, runs forward_backward (twice) and writes the mean loss and its gradients (after
-DDP's all-reduce) to OUT_DIR/rank{r}.pt for the test to compare with a one-process run.
+DDP's all-reduce) to OUT_DIR/rank{r}.pt for the test to compare with a one-process run; and evaluates
+zero-shot classification and retrieval, each rank embedding its share of an odd number of images.
 """
 import sys
 from pathlib import Path
@@ -71,9 +72,40 @@ def main(inputs_path: str, out_dir: str) -> None:
             "loss": mean_loss.item() / info.world_size,
             "grads": {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad},
         }
+    result["evaluation"] = evaluation(inputs["evaluation"])
     torch.save(result, Path(out_dir) / f"rank{info.rank}.pt")
     barrier()
     cleanup()
+
+
+def evaluation(case: dict) -> dict:
+    """Zero-shot classification and retrieval, each rank embedding its share of the images in a decoding worker."""
+    from topoclip.evaluation.retrieval import evaluate_retrieval
+    from topoclip.evaluation.zeroshot import evaluate_classification_modes
+
+    classification, retrieval, model, tokenizer, transform = evaluation_inputs(case)
+    return {"classification": evaluate_classification_modes(model, tokenizer, classification, transform,
+                                                             ["distance", "embedding"], batch_size=1, workers=1),
+            "retrieval": evaluate_retrieval(model, tokenizer, retrieval, transform, batch_size=1, workers=1)}
+
+
+def evaluation_inputs(case: dict):
+    """(classification set, retrieval set, model, tokenizer, transform) of tests/test_distributed.py's case."""
+    from PIL import Image
+
+    from topoclip.data.types import ClassificationSet, RetrievalSet
+    from topoclip.tokenizer import Tokenizer
+    from topoclip.transforms import eval_transform
+
+    config = load_config("tiny")
+    model = CLIP(config.model).eval()
+    model.load_state_dict(case["state"])
+    images = [Image.fromarray(array.numpy()) for array in case["images"]]  # a list: decoded in workers
+    tokenizer = Tokenizer.train(case["captions"], vocab_size=128, context_length=config.model.text.context_length)
+    classification = ClassificationSet("odd", images, case["labels"], ["red", "green", "blue"], ["a {}.", "the {}!"])
+    retrieval = RetrievalSet("pairs", images, case["captions"], torch.arange(len(images)))
+    vision = config.model.vision
+    return classification, retrieval, model, tokenizer, eval_transform(vision.image_size, vision.mean, vision.std)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_the_shipped_lists_are_the_field_s():
     assert [imagenet.classnames[imagenet.synsets.index(s)] for s in SYNSETS] == list(SYNSETS.values())
     assert imagenet.classnames[-1] == "toilet paper" and imagenet.templates[0] == "a bad photo of a {}."
     assert get_benchmark("cifar10").classnames[:2] == ("airplane", "automobile")
-    assert get_benchmark("cifar100").classnames[1] == "aquarium fish" and len(get_benchmark("cifar100").classnames) == 100
+    assert get_benchmark("cifar100").classnames[1] == "aquarium_fish" and len(get_benchmark("cifar100").classnames) == 100
     assert all(template.count("{}") == 1 for name in ("imagenet1k", "cifar10", "cifar100")
                for template in get_benchmark(name).templates)
 
@@ -115,6 +115,48 @@ def test_cifar_binary_records_and_class_folders(tmp_path):
         image(1).save(folders / name / "a.png")
     dataset = load_classification_entry(f"cifar100={folders}")
     assert dataset.labels.tolist() == [1, 47]
+
+
+def write_cifar_python(folder, labels, pixels, label_key=b"fine_labels", file_name="test"):
+    """CIFAR's Python version: a pickled dict (protocol 2); bytes keys are how the authors' Python 2 keys read."""
+    import pickle
+
+    folder.mkdir(parents=True, exist_ok=True)
+    batch = {b"batch_label": b"testing batch 1 of 1", label_key: list(labels), b"coarse_labels": [0] * len(labels),
+             b"data": pixels.reshape(len(labels), -1), b"filenames": [b"x.png"] * len(labels)}
+    (folder / file_name).write_bytes(pickle.dumps(batch, protocol=2))
+
+
+@pytest.mark.parametrize("benchmark, folder, file_name, label_key", [
+    ("cifar100", "cifar-100-python", "test", b"fine_labels"), ("cifar10", "cifar-10-batches-py", "test_batch", "labels")])
+def test_cifar_python_version_as_torchvision_downloads_it(tmp_path, benchmark, folder, file_name, label_key):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (3, 3, 32, 32), dtype=np.uint8)  # channel-major, as the authors stored them
+    write_cifar_python(tmp_path / folder, [0, 1, 9], pixels, label_key, file_name)
+    for root in (tmp_path, tmp_path / folder):  # torchvision's root, or the version's own folder
+        dataset = load_classification_entry(f"{benchmark}={root}")
+        assert dataset.labels.tolist() == [0, 1, 9] and len(dataset.templates) == 18
+        assert np.array_equal(np.asarray(dataset.images[2]), pixels[2].transpose(1, 2, 0))
+
+
+def test_a_cifar_pickle_that_names_anything_but_arrays_is_refused_unrun(tmp_path):
+    import pickle
+
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return (__import__("os").system, (f"touch {marker}",))
+
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    (folder / "test").write_bytes(pickle.dumps({b"data": Payload(), b"fine_labels": [0]}, protocol=2))
+    with pytest.raises(ValueError, match="posix.system|os.system"):
+        load_classification_entry(f"cifar100={tmp_path}")
+    assert not marker.exists()
+    (folder / "test").write_bytes(pickle.dumps({b"data": np.zeros((2, 5), np.uint8), b"fine_labels": [0, 1]}))
+    with pytest.raises(ValueError, match="does not hold CIFAR's uint8 pixels"):
+        load_classification_entry(f"cifar100={tmp_path}")
 
 
 # --------------------------------------------------------------------------- CLIP_benchmark's WebDataset layout

@@ -143,3 +143,52 @@ def test_clip_benchmark_s_numpy_2_4_failure_is_one_line_naming_the_fix(builder, 
     assert main(["benchmark", str(run), "--", "--dataset", "wds/x", "--dataset_root", "x"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "numpy<2.4" in error and "CLIP_benchmark#147" in error
+
+
+def test_the_shipped_prompts_are_clip_benchmark_s(builder):
+    from pathlib import Path
+
+    from topoclip.evaluation.benchmarks import get_benchmark
+
+    shipped = Path(builder.__file__).parent / "datasets"
+    names = json.loads((shipped / "en_classnames.json").read_text())
+    templates = json.loads((shipped / "en_zeroshot_classification_templates.json").read_text())
+    for name in ("imagenet1k", "cifar10", "cifar100"):
+        ours = get_benchmark(name)
+        assert [template.replace("{}", "{c}") for template in ours.templates] == templates[name]
+    assert list(get_benchmark("imagenet1k").classnames) == names["imagenet1k"]
+
+
+def test_cifar100_s_python_version_scores_as_clip_benchmark_scores_it(builder, run, tmp_path, monkeypatch):
+    """The folder torchvision downloads (cifar-100-python: test + meta pickles), read by topoclip and by
+    CLIP_benchmark's own cifar100 loader (torchvision's CIFAR100): the same result files, number for number."""
+    import pickle
+
+    import numpy as np
+    import torchvision
+
+    from topoclip.evaluation.benchmarks import get_benchmark
+
+    classnames = list(get_benchmark("cifar100").classnames)
+    rng = np.random.default_rng(0)
+    labels = [int(label) for label in rng.integers(0, 100, 40)]
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    pixels = rng.integers(0, 256, (40, 3 * 32 * 32), dtype=np.uint8)
+    (folder / "test").write_bytes(pickle.dumps({"data": pixels, "fine_labels": labels, "coarse_labels": [0] * 40},
+                                               protocol=2))  # str keys: what torchvision's latin-1 reading gives
+    # The meta file carries the dataset's own label names, which CLIP_benchmark prompts with as they are.
+    (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": classnames}, protocol=2))
+    monkeypatch.setattr(torchvision.datasets.CIFAR100, "_check_integrity", lambda self: True)  # not the real files
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *args: True)
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    assert main(["eval", str(run), "--set", f'evaluate.classification=["cifar100={tmp_path}"]', "--output", str(ours),
+                 "--template-mode", "flat", "--device", "cpu"]) == 0
+    theirs.mkdir()
+    monkeypatch.chdir(theirs)
+    assert main(["benchmark", str(run), "--", "--dataset", "cifar100", "--dataset_root", str(tmp_path), "--no_amp",
+                 "--num_workers", "0", "--quiet"]) == 0
+    [file] = sorted(path.name for path in theirs.iterdir())
+    mine, reference = json.loads((ours / file).read_text()), json.loads((theirs / file).read_text())
+    for key, value in reference["metrics"].items():  # ratios of the same counts (see the test above for the bound)
+        assert mine["metrics"][key] == pytest.approx(value, abs=2**-24), key

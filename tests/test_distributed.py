@@ -42,6 +42,15 @@ CASES = {  # key: (loss, accumulation steps per rank, config overrides)
 }
 
 
+# Seven images (shares of 4 and 3) with labels and one caption each, for the evaluation under two ranks.
+_pixels = torch.Generator().manual_seed(2)
+EVALUATION = {"images": torch.randint(0, 256, (7, 40, 48, 3), generator=_pixels, dtype=torch.uint8),
+              "labels": torch.tensor([0, 1, 2, 0, 1, 2, 0]),
+              "captions": ["a red circle", "a green square", "a blue star", "two red circles", "one green square",
+                           "a blue triangle", "a red star"],
+              "state": CLIP(load_config("tiny").model).state_dict()}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -70,6 +79,7 @@ def run(tmp_path_factory):
         "cases": {key: {"loss": loss, "accumulation_steps": steps, "overrides": overrides,
                         "state": models[key].state_dict()}
                   for key, (loss, steps, overrides) in CASES.items()},
+        "evaluation": EVALUATION,
     }, folder / "inputs.pt")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
@@ -127,6 +137,25 @@ def test_two_ranks_equal_one_process_on_the_global_batch(run, key):
         for name, grad in expected.items():
             assert grad.abs().max() > 0, f"{name}: zero gradient, the comparison would be vacuous"
             assert_fp32_close(case["grads"][name], grad, roundings, f"rank {rank}: {name}")
+
+
+def test_two_ranks_evaluate_as_one_process(run):
+    """Each rank embeds its share of the images (4 and 3, in a decoding worker) and gathers the features: every
+    rank gets the one-process records. Each image is embedded alone (batch 1) in both runs, the same fp32
+    operations on one thread, so the records are equal, not merely close."""
+    from _distributed_worker import evaluation_inputs
+
+    from topoclip.evaluation.retrieval import evaluate_retrieval
+    from topoclip.evaluation.zeroshot import evaluate_classification_modes
+
+    *_, results = run
+    torch.set_num_threads(1)
+    classification, retrieval, model, tokenizer, transform = evaluation_inputs(EVALUATION)
+    expected = {"classification": evaluate_classification_modes(model, tokenizer, classification, transform,
+                                                                 ["distance", "embedding"], batch_size=1),
+                "retrieval": evaluate_retrieval(model, tokenizer, retrieval, transform, batch_size=1)}
+    for result in results:
+        assert result["evaluation"] == expected
 
 
 # ------------------------------------------------------------------ single process, no launcher

@@ -324,7 +324,12 @@ def damaged_states():
     def streams(state):
         state["data"]["streams"] = [{"epoch": "x"}]
 
+    def nan_moments(state):
+        for moments in state["optimizer"]["state"].values():
+            moments["exp_avg_sq"].fill_(float("nan"))
+
     return {"missing key": lambda state: state.pop("scheduler"),
+            "nan moments": nan_moments,
             "wrong type": lambda state: state.update(step="12"),
             "other groups": optimizer_groups,
             "moment shape": moment_shape,
@@ -480,3 +485,188 @@ def test_embed_on_a_full_disk_says_so_and_leaves_no_scratch(run, tmp_path, image
     error = one_line_error(capsys)
     assert "no space left" in error and "run the same command to resume" in error
     assert not [path for path in out.rglob("*") if path.name.startswith(".")]
+
+
+# ------------------------------------------------------------------ round 3b: the independent hostile tester's cases
+
+
+@pytest.mark.parametrize("link", [".lock", "metrics.jsonl", "plots", "checkpoints/step-000009", "plots/loss.png"])
+def test_a_link_in_a_run_folder_is_refused_before_anything_is_written_through_it(run, tmp_path, capsys, link):
+    folder = resumable_copy(run, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("precious")
+    (folder / link).parent.mkdir(parents=True, exist_ok=True)
+    if (folder / link).is_dir():
+        shutil.rmtree(folder / link)
+    else:
+        (folder / link).unlink(missing_ok=True)
+    (folder / link).symlink_to(victim if link in (".lock", "metrics.jsonl", "plots/loss.png") else outside)
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 2
+    assert "symbolic link" in one_line_error(capsys)
+    assert victim.read_text() == "precious" and sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+
+
+def test_a_folders_config_never_turns_on_wandb(run, tmp_path, capsys):
+    folder = resumable_copy(run, tmp_path)
+    values = json.loads((folder / "config.json").read_text())
+    values["train"]["report_to"] = ["wandb"]
+    (folder / "config.json").write_text(json.dumps(values))
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 2
+    assert "W&B uploads to the network" in one_line_error(capsys)
+    assert not (folder / "wandb-id.txt").exists()
+    source = checkpoint_copy(run, tmp_path)
+    values = json.loads((source / "topoclip_config.json").read_text())
+    values["train"]["report_to"] = ["wandb"]
+    (source / "topoclip_config.json").write_text(json.dumps(values))
+    settings = [part for s in SMALL + ["train.steps=1"] for part in ("--set", s)]
+    assert main(["train", "--init-from", str(source), "--out", str(tmp_path / "new"), "--quiet", *settings]) == 0
+    assert "wandb" not in json.loads((tmp_path / "new" / "config.json").read_text())["train"]["report_to"]
+
+
+def test_wandb_that_cannot_start_is_one_line(tmp_path, capsys, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+
+    def refused(**options):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refused)
+    settings = [part for s in SMALL + ["train.steps=1", 'train.report_to=["wandb"]'] for part in ("--set", s)]
+    assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--quiet", *settings]) == 2
+    assert "W&B could not start (No API key configured" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("fifo", ["topoclip_config.json", "training_state.pt", "metrics.jsonl"])
+def test_a_fifo_in_a_checkpoint_or_run_folder_never_blocks(run, tmp_path, capsys, fifo):
+    import os
+
+    if fifo == "topoclip_config.json":
+        folder = checkpoint_copy(run, tmp_path)
+        (folder / fifo).unlink()
+        os.mkfifo(folder / fifo)
+        Image.new("RGB", (9, 9)).save(tmp_path / "x.png")
+        assert main(["predict", str(folder), "--labels", "a,b", "--image", str(tmp_path / "x.png")]) == 2
+        assert "not a regular file" in one_line_error(capsys)
+        return
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    (folder / "eval.json").unlink()
+    target = folder / "checkpoints" / "step-000002" / fifo if fifo == "training_state.pt" else folder / fifo
+    target.unlink()
+    os.mkfifo(target)
+    status = main(["train", "--resume", str(folder), "--quiet", "--set", "train.steps=3"])
+    captured = capsys.readouterr()
+    if fifo == "training_state.pt":  # the damaged newest checkpoint: resumed from the one before
+        assert status == 0 and "skipping damaged checkpoint step-000002" in captured.err
+    else:
+        assert status == 2 and "special files (metrics.jsonl)" in captured.err
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "<nope>"}, "the tokenizer failed on a caption"),
+])
+def test_a_tokenizer_that_fails_on_a_caption_is_one_line(run, tmp_path, capsys, model, message):
+    folder = checkpoint_copy(run, tmp_path)
+    edit_tokenizer(folder, lambda t: t.update(model={**model, "vocab": {**t["model"]["vocab"]}}))
+    Image.new("RGB", (9, 9)).save(tmp_path / "x.png")
+    assert main(["predict", str(folder), "--labels", "qqqq,zzzz", "--image", str(tmp_path / "x.png")]) == 2
+    assert message in one_line_error(capsys)
+
+
+def test_a_label_that_is_not_text_is_one_line(run, tmp_path, capsys):
+    Image.new("RGB", (9, 9)).save(tmp_path / "x.png")
+    assert main(["predict", str(run), "--labels", "\udcff\udcfe,dog", "--image", str(tmp_path / "x.png")]) == 2
+    assert "lone surrogate" in one_line_error(capsys)
+
+
+def test_a_normalizer_that_inserts_megabytes_is_refused_on_loading(run, tmp_path, capsys):
+    folder = checkpoint_copy(run, tmp_path)
+    edit_tokenizer(folder, lambda t: t.update(normalizer={"type": "Replace", "pattern": {"String": "a"},
+                                                          "content": "x" * 3_000_000}))
+    Image.new("RGB", (9, 9)).save(tmp_path / "x.png")
+    assert main(["predict", str(folder), "--labels", "a" * 2000, "--image", str(tmp_path / "x.png")]) == 2
+    assert "inserts a string of 3,000,000 characters" in one_line_error(capsys)
+
+
+def test_a_text_is_read_up_to_max_text_chars(run):
+    from topoclip.checkpoint import load_checkpoint
+    from topoclip.tokenizer import MAX_TEXT_CHARS
+
+    _, tokenizer, _ = load_checkpoint(run)
+    huge = "a red circle " * (MAX_TEXT_CHARS // 4)  # 3.25 × the bound: cut, not read whole
+    assert torch.equal(tokenizer([huge]).input_ids, tokenizer([huge[:MAX_TEXT_CHARS]]).input_ids)
+
+
+def test_a_gzip_bomb_of_merges_is_read_no_further_than_the_bound(tmp_path):
+    import gzip
+
+    from topoclip.convert.openai import MAX_MERGES_BYTES, read_merges
+
+    bomb = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
+    with gzip.open(bomb, "wb", 9) as file:
+        for _ in range((MAX_MERGES_BYTES >> 20) + 1):
+            file.write(b"a b\n" * (1 << 18))  # 1 MB at a time
+    with pytest.raises(ConfigError, match="more than 64 MB of merges"):
+        read_merges(bomb)
+
+
+@pytest.mark.parametrize("text", [b"\xff\xfe{}", b"[]", b'{"model_cfg": []}',
+                                  b'{"model_cfg": {}, "preprocess_cfg": {"mean": 5, "std": 1}}',
+                                  b'{"model_cfg": {"text_cfg": {"pool_type": "eos", "eos_id": "x"}}}'])
+def test_a_bad_open_clip_config_is_one_line(tmp_path, capsys, text):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "openclip"
+    folder.mkdir()
+    save_file({"x": torch.zeros(1)}, folder / "open_clip_model.safetensors")
+    (folder / "open_clip_config.json").write_bytes(text)
+    assert main(["convert", "--from", "openclip", str(folder), str(tmp_path / "out")]) == 2
+    assert "open_clip_config.json" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("command", [
+    ["data", "make-shards", "--csv", "t.csv", "--out", "o", "--image-size", "0"],
+    ["data", "make-shards", "--out", "o", "--samples-per-shard", "-1"],
+    ["analyze", "gradcam", "ck", "--pairs", "-1"],
+    ["analyze", "experts", "ck", "--size", "0"],
+    ["analyze", "equilibrium", "ck", "--draws", "0"],
+    ["analyze", "equilibrium", "ck", "--fractions", "nan"],
+    ["embed", "ck", "--workers", "x"],
+    ["train", "--no-such-flag"],
+    ["eval"],
+])
+def test_a_mistyped_command_line_is_one_line(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(command)
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topoclip: error: ") and "--help" in error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ablate_with_a_hostile_grid_file_is_one_line(tmp_path, capsys):
+    for index, text in enumerate(['{', '[1]', '{"preset": "tiny", "axes": [{"name": "a", "levels": []}]}',
+                                  '{"preset": "tiny", "axes": [{"name": "a", "levels": [{"label": 5}]}]}',
+                                  "[" * 100_000]):
+        grid = tmp_path / f"grid{index}.json"
+        grid.write_text(text)
+        assert main(["ablate", "--grid", str(grid), "--seeds", "1", "--steps", "1", "--out", str(tmp_path / "a"),
+                     "--probe-size", "0"]) == 2
+        assert "grid" in one_line_error(capsys)
+
+
+def test_a_deeply_nested_karpathy_file_is_one_line(run, tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["eval", str(run), "--set", f'evaluate.retrieval=["{deep}"]', "--set", "evaluate.size=16"]) == 2
+    assert "not valid JSON" in one_line_error(capsys)
+
+
+def test_export_into_a_link_is_refused_and_leaves_nothing(run, tmp_path, capsys):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert main(["export", str(run), "--weights", str(tmp_path / "link")]) == 2
+    assert "symbolic link" in one_line_error(capsys)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["link", "real"] and not list((tmp_path / "real").iterdir())

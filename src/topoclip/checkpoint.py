@@ -79,9 +79,13 @@ def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
             raise DiskFullError(f"no space left on {path.parent} while writing checkpoint {path.name}",
                                 path.parent) from error
         raise
-    if path.exists():  # re-saving the same step: replace it
-        shutil.rmtree(path)
-    os.replace(temporary, path)
+    try:
+        if path.exists():  # re-saving the same step, or an empty destination folder: replace it
+            shutil.rmtree(path)
+        os.replace(temporary, path)
+    except OSError:
+        shutil.rmtree(temporary, ignore_errors=True)  # nothing of a failed save stays behind
+        raise
     return path
 
 
@@ -134,6 +138,8 @@ def resolve_checkpoint(path: Path) -> Path:
 def load_config_from(path: Path) -> Config:
     """The validated Config of a checkpoint or run folder; CheckpointError when its config is unreadable."""
     file = config_file(path)
+    if file.exists() and not file.is_file():  # a FIFO would block the read forever, a folder fail it
+        raise CheckpointError(f"{file} is not a regular file; it should be the config the run wrote")
     try:
         values = json.loads(file.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, an integer of over 4,300 digits
@@ -226,6 +232,8 @@ def load_training_state(path: Path) -> dict:
     CheckpointError when the file is damaged (the checkpoint before it can be resumed instead).
     """
     file = Path(path) / TRAINING_STATE
+    if file.exists() and not file.is_file():  # a FIFO would block torch.load forever
+        raise CheckpointError(f"{file} is not a regular file; move this checkpoint folder away to resume from the one before")
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -26,6 +27,10 @@ from topoclip.errors import resolve_device
 MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 10000
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, when SLURM gives no job id either
+# How long a rank waits in one collective before the run is failed. The ranks wait for rank 0 alone while it writes
+# a checkpoint (tens of GB to a slow disk for a large tower), its plots and the final evaluation table; NCCL's
+# default of 10 minutes would kill a healthy run there. A hung rank is still found within the hour.
+COLLECTIVE_TIMEOUT = timedelta(minutes=60)
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,8 @@ def init_distributed(device: str = "auto") -> DistributedInfo:
         torch.cuda.set_device(resolved)
     if world_size > 1 and not is_initialized():
         backend = "nccl" if resolved.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size)
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+                                timeout=COLLECTIVE_TIMEOUT)
     if is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistributedInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=resolved)

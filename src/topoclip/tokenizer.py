@@ -44,6 +44,12 @@ OPENAI_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{
 KNOWN_PATTERNS = frozenset({r"\s+", OPENAI_SPLIT_PATTERN})
 # The longest context a tokenizer.json may set: model.text.context_length's bound in topoclip.config.
 MAX_CONTEXT_LENGTH = 65536
+# The most characters of one text the tokenizer reads (see __call__); a caption longer than this is no caption
+# (topoclip.data.images.MAX_CAPTION_CHARS skips it in the training data).
+MAX_TEXT_CHARS = 65_536
+# The longest string a tokenizer.json's normalizer or pre-tokenizer may insert (a Replace's content, a Prepend):
+# topoclip's own insert one character; a 3 MB one multiplies every text's memory by millions.
+MAX_INSERTED_CHARS = 16
 
 
 @dataclass
@@ -216,6 +222,11 @@ class Tokenizer:
             raise ValueError(f"{str(path)!r} is not valid JSON ({detail}); {expected}") from None
         if not isinstance(data, dict) or "model" not in data:
             raise ValueError(f"{str(path)!r} has no 'model' entry; {expected}")
+        inserted = [value for section in ("normalizer", "pre_tokenizer") for key, value in _strings(data.get(section))
+                    if key in ("content", "prepend", "replacement") and len(value) > MAX_INSERTED_CHARS]
+        if inserted:
+            raise ValueError(f"{str(path)!r}: its normalizer or pre-tokenizer inserts a string of {len(inserted[0]):,} "
+                             f"characters into every text (at most {MAX_INSERTED_CHARS}); use a tokenizer topoclip wrote")
         unknown = sorted(set(_patterns(data)) - KNOWN_PATTERNS)
         if unknown:
             raise ValueError(f"{str(path)!r} uses the regular expression {unknown[0][:80]!r}, which topoclip does not "
@@ -289,13 +300,16 @@ class Tokenizer:
         if not texts:
             empty = torch.zeros(0, length, dtype=torch.int64)
             return TextBatch(empty, empty.bool())
+        # A text past MAX_TEXT_CHARS is cut there first: the context keeps its first few hundred characters anyway,
+        # and the library's memory grows with the text (hundreds of bytes a character).
+        texts = [text[:MAX_TEXT_CHARS] for text in texts]
         try:
             encodings = self._backend_for(length).encode_batch(texts)
-        except BaseException as error:  # the library panics (a BaseException) where a limit of its own is passed
-            if type(error).__name__ != "PanicException":
-                raise
-            raise UserError(f"the tokenizer failed on a caption ({str(error)[:120]}); use a tokenizer topoclip "
-                            f"wrote") from None
+        except BaseException as error:  # the library raises Exception, or panics (a BaseException) past its limits
+            if not isinstance(error, Exception) and type(error).__name__ != "PanicException":
+                raise  # KeyboardInterrupt, SystemExit
+            raise UserError(f"the tokenizer failed on a caption ({(str(error).splitlines() or [''])[0][:120]}); use a "
+                            f"tokenizer topoclip wrote") from None
         input_ids = torch.tensor([encoding.ids for encoding in encodings], dtype=torch.int64)  # (B, L)
         attention_mask = torch.tensor([encoding.attention_mask for encoding in encodings], dtype=torch.bool)  # (B, L)
         return TextBatch(input_ids, attention_mask)
@@ -347,17 +361,21 @@ def _set_length(backend: BackendTokenizer, length: int, pad_id: int) -> None:
     backend.enable_padding(direction="right", pad_id=pad_id, pad_token=backend.id_to_token(pad_id), length=length)
 
 
-def _patterns(data) -> Iterable[str]:
-    """Every {"Regex": pattern} in a parsed tokenizer.json, walked without recursion (the file may nest deeply)."""
+def _strings(data) -> Iterable[tuple[str, str]]:
+    """Every (key, string value) in a parsed tokenizer.json (part), walked without recursion (it may nest deeply)."""
     stack = [data]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            if isinstance(node.get("Regex"), str):
-                yield node["Regex"]
+            yield from ((key, value) for key, value in node.items() if isinstance(value, str))
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+
+
+def _patterns(data) -> Iterable[str]:
+    """Every {"Regex": pattern} in a parsed tokenizer.json."""
+    return (value for key, value in _strings(data) if key == "Regex")
 
 
 def _check_context_length(context_length) -> int:
@@ -373,6 +391,11 @@ def _check_texts(texts: list) -> None:
                 f"caption {index} is a {type(text).__name__} ({text!r:.60}), not a str; "
                 f"pass captions as Python strings"
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate (bytes that were not UTF-8, read as surrogateescape)
+            raise UserError(f"caption {index} ({text!r:.60}) is not valid text: it holds a lone surrogate at "
+                            f"character {error.start}; give UTF-8 text") from None
 
 
 def _parse_vocab_text(text: str, path: Path) -> dict[str, int]:

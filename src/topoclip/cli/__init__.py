@@ -17,6 +17,7 @@ import os
 import sys
 
 from topoclip import __version__
+from topoclip.cli.common import Parser
 from topoclip.cli.analyze import add_analyze
 from topoclip.cli.experiments import add_ablate, add_compare
 from topoclip.cli.files import add_convert, add_data, add_export, add_push
@@ -35,7 +36,7 @@ COMMANDS = [add_train, add_eval, add_benchmark, add_embed, add_predict, add_conv
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="topoclip", description="Train, evaluate and dissect CLIP models whose "
+    top = Parser(prog="topoclip", description="Train, evaluate and dissect CLIP models whose "
                                   "embedding topology (sphere, euclidean, product of spheres) is a setting.")
     top.add_argument("--version", action="version", version=f"topoclip {__version__}")
     top.add_argument("--debug", action="store_true", help="show the full traceback of any error")

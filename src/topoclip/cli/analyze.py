@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from topoclip.cli.common import add_command, add_overrides
+from topoclip.cli.common import add_command, add_overrides, number, whole
 from topoclip.config import DEFAULT_PRESET, load_config
 
 
@@ -123,65 +123,66 @@ def add_analyze(commands) -> None:
     sub = analysis("temperature", command_analyze_temperature, "τ and t over training and the convergence step, "
                    "several runs overlaid (paper Fig. 4)", model=False)
     sub.add_argument("runs", nargs="+", help="run folders (their metrics.jsonl)")
-    sub.add_argument("--window", type=int, help="steps τ must stay within 2 %% for (default: one epoch, at most a "
+    sub.add_argument("--window", type=whole(1), help="steps τ must stay within 2 %% for (default: one epoch, at most a "
                      "quarter of the run)")
     sub = analysis("similarities", command_analyze_similarities, "histograms of positive and negative similarities, "
                    "in- and out-of-domain, summed and per sub-sphere (paper Fig. 6)")
-    sub.add_argument("--size", type=int, default=default_of(analyze_similarities, "size"),
+    sub.add_argument("--size", type=whole(1), default=default_of(analyze_similarities, "size"),
                      help="test pairs per domain (default %(default)s)")
     sub = analysis("equilibrium", command_analyze_equilibrium, "alignment / uniformity term of InfoNCE as τ varies, "
                    "with p %% of captions shuffled and batch size b")
-    sub.add_argument("--size", type=int, default=default_of(analyze_equilibrium, "size"),
+    sub.add_argument("--size", type=whole(1), default=default_of(analyze_equilibrium, "size"),
                      help="pairs to draw batches from (default %(default)s)")
     sub.add_argument("--split", choices=SPLITS, default=default_of(analyze_equilibrium, "split"),
                      help="built-in split the pairs come from, train being the scenes the model trained on (default "
                           "%(default)s; another split writes equilibrium-SPLIT.json)")
-    sub.add_argument("--fractions", type=float, nargs="+", default=default_of(analyze_equilibrium, "fractions"),
+    sub.add_argument("--fractions", type=number(0, 1), nargs="+", default=default_of(analyze_equilibrium, "fractions"),
                      help="shuffled shares")
-    sub.add_argument("--batch-sizes", type=int, nargs="+", default=default_of(analyze_equilibrium, "batch_sizes"))
-    sub.add_argument("--draws", type=int, default=default_of(analyze_equilibrium, "draws"),
+    sub.add_argument("--batch-sizes", type=whole(1), nargs="+", default=default_of(analyze_equilibrium, "batch_sizes"))
+    sub.add_argument("--draws", type=whole(1), default=default_of(analyze_equilibrium, "draws"),
                      help="random batches averaged per (b, p)")
-    sub.add_argument("--seed", type=int, default=default_of(analyze_equilibrium, "seed"))
+    sub.add_argument("--seed", type=whole(0), default=default_of(analyze_equilibrium, "seed"))
     sub = analysis("landscape", command_analyze_landscape, "loss on a random filter-normalised weight plane at "
                    "τ = 1 and 100, and gradient norms along a random direction as τ varies")
-    sub.add_argument("--batch-size", type=int, default=default_of(analyze_landscape, "batch_size"))
-    sub.add_argument("--resolution", type=int, default=default_of(analyze_landscape, "resolution"),
+    positive = number(0, low_inclusive=False)
+    sub.add_argument("--batch-size", type=whole(1), default=default_of(analyze_landscape, "batch_size"))
+    sub.add_argument("--resolution", type=whole(1), default=default_of(analyze_landscape, "resolution"),
                      help="grid points per side (odd; default %(default)s)")
-    sub.add_argument("--radius", type=float, default=default_of(analyze_landscape, "radius"),
+    sub.add_argument("--radius", type=positive, default=default_of(analyze_landscape, "radius"),
                      help="the plane spans [−radius, radius]² (default %(default)s)")
-    sub.add_argument("--scales", type=float, nargs="+", default=default_of(analyze_landscape, "plane_scales"),
+    sub.add_argument("--scales", type=positive, nargs="+", default=default_of(analyze_landscape, "plane_scales"),
                      help="τ of the contour planes")
-    sub.add_argument("--gradient-scales", type=float, nargs="+", default=default_of(analyze_landscape, "gradient_scales"))
-    sub.add_argument("--gradient-points", type=int, default=default_of(analyze_landscape, "gradient_points"))
-    sub.add_argument("--seed", type=int, default=default_of(analyze_landscape, "seed"))
+    sub.add_argument("--gradient-scales", type=positive, nargs="+", default=default_of(analyze_landscape, "gradient_scales"))
+    sub.add_argument("--gradient-points", type=whole(1), default=default_of(analyze_landscape, "gradient_points"))
+    sub.add_argument("--seed", type=whole(0), default=default_of(analyze_landscape, "seed"))
     sub = analysis("gradcam", command_analyze_gradcam, "Grad-CAM of the matching score, total and per class-token "
                    "pair, on image patches and text tokens (paper Fig. 5)")
-    sub.add_argument("--examples", type=int, default=default_of(analyze_gradcam, "examples"),
+    sub.add_argument("--examples", type=whole(1), default=default_of(analyze_gradcam, "examples"),
                      help="built-in test pairs to explain (default %(default)s)")
     sub.add_argument("--image", action="append", default=[], help="an image file to explain instead (repeatable)")
     sub.add_argument("--caption", action="append", default=[], help="its caption (one per --image)")
     sub.add_argument("--layer", type=int, default=default_of(analyze_gradcam, "layer"),
                      help="explain the input of this block (default %(default)s, the last)")
-    sub.add_argument("--pairs", type=int, default=default_of(analyze_gradcam, "pairs_shown"),
+    sub.add_argument("--pairs", type=whole(0), default=default_of(analyze_gradcam, "pairs_shown"),
                      help="class-token pairs drawn per example (default %(default)s)")
     sub = analysis("experts", command_analyze_experts, "zero-shot accuracy from random subsets of k of the m "
                    "sub-spheres (paper Table 10)")
-    sub.add_argument("--size", type=int, default=default_of(analyze_experts, "size"),
+    sub.add_argument("--size", type=whole(1), default=default_of(analyze_experts, "size"),
                      help="images per classification set (default %(default)s)")
-    sub.add_argument("--draws", type=int, default=default_of(analyze_experts, "draws"),
+    sub.add_argument("--draws", type=whole(1), default=default_of(analyze_experts, "draws"),
                      help="random subsets per k (default %(default)s)")
     sub.add_argument("--mode", default=default_of(analyze_experts, "mode"), choices=["distance", "embedding"])
     sub.add_argument("--sets", nargs="+", default=default_of(analyze_experts, "sets"))
-    sub.add_argument("--seed", type=int, default=default_of(analyze_experts, "seed"))
+    sub.add_argument("--seed", type=whole(0), default=default_of(analyze_experts, "seed"))
     sub = analysis("probe", command_analyze_probe, "linear probe on the frozen class-token features (SPEC §8)")
     sub.add_argument("--tasks", nargs="+", default=default_of(analyze_probe, "tasks"))
-    sub.add_argument("--train-size", type=int, default=default_of(analyze_probe, "train_size"))
-    sub.add_argument("--validation-size", type=int, default=default_of(analyze_probe, "validation_size"))
-    sub.add_argument("--test-size", type=int, default=default_of(analyze_probe, "test_size"))
+    sub.add_argument("--train-size", type=whole(1), default=default_of(analyze_probe, "train_size"))
+    sub.add_argument("--validation-size", type=whole(1), default=default_of(analyze_probe, "validation_size"))
+    sub.add_argument("--test-size", type=whole(1), default=default_of(analyze_probe, "test_size"))
     sub = analysis("cost", command_analyze_cost, "parameters, forward FLOPs (counted and SPEC §6's formula) and "
                    "logit memory of presets or checkpoints", model=False)
     sub.add_argument("models", nargs="*", help="checkpoint or run folders (optional)")
     sub.add_argument("--preset", action="append", help=f"a preset to cost (repeatable; default {DEFAULT_PRESET} "
                      f"when no folder is given)")
-    sub.add_argument("--batch-sizes", type=int, nargs="+", default=default_of(analyze_cost, "batch_sizes"))
+    sub.add_argument("--batch-sizes", type=whole(1), nargs="+", default=default_of(analyze_cost, "batch_sizes"))
     add_overrides(sub)

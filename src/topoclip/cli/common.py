@@ -1,7 +1,45 @@
-"""What every command shares: registering a subcommand (with --debug) and the --set option."""
+"""What every command shares: registering a subcommand (with --debug), the --set option, one-line parse errors
+and the types of numeric flags."""
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a mistyped command line said in one line, as every other user error is (exit status 2)."""
+
+    def error(self, message: str):
+        print(f"topoclip: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def whole(low: int = 1):
+    """An argparse type: a whole number ≥ `low` (a size, a count; 0 where `low` is 0)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be a whole number ≥ {low}, not {text!r:.40}")
+        return value
+    return parse
+
+
+def number(low: float = -math.inf, high: float = math.inf, low_inclusive: bool = True):
+    """An argparse type: a finite number in [low, high] (or (low, high] with low_inclusive=False)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high):
+            bounds = f"{'[' if low_inclusive else '('}{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"must be a finite number in {bounds}, not {text!r:.40}")
+        return value
+    return parse
 
 
 def add_command(commands, name: str, run, help: str) -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from topoclip.cli.common import add_command, add_overrides
+from topoclip.cli.common import add_command, add_overrides, whole
 
 
 def recorded_command() -> str:
@@ -35,13 +35,13 @@ def add_ablate(commands) -> None:
     ablate = add_command(commands, "ablate", command_ablate, "train a named grid of presets × settings × seeds "
                          "(resumable) and tabulate it like the paper's Table 6")
     ablate.add_argument("--grid", required=True, help=f"{', '.join(grid_names())}, or a grid JSON file")
-    ablate.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
-    ablate.add_argument("--steps", type=int, help="train.steps of every run (default: the presets')")
-    ablate.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process")
+    ablate.add_argument("--seeds", type=whole(1), default=3, help="seeds per cell (default 3)")
+    ablate.add_argument("--steps", type=whole(1), help="train.steps of every run (default: the presets')")
+    ablate.add_argument("--jobs", type=whole(1), default=1, help="runs trained at once, each in its own process")
     ablate.add_argument("--preset", help="replace every cell's base preset (e.g. tiny for a smoke test)")
     ablate.add_argument("--cells", nargs="+", metavar="PATTERN", help="only the cells whose folder name matches one "
                         "of these shell patterns, e.g. 'sphere_*' 'ps-inner_*' (a reduced grid)")
-    ablate.add_argument("--probe-size", type=int, default=1000, help="training images of each run's linear probe "
+    ablate.add_argument("--probe-size", type=whole(0), default=1000, help="training images of each run's linear probe "
                         "(0: no probe)")
     ablate.add_argument("--out", help="output folder (default ablations/GRID); re-running it finishes what is missing")
     ablate.add_argument("--reuse", nargs="+", metavar="OUT", help="other ablation folders (e.g. a compare run's): "
@@ -60,9 +60,9 @@ def command_compare(args) -> int:
 def add_compare(commands) -> None:
     compare = add_command(commands, "compare", command_compare, "train the default multi-token model and its sphere "
                           "baseline under the same recipe for N seeds (resumable) and compare them, mean ± std")
-    compare.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3)")
-    compare.add_argument("--steps", type=int, help="train.steps of every run (default: the presets')")
-    compare.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process")
+    compare.add_argument("--seeds", type=whole(1), default=3, help="seeds per model (default 3)")
+    compare.add_argument("--steps", type=whole(1), help="train.steps of every run (default: the presets')")
+    compare.add_argument("--jobs", type=whole(1), default=1, help="runs trained at once, each in its own process")
     compare.add_argument("--preset", help="replace both models' base preset (e.g. tiny for a smoke test)")
     compare.add_argument("--out", default="compare", help="output folder (default ./compare); re-running it "
                          "finishes what is missing")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-from topoclip.cli.common import add_command, add_overrides
+from topoclip.cli.common import add_command, add_overrides, number, whole
 from topoclip.config import DEFAULT_PRESET, ConfigError, load_config
 
 
@@ -34,9 +34,9 @@ def add_convert(commands) -> None:
                          "(openai, openclip) or a tokenizer.json")
     convert.add_argument("--activation", choices=["gelu", "quick_gelu"], help="openclip: the activation the weights "
                          "were trained with, when no open_clip_config.json beside them says it")
-    convert.add_argument("--class-tokens", type=int, help="upcycle to this many class tokens (m)")
-    convert.add_argument("--embed-dim", type=int, help="upcycle: dimensions per token (n; default the source's)")
-    convert.add_argument("--noise", type=float, help="upcycle: noise on the copied tokens, relative (default 0.02)")
+    convert.add_argument("--class-tokens", type=whole(1), help="upcycle to this many class tokens (m)")
+    convert.add_argument("--embed-dim", type=whole(1), help="upcycle: dimensions per token (n; default the source's)")
+    convert.add_argument("--noise", type=number(0), help="upcycle: noise on the copied tokens, relative (default 0.02)")
     add_overrides(convert)
 
 
@@ -142,10 +142,10 @@ def add_data(commands) -> None:
     shards.add_argument("--csv", help="CSV/TSV with image paths and captions (default: render the built-in scenes)")
     shards.add_argument("--image-key", default="filepath")
     shards.add_argument("--caption-key", default="title")
-    shards.add_argument("--image-size", type=int, help="resize images so the shorter side is this (CSV only)")
+    shards.add_argument("--image-size", type=whole(1), help="resize images so the shorter side is this (CSV only)")
     shards.add_argument("--preset", default=DEFAULT_PRESET, help="scenes: the preset whose data.scenes settings to use")
     shards.add_argument("--split", default="train", choices=["train", "val", "test"])
-    shards.add_argument("--count", type=int, default=0, help="scenes: how many samples (default: the whole split)")
+    shards.add_argument("--count", type=whole(0), default=0, help="scenes: how many samples (default: the whole split)")
     add_overrides(shards)
-    shards.add_argument("--samples-per-shard", type=int, default=1000)
+    shards.add_argument("--samples-per-shard", type=whole(1), default=1000)
     shards.add_argument("--out", required=True, help="output folder")

@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from topoclip.cli.common import add_command, add_overrides
-from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, override_value, presets, to_dict
+from topoclip.cli.common import add_command, add_overrides, whole
+from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict
 from topoclip.errors import EvaluationSetError, UserError, resolve_device
 
 
@@ -26,7 +26,7 @@ def command_train(args) -> int:
             raise ConfigError("--out cannot be combined with --resume: a resumed run stays in its own folder")
         if args.init_from:
             raise ConfigError("--init-from starts a new run and --resume continues one; give one of them")
-        saved = resume_config(args.resume, typed_train_data=override_value(args.overrides, "data.train_data"))
+        saved = resume_config(args.resume, overrides=args.overrides)
         # Refused here, before anything is written, when an override changes what the checkpoint fixes.
         config = resume_config(args.resume, load_config(values=to_dict(saved), overrides=args.overrides))
     elif args.init_from:
@@ -180,9 +180,9 @@ def add_embed(commands) -> None:
     embed.add_argument("--flat", action="store_true", help="(N, m·n) vectors whose inner product is the model's "
                        "similarity, for an inner-product index (sphere and ps-inner only)")
     embed.add_argument("--image-key", default="filepath", help="the CSV column of image paths (default filepath)")
-    embed.add_argument("--batch-size", type=int, default=256)
-    embed.add_argument("--shard-size", type=int, default=10_000, help="inputs per shard (default 10000)")
-    embed.add_argument("--workers", type=int, default=2, help="image decoding processes (0: in this one)")
+    embed.add_argument("--batch-size", type=whole(1), default=256)
+    embed.add_argument("--shard-size", type=whole(1), default=10_000, help="inputs per shard (default 10000)")
+    embed.add_argument("--workers", type=whole(0), default=2, help="image decoding processes (0: in this one)")
     embed.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     embed.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -224,7 +224,7 @@ def add_predict(commands) -> None:
     predict.add_argument("--labels", required=True, help='class names, comma-separated: "cat,dog,car"')
     predict.add_argument("--template", action="append", help='prompt with {} for the label (repeatable; default '
                          '"a photo of a {}."); several are averaged as the paper does')
-    predict.add_argument("--top", type=int, default=5, help="how many labels to print per image (default 5)")
+    predict.add_argument("--top", type=whole(1), default=5, help="how many labels to print per image (default 5)")
     predict.add_argument("--device", default="cpu", help="cpu (default), auto, cuda or cuda:N")
 
 

@@ -11,7 +11,7 @@ The package in three rooms: `schema` (the dataclasses, all the towers and the mo
 (ranges and rules) and `loading` (presets, overrides, dict <-> dataclass); this module gathers their
 public names.
 """
-from topoclip.config.checks import (NUMERIC_RANGES, Range, command_urls, numeric_fields, refuse_folder_commands,
+from topoclip.config.checks import (FOLDER_GUARDED, NUMERIC_RANGES, Range, command_urls, numeric_fields, refuse_folder_commands,
                                     validate, validate_data, validate_evaluate, validate_model, validate_numbers,
                                     validate_source, validate_train)
 from topoclip.config.loading import (DEFAULT_PRESET, PRESET_PACKAGE, apply_overrides, coerce, describe_preset, flat_dict,
@@ -21,7 +21,7 @@ from topoclip.config.schema import (Config, ConfigError, DataConfig, EvaluateCon
                                     TextConfig, TrainConfig, VisionConfig)
 
 
-__all__ = ["NUMERIC_RANGES", "Range", "command_urls", "numeric_fields", "refuse_folder_commands", "validate",
+__all__ = ["FOLDER_GUARDED", "NUMERIC_RANGES", "Range", "command_urls", "numeric_fields", "refuse_folder_commands", "validate",
            "validate_data", "validate_evaluate", "validate_model", "validate_numbers", "validate_source",
            "validate_train", "DEFAULT_PRESET", "PRESET_PACKAGE", "apply_overrides", "coerce", "describe_preset",
            "flat_dict", "from_dict", "load_config", "merge", "override_value", "parse_value", "preset_dict",

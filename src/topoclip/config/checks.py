@@ -104,6 +104,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "train.accumulation_steps": AT_LEAST_ONE,
     "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
                                             "holding its prefetched batches"),
+    "evaluate.num_workers": Range(0, 256, note="0 decodes in the main process; each worker is a process"),
     "train.log_every": AT_LEAST_ONE,
     "train.eval_every": Range(0, note="0 = only at the end"),
     "train.checkpoint_every": Range(0, note="0 = only at the end"),
@@ -275,14 +276,24 @@ def command_urls(data: DataConfig) -> list[str]:
         raise ConfigError(str(error)) from None
 
 
-def refuse_folder_commands(config: Config, file: Path, typed: Optional[str] = None) -> None:
-    """ConfigError when `file` (a config.json read from a folder) has data.train_data run a command,
-    unless the user typed that same value (`typed`, from the command line)."""
+# The settings a config read from a folder may not turn to a command or the network unless typed (see below).
+FOLDER_GUARDED = ("data.train_data", "train.report_to")
+
+
+def refuse_folder_commands(config: Config, file: Path, typed: Optional[dict] = None) -> None:
+    """ConfigError when `file` (a config.json read from a folder) would run a command or reach the network: a
+    data.train_data that expands to a command or network URL, or train.report_to with "wandb" (which uploads),
+    unless the user typed that same value (`typed`: FOLDER_GUARDED key -> the value the command line gave)."""
+    typed = typed or {}
     found = command_urls(config.data)
-    if found and config.data.train_data != typed:
+    if found and config.data.train_data != typed.get("data.train_data"):
         raise ConfigError(f"{file} sets data.train_data to {found[0]!r}, which runs a command or reads the network "
-                          f"(after brace expansion); a config read from a folder never does either. If this is your own run, give the value on the "
-                          f"command line: --set data.train_data='{config.data.train_data}'")
+                          f"(after brace expansion); a config read from a folder never does either. If this is your "
+                          f"own run, give the value on the command line: --set data.train_data='{config.data.train_data}'")
+    if "wandb" in config.train.report_to and "wandb" not in (typed.get("train.report_to") or []):
+        raise ConfigError(f"{file} sets train.report_to to {list(config.train.report_to)}: W&B uploads to the network, "
+                          f"which a config read from a folder never turns on. If this is your own run, give it on the "
+                          f"command line: --set 'train.report_to={json.dumps(list(config.train.report_to))}'")
 
 
 def validate_data(config: DataConfig) -> None:

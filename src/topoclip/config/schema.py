@@ -208,6 +208,8 @@ class EvaluateConfig:
     classification: list[str] = field(default_factory=list)
     retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files, CLIP_benchmark folders
     batch_size: int = 256
+    # DataLoader workers decoding the images of a set read from disk (in-memory sets, as the scenes, take none).
+    num_workers: int = 2
 
 
 # --------------------------------------------------------------------------- top level

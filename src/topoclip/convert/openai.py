@@ -53,6 +53,8 @@ IGNORED = ("input_resolution", "context_length", "vocab_size", "attn_mask")
 TEXT_LAYOUT = {"norm_first": True, "embedding_norm": False, "attention": "causal", "pooling": "end_of_text"}
 
 END_OF_WORD = "</w>"
+# The most bytes a merges file may hold once decompressed: OpenAI's bpe_simple_vocab_16e6.txt is 1.6 MB.
+MAX_MERGES_BYTES = 64 << 20
 BYTE_TOKENS = 256
 
 
@@ -77,10 +79,16 @@ def read_merges(path: Union[str, Path]) -> list[tuple[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no BPE vocabulary file at {path} (OpenAI's bpe_simple_vocab_16e6.txt.gz)")
-    raw = path.read_bytes()
     try:
-        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+        with open(path, "rb") as file:
+            compressed = file.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as file:
+            raw = file.read(MAX_MERGES_BYTES + 1)  # a gzip bomb is read no further than this
+        if len(raw) > MAX_MERGES_BYTES:
+            raise ConfigError(f"{path} holds more than {MAX_MERGES_BYTES >> 20} MB of merges; OpenAI's has 1.6 MB: not "
+                              f"a BPE vocabulary")
+        text = raw.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path} is not a BPE merges file (gzip or UTF-8 text): {error}") from None
     lines = text.split("\n")
     if lines and lines[0].startswith("#"):
@@ -135,11 +143,15 @@ def openclip_settings(folder: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path} is not valid JSON ({error})") from None
-    model = data.get("model_cfg", {})
-    text = model.get("text_cfg", {})
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deeply
+        raise ConfigError(f"{path} is not valid JSON ({str(error)[:200] or 'nested too deeply'})") from None
+    model = data.get("model_cfg", {}) if isinstance(data, dict) else None
+    text = model.get("text_cfg", {}) if isinstance(model, dict) else None
+    preprocess = data.get("preprocess_cfg", {}) if isinstance(data, dict) else None
+    if not (isinstance(text, dict) and isinstance(preprocess, dict)):
+        raise ConfigError(f"{path} is not OpenCLIP's config (an object with model_cfg.text_cfg and preprocess_cfg "
+                          f"objects)")
     unsupported = {key: text[key] for key in ("hf_model_name", "no_causal_mask", "proj_bias") if text.get(key)}
     if text.get("pool_type", "argmax") not in ("argmax", "eos"):
         unsupported["pool_type"] = text["pool_type"]
@@ -148,9 +160,15 @@ def openclip_settings(folder: Path) -> dict:
                               f"(causal, pooled at the end-of-text token)")
     settings = {"activation": "quick_gelu" if model.get("quick_gelu") else "gelu"}
     if text.get("pool_type") == "eos":  # pooled at the first token of this id (OpenCLIP's default eos_id is 2)
-        settings["end_token_id"] = int(text.get("eos_id", 2))
-    preprocess = data.get("preprocess_cfg", {})
+        eos = text.get("eos_id", 2)
+        if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
+            raise ConfigError(f"{path}: text_cfg.eos_id must be a token id (a whole number ≥ 0), not {eos!r:.40}")
+        settings["end_token_id"] = eos
     if "mean" in preprocess and "std" in preprocess:
+        statistics = [preprocess["mean"], preprocess["std"]]
+        if not all(isinstance(values, list) and len(values) == 3 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) for values in statistics):
+            raise ConfigError(f"{path}: preprocess_cfg mean and std must be three numbers each")
         settings["pixels"] = {"mean": list(preprocess["mean"]), "std": list(preprocess["std"])}
     return settings
 

@@ -16,12 +16,15 @@ a 50,000-image set costs its index, not its pixels. A sample with a corrupt imag
 caption is skipped and counted, and reported in one warning.
 
 CIFAR's binary version (cifar-10-batches-bin/test_batch.bin, cifar-100-binary/test.bin) is read as
-bytes: each record is the label byte(s), then 3 × 32 × 32 pixel bytes, channel-major. The Python
-version (pickles) is never read: unpickling runs code from the file.
+bytes: each record is the label byte(s), then 3 × 32 × 32 pixel bytes, channel-major. Its Python version
+(cifar-10-batches-py/test_batch, cifar-100-python/test: what torchvision and CLIP_benchmark download) is a
+pickle, read by an unpickler that admits NumPy arrays, lists, bytes, strings and numbers only: a pickle that
+names any other class or function is refused before anything in it runs.
 """
 from __future__ import annotations
 
 import io
+import pickle
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +49,9 @@ WDS_IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's, in it
 
 CIFAR_BINARY = {"cifar10": ("test_batch.bin", 1), "cifar100": ("test.bin", 2)}  # file, label bytes (fine last)
 CIFAR_PIXELS = 3 * 32 * 32
+# The Python version: (folder torchvision downloads into, test file, its label key).
+CIFAR_PYTHON = {"cifar10": ("cifar-10-batches-py", "test_batch", "labels"),
+                "cifar100": ("cifar-100-python", "test", "fine_labels")}
 
 
 def is_wds_folder(root) -> bool:
@@ -227,3 +233,52 @@ def read_cifar_binary(root, benchmark: str) -> tuple[np.ndarray, torch.Tensor]:
     records = raw.reshape(-1, record)
     images = records[:, label_bytes:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # channel-major -> (N, H, W, 3)
     return np.ascontiguousarray(images), torch.from_numpy(records[:, label_bytes - 1].astype(np.int64))
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """An unpickler for CIFAR's Python files: dicts, lists, bytes, strings, numbers and NumPy arrays (of numbers;
+    an object array's items would go through this same check). Any other global is refused, unrun."""
+
+    # _codecs.encode: how Python 3 writes bytes in a protocol-2 pickle (it encodes a string; torch's weights_only
+    # loader admits it too).
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not an array, a list, bytes or a string")
+
+
+def cifar_python_file(root, benchmark: str) -> Optional[Path]:
+    """The Python version's test file under `root` (the version's own folder, or the folder holding it), or None."""
+    folder, file_name, _ = CIFAR_PYTHON[benchmark]
+    for candidate in (Path(root) / file_name, Path(root) / folder / file_name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_cifar_python(root, benchmark: str) -> tuple[np.ndarray, torch.Tensor]:
+    """(images (N, 32, 32, 3) uint8, labels (N,) int64) of CIFAR's Python-version test file under `root`."""
+    path = cifar_python_file(root, benchmark)
+    if path is None:
+        folder, file_name, _ = CIFAR_PYTHON[benchmark]
+        raise ValueError(f"{root} has no {folder}/{file_name}: give the folder torchvision or CLIP_benchmark "
+                         f"downloaded CIFAR into")
+    label_key = CIFAR_PYTHON[benchmark][2]
+    try:
+        with open(path, "rb") as file:
+            batch = _ArraysOnly(file, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, MemoryError) as error:
+        raise ValueError(f"{path} is not CIFAR's Python version ({error}); download it again") from None
+    if isinstance(batch, dict):  # the authors' Python 2 keys read as bytes; a file written by Python 3 has str keys
+        batch = {key.decode("latin-1") if isinstance(key, bytes) else key: value for key, value in batch.items()}
+    data = batch.get("data") if isinstance(batch, dict) else None
+    labels = batch.get(label_key) if isinstance(batch, dict) else None
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == CIFAR_PIXELS
+            and isinstance(labels, list) and len(labels) == len(data) and all(isinstance(v, int) for v in labels)):
+        raise ValueError(f"{path} does not hold CIFAR's uint8 pixels (N, {CIFAR_PIXELS}) and {len(data) if isinstance(data, np.ndarray) else 'N'} "
+                         f"integer labels under {label_key!r}; download it again")
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # channel-major -> (N, H, W, 3)
+    return np.ascontiguousarray(images), torch.tensor(labels, dtype=torch.int64)

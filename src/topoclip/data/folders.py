@@ -79,7 +79,7 @@ def read_classnames(path: Union[str, Path], folders: list[str]) -> list[str]:
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".json":
-        data = json.loads(text)
+        data = _json(text, path)
         if isinstance(data, dict):
             missing = [folder for folder in folders if folder not in data]
             if missing:
@@ -95,6 +95,14 @@ def read_classnames(path: Union[str, Path], folders: list[str]) -> list[str]:
             "sorted folder order, or a JSON {folder: name}"
         )
     return names
+
+
+def _json(text: str, path: Path):
+    """The parsed JSON of a file; ValueError naming it when it is not JSON (or nests past Python's recursion)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{path} is not valid JSON ({str(error)[:200] or 'nested too deeply'})") from None
 
 
 def read_templates(path: Union[str, Path]) -> list[str]:
@@ -179,7 +187,7 @@ def load_karpathy_captions(
     file is missing or unreadable, is dropped.
     """
     json_path, image_root = Path(json_path), Path(image_root)
-    data = json.loads(json_path.read_text(encoding="utf-8"))
+    data = _json(json_path.read_text(encoding="utf-8"), json_path)
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{json_path} is not a Karpathy caption file: expected {{'images': [...]}}")

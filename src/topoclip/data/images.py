@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from topoclip.data.quality import BadSample
+from topoclip.tokenizer import MAX_TEXT_CHARS
 
 # The formats decode_image opens: what img2dataset, web crawls and evaluation sets contain.
 IMAGE_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "AVIF")
@@ -178,7 +179,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 # The longest caption read: far above any real one (the text context keeps its first few hundred characters),
 # and a bound on what one sample's text costs the tokenizer (a 200 MB "caption" aborts its training).
-MAX_CAPTION_CHARS = 65_536
+MAX_CAPTION_CHARS = MAX_TEXT_CHARS
 
 
 def clean_caption(raw: Union[bytes, bytearray, str, None]) -> str:

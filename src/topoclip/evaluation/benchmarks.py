@@ -12,9 +12,12 @@
     synset folders (``n01440764/…``, the ILSVRC-2012 validation layout OpenCLIP's ``--imagenet-val``
     reads), or a ``val/`` folder of them. The classifier always spans all 1,000 classes, as
     OpenCLIP's and CLIP_benchmark's do, so a subset of the folders gives numbers on the same scale.
-  - ``cifar10`` / ``cifar100``: the names and 18 templates of CLIP's ``data/prompts.md``; PATH is the
-    binary version's folder (``cifar-10-batches-bin``, ``cifar-100-binary``) or class folders named
-    by the class names ("_" read as a space).
+  - ``cifar10`` / ``cifar100``: CLIP_benchmark's class names (torchvision's labels, as the dataset's
+    meta file writes them) and its 18 templates (CLIP's ``data/prompts.md``), so a result file named
+    after CLIP_benchmark's set holds CLIP_benchmark's prompts; PATH is the Python version's folder as
+    torchvision and CLIP_benchmark download it (``cifar-10-batches-py``, ``cifar-100-python``, or the
+    folder holding it), the binary version's (``cifar-10-batches-bin``, ``cifar-100-binary``), or
+    class folders named by the class names ("_" and " " read alike).
 """
 from __future__ import annotations
 
@@ -82,15 +85,21 @@ def load_classification_entry(entry: str, split: str = "test") -> Union[Classifi
 
 def load_benchmark_set(benchmark: Benchmark, root: Path) -> ClassificationSet:
     """A named benchmark's images under `root`, labelled by their index in the benchmark's class list."""
-    from topoclip.data.benchmark_sets import CIFAR_BINARY, read_cifar_binary
+    from topoclip.data.benchmark_sets import (CIFAR_BINARY, cifar_python_file, read_cifar_binary,
+                                              read_cifar_python)
     from topoclip.data.folders import class_folders, folder_images
 
     if not root.is_dir():
         raise FileNotFoundError(f"{benchmark.name}={root}: no such folder")
     templates, classnames = list(benchmark.templates), list(benchmark.classnames)
-    if benchmark.name in CIFAR_BINARY and (root / CIFAR_BINARY[benchmark.name][0]).is_file():
-        images, labels = read_cifar_binary(root, benchmark.name)
-        return ClassificationSet(benchmark.name, images, labels, classnames, templates)
+    if benchmark.name in CIFAR_BINARY:
+        read = (read_cifar_binary if (root / CIFAR_BINARY[benchmark.name][0]).is_file() else
+                read_cifar_python if cifar_python_file(root, benchmark.name) else None)
+        if read is not None:
+            images, labels = read(root, benchmark.name)
+            if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(classnames):
+                raise ValueError(f"{benchmark.name}={root}: labels outside 0 … {len(classnames) - 1}; not {benchmark.name}")
+            return ClassificationSet(benchmark.name, images, labels, classnames, templates)
     if benchmark.synsets and not (root / benchmark.synsets[0]).is_dir() and (root / "val").is_dir():
         root = root / "val"
     keys = benchmark.synsets or tuple(name.replace(" ", "_") for name in classnames)

@@ -70,8 +70,10 @@ def evaluate_retrieval(
     chunk_size: int = 1024,
     device="cpu",
     ks: Sequence[int] = DEFAULT_KS,
+    workers: int = 0,
 ) -> dict[str, float]:
-    """Embed all images and captions, then score both directions in chunks of `chunk_size` queries.
+    """Embed all images (in `workers` decoding processes; see zeroshot.image_embedding_batches) and captions, then
+    score both directions in chunks of `chunk_size` queries.
 
     Returns the keys listed in the module docstring, in percent.
     """
@@ -79,7 +81,7 @@ def evaluate_retrieval(
         raise ValueError(f"chunk_size must be ≥ 1; got {chunk_size}")
     if dataset.caption_image.shape[0] != len(dataset.captions):
         raise ValueError(f"{dataset.name}: {dataset.caption_image.shape[0]} caption_image entries for {len(dataset.captions)} captions")
-    images = embed_images(model, dataset.images, image_transform, batch_size, device)  # (N, m, n)
+    images = embed_images(model, dataset.images, image_transform, batch_size, device, workers)  # (N, m, n)
     captions = embed_texts(model, tokenizer, dataset.captions, batch_size, device)  # (T, m, n)
     with evaluating(model):
         to_text = image_to_text(model, dataset, images, captions, chunk_size, ks)

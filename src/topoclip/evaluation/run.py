@@ -77,23 +77,24 @@ def no_evaluation_sets(config: Config) -> str:
 
 def evaluate(model, tokenizer, config: Config, split: str = "test", device="cpu",
              model_name: Optional[str] = None, sets: Optional[tuple[list, list]] = None) -> list[dict]:
-    """Every evaluation record of `config` for `model` (already on `device`).
+    """Every evaluation record of `config` for `model` (already on `device`). Under torch.distributed call it on
+    every rank: each embeds its share of the images and all get every record (zeroshot.image_embedding_batches).
 
     sets: (classification, retrieval) from `evaluation_sets(config, split)`, when already built.
     """
     vision = model.config.vision
     transform = eval_transform(vision.image_size, vision.mean, vision.std, resize=vision.eval_resize)
     name = model_name or config.name or "topoclip"
-    batch_size = config.evaluate.batch_size
+    batch_size, workers = config.evaluate.batch_size, config.evaluate.num_workers
     classification, retrieval = sets if sets is not None else evaluation_sets(config, split)
     records = []
     for dataset in classification:  # the images are encoded once for every template mode
         for metrics in evaluate_classification_modes(model, tokenizer, dataset, transform,
-                                                     config.evaluate.template_modes, batch_size, device):
+                                                     config.evaluate.template_modes, batch_size, device, workers):
             metrics["classes"] = len(dataset.classnames)
             records.append(record(dataset.name, name, "zeroshot_classification", metrics, dataset.domain))
     for dataset in retrieval:
-        metrics = evaluate_retrieval(model, tokenizer, dataset, transform, batch_size, device=device)
+        metrics = evaluate_retrieval(model, tokenizer, dataset, transform, batch_size, device=device, workers=workers)
         records.append(record(dataset.name, name, "zeroshot_retrieval", metrics, dataset.domain))
     return records
 

@@ -34,8 +34,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+import torch.utils.data
 from tqdm.auto import tqdm
 
 from topoclip.data.types import ClassificationSet
@@ -62,27 +65,74 @@ def evaluating(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+class _Transformed(torch.utils.data.Dataset):
+    """i -> image_transform(images[first + i]) (3, H, W), in a DataLoader worker."""
+
+    def __init__(self, images: Sequence, image_transform: Callable[[Any], torch.Tensor], first: int, stop: int):
+        self.images, self.image_transform, self.first, self.stop = images, image_transform, first, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.image_transform(self.images[self.first + index])
+
+
+def _pixel_batches(images: Sequence, image_transform, batch_size: int, first: int, stop: int,
+                   workers: int) -> Iterator[torch.Tensor]:
+    """(B, 3, H, W) batches of images[first:stop] in order."""
+    pixels = _Transformed(images, image_transform, first, stop)
+    if workers and not isinstance(images, np.ndarray):
+        yield from torch.utils.data.DataLoader(pixels, batch_size=batch_size, num_workers=workers)
+        return
+    for start in range(0, len(pixels), batch_size):
+        yield torch.stack([pixels[i] for i in range(start, min(start + batch_size, len(pixels)))])
+
+
+def _rank_share(total: int) -> tuple[int, int, int]:
+    """(start, stop, rows per rank) of this rank's contiguous share of `total` images; the whole in one process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 0, total, total
+    per = -(-total // dist.get_world_size())
+    rank = dist.get_rank()
+    return min(rank * per, total), min((rank + 1) * per, total), per
+
+
 def image_embedding_batches(
-    model, images: Sequence, image_transform: Callable[[Any], torch.Tensor], batch_size: int, device
+    model, images: Sequence, image_transform: Callable[[Any], torch.Tensor], batch_size: int, device,
+    workers: int = 0,
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """Yield (start, stop, embeddings (stop − start, m, n)) over `images` in order.
 
-    Each image (PIL.Image or uint8 (H, W, 3) array) goes through `image_transform` -> (3, H, W).
-    Call inside :func:`evaluating`.
+    Each image (PIL.Image or uint8 (H, W, 3) array) goes through `image_transform` -> (3, H, W), in `workers`
+    DataLoader workers unless `images` is an array in memory (where a worker would only add its start-up): as
+    `topoclip embed` does, so that ImageNet's 50,000 JPEGs are not decoded one at a time by the process that
+    holds the model (evaluate.num_workers). Under torch.distributed every rank embeds a contiguous share
+    of the images and the shares are gathered (features, not images), so every rank yields every batch: call
+    it on every rank. Call inside :func:`evaluating`.
     """
     total = len(images)
-    with tqdm(total=total, desc="images", unit="image", disable=None, leave=False) as progress:
-        for start in range(0, total, batch_size):
-            stop = min(start + batch_size, total)
-            pixels = torch.stack([image_transform(images[i]) for i in range(start, stop)])  # (B, 3, H, W)
-            yield start, stop, model.encode_image(pixels.to(device))
-            progress.update(stop - start)
+    start, stop, per = _rank_share(total)
+    with tqdm(total=stop - start, desc="images", unit="image", disable=None, leave=False) as progress:
+        blocks = []
+        for pixels in _pixel_batches(images, image_transform, batch_size, start, stop, workers):
+            blocks.append(model.encode_image(pixels.to(device)))
+            progress.update(len(pixels))
+    embeddings = torch.cat(blocks) if blocks else torch.zeros(0, *model.embedding_shape, device=device)  # (n_r, m, n)
+    if per < total:  # every rank's share, padded to `per` rows for the gather, in rank order
+        padded = torch.cat([embeddings, embeddings.new_zeros(per - len(embeddings), *embeddings.shape[1:])])
+        shares = [torch.empty_like(padded) for _ in range(dist.get_world_size())]
+        dist.all_gather(shares, padded)
+        embeddings = torch.cat([share[: max(0, min(per, total - rank * per))] for rank, share in enumerate(shares)])
+    for begin in range(0, total, batch_size):
+        yield begin, min(begin + batch_size, total), embeddings[begin : begin + batch_size]
 
 
-def embed_images(model, images: Sequence, image_transform, batch_size: int = 256, device="cpu") -> torch.Tensor:
-    """All images -> (N, m, n) on `device`."""
+def embed_images(model, images: Sequence, image_transform, batch_size: int = 256, device="cpu",
+                 workers: int = 0) -> torch.Tensor:
+    """All images -> (N, m, n) on `device` (see image_embedding_batches)."""
     with evaluating(model):
-        blocks = [e for _, _, e in image_embedding_batches(model, images, image_transform, batch_size, device)]
+        blocks = [e for _, _, e in image_embedding_batches(model, images, image_transform, batch_size, device, workers)]
     return torch.cat(blocks)
 
 
@@ -200,8 +250,10 @@ def evaluate_classification_modes(
     modes: Sequence[str] = MODES,
     batch_size: int = 256,
     device="cpu",
+    workers: int = 0,
 ) -> list[dict]:
-    """`evaluate_classification` for several template modes, encoding the images once: one dict per mode."""
+    """`evaluate_classification` for several template modes, encoding the images once (in `workers` decoding
+    processes; see image_embedding_batches): one dict per mode."""
     classifiers = [zero_shot_classifier(model, tokenizer, dataset.classnames, dataset.templates, mode, batch_size, device)
                    for mode in modes]
     labels = torch.as_tensor(dataset.labels, dtype=torch.int64)
@@ -209,7 +261,8 @@ def evaluate_classification_modes(
         raise ValueError(f"{dataset.name}: {labels.shape[0]} labels for {len(dataset.images)} images")
     accumulators = [ClassificationAccumulator(classifier.num_classes) for classifier in classifiers]
     with evaluating(model):
-        for start, stop, embeddings in image_embedding_batches(model, dataset.images, image_transform, batch_size, device):
+        for start, stop, embeddings in image_embedding_batches(model, dataset.images, image_transform, batch_size, device,
+                                                               workers):
             for classifier, accumulator in zip(classifiers, accumulators):
                 accumulator.update(classifier.scores(model, embeddings), labels[start:stop])
     return [{**accumulator.compute(), "mode": mode} for mode, accumulator in zip(modes, accumulators)]

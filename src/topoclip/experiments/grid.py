@@ -87,17 +87,27 @@ def load_grid(name: str) -> Grid:
     if name in shipped:
         values, grid_name = json.loads(shipped[name].read_text()), name
     elif Path(name).is_file():
-        values, grid_name = json.loads(Path(name).read_text()), Path(name).stem
+        try:
+            values, grid_name = json.loads(Path(name).read_text(encoding="utf-8")), Path(name).stem
+        except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deeply
+            raise ConfigError(f"grid file {name} is not valid JSON ({str(error)[:200] or 'nested too deeply'})") from None
     else:
         raise ConfigError(f"unknown grid {name!r}; choose one of {grid_names()} or give a grid JSON file")
     try:
         axes = [Axis(a["name"], [Level(a["name"], lv["label"], lv.get("preset"), list(lv.get("set", [])),
                                        lv.get("logit_range_like")) for lv in a["levels"]], a.get("show", True))
                 for a in values["axes"]]
-        return Grid(grid_name, values.get("description", ""), values["preset"], list(values.get("settings", [])),
+        grid = Grid(grid_name, values.get("description", ""), values["preset"], list(values.get("settings", [])),
                     axes, values.get("zero_shot_set", "shape"), values.get("paper", {}))
-    except (KeyError, TypeError) as error:
-        raise ConfigError(f"grid {name!r} is malformed: missing {error}; see topoclip.experiments.grid") from None
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(f"grid {name!r} is malformed ({type(error).__name__}: {error}); see "
+                          f"topoclip.experiments.grid") from None
+    bad = [axis.name for axis in grid.axes if not axis.levels or not all(
+        isinstance(level.label, str) and level.label for level in axis.levels)]
+    if not grid.axes or bad or not isinstance(grid.preset, str):
+        raise ConfigError(f"grid {name!r} is malformed: every axis needs levels with text labels "
+                          f"({'axis ' + repr(bad[0]) if bad else 'no axes or no preset'}); see topoclip.experiments.grid")
+    return grid
 
 
 def slug(text: str) -> str:

@@ -37,7 +37,9 @@ def starting_config(checkpoint: Union[str, Path], preset: Optional[str] = None,
         values = {}
     else:  # the model and how it was trained; never data or evaluation settings (the folder may be anyone's)
         saved = to_dict(load_config_from(folder))
-        values = {"name": saved["name"], "model": saved["model"], "train": saved["train"]}
+        # train.report_to is left out too: "wandb" would upload, which a folder's config never turns on.
+        train = {key: value for key, value in saved["train"].items() if key != "report_to"}
+        values = {"name": saved["name"], "model": saved["model"], "train": train}
     # The data (and the evaluation sets) are the run's own: the default preset's, or what --set gives.
     return load_config(preset or DEFAULT_PRESET, list(overrides),
                        merge(values, {"train": {"init_from": str(checkpoint)}}))

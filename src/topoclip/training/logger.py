@@ -163,8 +163,13 @@ def start_wandb(run_dir: Path, config: dict):
     id_file = run_dir / "wandb-id.txt"
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
     id_file.write_text(run_id)
-    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "topoclip"), name=run_dir.name, id=run_id,
-                     resume="allow", dir=str(run_dir), config=config)
+    try:
+        run = wandb.init(project=os.environ.get("WANDB_PROJECT", "topoclip"), name=run_dir.name, id=run_id,
+                         resume="allow", dir=str(run_dir), config=config)
+    except Exception as error:  # no API key, no network, a refused login: W&B's own errors, said in one line
+        detail = (str(error).splitlines() or [type(error).__name__])[0][:200]
+        raise UserError(f"W&B could not start ({detail}); run `wandb login`, or set WANDB_MODE=offline, or drop "
+                        f"\"wandb\" from train.report_to") from None
     # The run's own step is the x-axis, not W&B's row counter: a resumed run logs its steps again from its
     # checkpoint, which W&B's monotonic _step would refuse.
     run.define_metric("*", step_metric="step")

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from topoclip.checkpoint import (CONFIG, STEP_PREFIX, TRAINING_STATE, check_weights_fit, load_config_from, load_training_state,
                                  load_weights, prune_checkpoints, save_checkpoint, step_checkpoints)
-from topoclip.config import Config, ConfigError, flat_dict, refuse_folder_commands, to_dict
+from topoclip.config import (FOLDER_GUARDED, Config, ConfigError, flat_dict, override_value, refuse_folder_commands,
+                             to_dict)
 from topoclip.data.quality import BadSampleCounter
 from topoclip.errors import CheckpointError, DiskFullError, RunFolderError
 from topoclip.training.data import StreamPosition
@@ -41,19 +42,20 @@ def resumable(key: str) -> bool:
                for allowed in RESUMABLE_SETTINGS)
 
 
-def resume_config(run_dir, config: Optional[Config] = None, typed_train_data: Optional[str] = None) -> Config:
+def resume_config(run_dir, config: Optional[Config] = None, overrides: Sequence[str] = ()) -> Config:
     """The config a resume of `run_dir` trains with: its saved config, or `config` if it changes only
     RESUMABLE_SETTINGS of it. RunFolderError / CheckpointError / ConfigError otherwise, before anything is written.
 
-    The saved config is the folder's, so it may not run a command to read its data (config.refuse_folder_commands)
-    unless the user typed that data.train_data (`typed_train_data`); a `config` given is the caller's own.
+    The saved config is the folder's, so it may not run a command or reach the network (config.refuse_folder_commands)
+    unless the user typed that value (`overrides`, the command line's --set); a `config` given is the caller's own.
     """
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG).is_file():
         raise RunFolderError(f"cannot resume {run_dir}: no {CONFIG} there; give the run folder of an earlier run")
     saved = load_config_from(run_dir)
     if config is None:
-        refuse_folder_commands(saved, run_dir / CONFIG, typed_train_data)
+        typed = {key: override_value(list(overrides), key) for key in FOLDER_GUARDED}
+        refuse_folder_commands(saved, run_dir / CONFIG, typed)
         return saved
     before, after = flat_settings(saved), flat_settings(config)
     changed = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
@@ -219,6 +221,8 @@ def check_training_state(state, optimizer, folder: Path) -> None:
         for name, value in values.items():
             if not isinstance(value, torch.Tensor) or (value.dim() and value.shape != parameters[index].shape):
                 raise bad(f"its optimizer's {name} of parameter {index} does not have the parameter's shape")
+            if value.is_floating_point() and not torch.isfinite(value).all():  # bit rot: zip CRCs are not checked
+                raise bad(f"its optimizer's {name} of parameter {index} holds inf/NaN")
     rng, data = state["rng"], state["data"]
     if not isinstance(rng.get("torch"), torch.Tensor) or rng["torch"].dtype != torch.uint8 or not isinstance(
             rng.get("cuda"), list):

@@ -18,6 +18,7 @@ Files the trainer replaces in place (config.json) are written to a scratch sibli
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
@@ -142,6 +143,28 @@ class RunFolderLock:
         self.release()
 
 
+# The folders inside a run or output folder that topoclip writes into (checked for links with the folder itself).
+WRITTEN_FOLDERS = (CHECKPOINTS, PLOTS, "tensorboard", "analysis", "img_emb", "text_emb")
+
+
+def refuse_links(folder: Path, what: str) -> None:
+    """RunFolderError when `folder` (or a folder topoclip writes inside it) holds a symbolic link, through which a
+    write would land outside the folder the user named (a planted plots -> ~/ or metrics.jsonl -> ~/file), or a
+    FIFO, socket or device, which would block a read or write forever."""
+    for inside in (folder, *(folder / name for name in WRITTEN_FOLDERS)):
+        if inside != folder and inside.is_symlink():  # the folder itself is the user's to place (a link to a disk)
+            raise RunFolderError(f"{inside} is a symbolic link; topoclip writes only inside its {what}: replace the "
+                                 f"link with a folder, or use another folder")
+        if not inside.is_dir():
+            continue
+        foreign = sorted(entry.name for entry in inside.iterdir()
+                         if entry.is_symlink() or not (entry.is_file() or entry.is_dir()))
+        if foreign:
+            raise RunFolderError(f"{inside} holds symbolic links or special files ({', '.join(foreign[:3])}); topoclip "
+                                 f"writes only files inside its {what}: replace them with the files themselves, or use "
+                                 f"another folder")
+
+
 def _owner(descriptor: int) -> str:
     os.lseek(descriptor, 0, os.SEEK_SET)
     return os.read(descriptor, 200).decode("utf-8", "replace").strip()
@@ -151,8 +174,14 @@ def _lock(run_dir: Path, what: str = "run folder", fix: str = "wait for that run
           "another --out") -> RunFolderLock:
     """Take the folder's lock without waiting; RunFolderError naming the holder (and `fix`) when it is taken."""
     path = run_dir / LOCK
+    refuse_links(run_dir, what)
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: a planted .lock -> ~/file would be truncated and written
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise RunFolderError(f"{path} is a symbolic link; topoclip writes only inside its {what}: remove it") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

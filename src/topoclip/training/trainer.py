@@ -250,8 +250,10 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
                         **({"skipped_steps": guard.skipped} if guard.skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
-        if evaluation_due and done < settings.steps and main:
-            logger.log({"step": done, "eval": run_evaluation(model, tokenizer, config, "val", device)})
+        if evaluation_due and done < settings.steps:  # every rank embeds its share of the images
+            values = run_evaluation(model, tokenizer, config, "val", device)
+            if main:
+                logger.log({"step": done, "eval": values})
         if checkpoint_due:
             checkpoint = {"step": done, "counter": BadSampleCounter(counter.kept, counter.bad), "rng": rng_states(),
                           "keep": settings.keep_checkpoints,
@@ -265,11 +267,11 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         barrier()
     bar.close()
 
+    records = final_evaluation(model, tokenizer, config, device, main)  # every rank embeds its share of the images
     if main:
         from topoclip.evaluation.run import (headline, no_evaluation_sets, summary_table, table_rows,
                                              temperature_summary)
 
-        records = final_evaluation(model, tokenizer, config, device)
         write_text_atomic(folder.evaluation, json.dumps(records, indent=2))
         logger.log({"step": settings.steps, "eval": headline(records), "final": True})
         logger.final_table(*table_rows(records), step=settings.steps)
@@ -315,14 +317,15 @@ def run_evaluation(model, tokenizer, config: Config, split: str, device) -> dict
     return headline(evaluate(model, tokenizer, config, split, device))
 
 
-def final_evaluation(model, tokenizer, config: Config, device) -> list[dict]:
-    """The test-split records; says first what it evaluates on (it can take a minute, silent when piped)."""
+def final_evaluation(model, tokenizer, config: Config, device, main: bool = True) -> list[dict]:
+    """The test-split records; the main process says first what it evaluates on (it can take a minute)."""
     from topoclip.evaluation.run import evaluate, evaluation_sets
 
-    print("final evaluation: preparing the test sets...", flush=True)
+    if main:
+        print("final evaluation: preparing the test sets...", flush=True)
     sets = evaluation_sets(config, "test")
     names = [dataset.name for group in sets for dataset in group]
-    if names:
+    if names and main:
         print(f"evaluating on {len(names)} sets ({', '.join(names)})...", flush=True)
     return evaluate(model, tokenizer, config, "test", device, sets=sets)
 
