@@ -118,3 +118,23 @@ def test_models_openclip_cannot_express_are_refused_in_one_line(tmp_path, capsys
     assert main(["export", str(checkpoint), "--openclip", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert reason in error and error.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.torchvision
+def test_a_model_trained_here_exports_to_open_clip_with_its_own_tokenizer(tmp_path):
+    """`topoclip train` (its WordPiece vocabulary trained on the captions), `export --openclip`, then OpenCLIP's own
+    create_model_and_transforms and get_tokenizer on strings: topoclip's text and image embeddings."""
+    open_clip = pytest.importorskip("open_clip")
+    import topoclip
+    from topoclip.training.trainer import train
+
+    run = train(load_config("tiny", OPENAI_LAYOUT + ["train.steps=2", "evaluate.size=16", "train.eval_every=0"]),
+                out_dir=tmp_path / "run", progress=False)
+    assert main(["export", str(run), "--openclip", str(tmp_path / "openclip")]) == 0
+    ours = topoclip.load(run)
+    theirs, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{tmp_path / 'openclip'}")
+    theirs.eval()
+    ids = open_clip.get_tokenizer(f"local-dir:{tmp_path / 'openclip'}")(TEXTS)
+    with torch.no_grad():
+        bound = fp32_pair(model_roundings(TINY, len(TEXTS)))
+        torch.testing.assert_close(theirs.encode_text(ids, normalize=True), ours.encode_text(TEXTS)[:, 0], **bound)

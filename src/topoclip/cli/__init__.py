@@ -60,7 +60,12 @@ def describe_error(error: BaseException) -> str:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as stop:  # a mistyped command line, said in one line (Parser.error); --help exits as ever
+        if stop.code in (0, None):
+            raise
+        return stop.code
     try:
         return args.run(args)
     except KeyboardInterrupt:

@@ -45,6 +45,7 @@ from topoclip.data.types import ClassificationSet
 from topoclip.evaluation.metrics import ClassificationAccumulator
 from topoclip.errors import UserError
 from topoclip.geometry import NORM_EPSILON, flatten, to_space
+from topoclip.workers import start_worker
 
 MODES = ("distance", "embedding", "flat")
 TASKS = ("zeroshot_classification", "zeroshot_retrieval")
@@ -83,7 +84,8 @@ def _pixel_batches(images: Sequence, image_transform, batch_size: int, first: in
     """(B, 3, H, W) batches of images[first:stop] in order."""
     pixels = _Transformed(images, image_transform, first, stop)
     if workers and not isinstance(images, np.ndarray):
-        yield from torch.utils.data.DataLoader(pixels, batch_size=batch_size, num_workers=workers)
+        yield from torch.utils.data.DataLoader(pixels, batch_size=batch_size, num_workers=workers,
+                                               worker_init_fn=start_worker)
         return
     for start in range(0, len(pixels), batch_size):
         yield torch.stack([pixels[i] for i in range(start, min(start + batch_size, len(pixels)))])

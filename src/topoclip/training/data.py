@@ -22,8 +22,8 @@ from topoclip.data.batch import RawBatch, derived_seed
 from topoclip.data.quality import DataQualityError
 from topoclip.data.scenes import SceneDataset
 from topoclip.data.sources import get_source
-from topoclip.training.run_folder import close_inherited_locks
 from topoclip.transforms import RandomResizedCrop, resized_crops, train_transform
+from topoclip.workers import start_worker
 
 # The largest training split kept in memory as uint8 pixels; larger ones are rendered every step.
 SCENES_IN_MEMORY_BYTES = 2 * 1024**3
@@ -90,7 +90,7 @@ class RenderedScenes:
     def __init__(self, scenes: SceneDataset, indices: torch.Tensor, workers: int, chunk: int = 500):
         chunks = [indices[start : start + chunk].tolist() for start in range(0, len(indices), chunk)]
         loader = DataLoader(chunks, batch_size=None, num_workers=min(workers, len(chunks)), collate_fn=scenes.batch,
-                            worker_init_fn=close_inherited_locks if workers else None)
+                            worker_init_fn=start_worker if workers else None)
         images, self.captions = [], []
         for pixels, captions in loader:  # (chunk, S, S, 3) uint8, chunk captions
             images.append(torch.from_numpy(pixels).permute(0, 3, 1, 2))
@@ -205,7 +205,7 @@ def training_batches(config: Config, start_step: int, rank: int = 0, world_size:
     local_batch = train.batch_size // world_size
     workers = train.num_workers
     loader_options = dict(num_workers=workers, persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
-                          worker_init_fn=close_inherited_locks if workers else None)
+                          worker_init_fn=start_worker if workers else None)
     source = get_source(data.source)
     if not source.stream:  # the built-in scenes: indexed by the step, exactly resumable
         scenes = SceneDataset(data.scenes, "train")

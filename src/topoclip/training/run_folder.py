@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from topoclip.errors import RunFolderError
+from topoclip.workers import HELD_LOCKS
 
 CONFIG = "config.json"  # checkpoint folders name theirs topoclip.checkpoint.MODEL_CONFIG
 TOKENIZER = "tokenizer.json"
@@ -90,22 +91,6 @@ except ImportError:  # Windows: no flock; the run folder is then not locked
     fcntl = None
 
 LOCK = ".lock"
-# Descriptors of the locks this process holds. A flock belongs to the open file, which forked children
-# (DataLoader workers) share: one outliving a `kill -9`'d trainer would keep its folder locked.
-_HELD: set[int] = set()
-
-
-def close_inherited_locks(*_) -> None:
-    """In a forked child (a DataLoader worker's worker_init_fn): drop its copies of the parent's lock files,
-    so the lock ends with the process that took it."""
-    for descriptor in list(_HELD):
-        try:
-            os.close(descriptor)
-        except OSError:
-            pass
-    _HELD.clear()
-
-
 class RunFolderLock:
     """This process's hold on a run folder; `release()` (or leaving the `with` block) gives it up.
 
@@ -132,7 +117,7 @@ class RunFolderLock:
                 os.unlink(self.path)
         except OSError:
             pass
-        _HELD.discard(self.descriptor)
+        HELD_LOCKS.discard(self.descriptor)
         os.close(self.descriptor)
         self.descriptor = None
 
@@ -206,7 +191,7 @@ def _lock(run_dir: Path, what: str = "run folder", fix: str = "wait for that run
     os.ftruncate(descriptor, 0)
     os.lseek(descriptor, 0, os.SEEK_SET)
     os.write(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode())
-    _HELD.add(descriptor)
+    HELD_LOCKS.add(descriptor)
     return RunFolderLock(run_dir, descriptor, previous)
 
 
