@@ -217,7 +217,13 @@ def load_tokenizer_from(folder: Path, text_config=None):
 
 
 def load_checkpoint(path, map_location: str = "cpu"):
-    """(model, tokenizer or None, config) from a checkpoint (see `resolve_checkpoint`)."""
+    """(model, tokenizer or None, config) from a checkpoint (see `resolve_checkpoint`), or from a transformers
+    CLIPModel folder (converted in memory: topoclip.convert.hf)."""
+    from topoclip.convert.hf import import_hf, is_hf_clip
+
+    if Path(path).is_dir() and not (Path(path) / MODEL_CONFIG).is_file() and is_hf_clip(path):
+        model, tokenizer, config = import_hf(path)
+        return model.to(map_location), tokenizer, config
     folder = resolve_checkpoint(Path(path))
     config = load_config_from(folder)
     check_weights_fit(folder, config.model)  # before the model is built from a config anyone may have written

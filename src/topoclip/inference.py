@@ -149,9 +149,14 @@ def _open(image):
 
 def checkpoint_folder(source: Union[str, Path], revision: Optional[str] = None,
                       cache_dir: Optional[Union[str, Path]] = None) -> Path:
-    """A local folder for `source`: itself when it exists, else the Hub snapshot of a repo id
-    ("org/name", or "hf-hub:org/name" to skip the local lookup)."""
+    """A local folder for `source`: itself when it exists, a pretrained name's converted folder ("ViT-B-32:openai",
+    topoclip.pretrained), else the Hub snapshot of a repo id ("org/name", or "hf-hub:org/name" to skip the local
+    lookup)."""
+    from topoclip.pretrained import PRETRAINED, pretrained_folder
+
     text = str(source)
+    if text in PRETRAINED and not Path(source).exists():
+        return pretrained_folder(text, revision)
     if text.startswith(HUB_PREFIX):
         return hub_folder(text.removeprefix(HUB_PREFIX), revision, cache_dir)
     if not Path(source).exists() and HUB_REPO_ID.match(text):
@@ -171,13 +176,22 @@ def checkpoint_folder(source: Union[str, Path], revision: Optional[str] = None,
 def load(source: Union[str, Path], device: str = "cpu", revision: Optional[str] = None,
          cache_dir: Optional[Union[str, Path]] = None) -> Pretrained:
     """(model in eval mode on `device`, tokenizer or None, image transform) from a local run folder (its
-    newest checkpoint), checkpoint or exported folder, a model.safetensors file, or a Hugging Face Hub
-    repo id ("org/name" or "hf-hub:org/name")."""
+    newest checkpoint), checkpoint or exported folder, a transformers CLIPModel folder, a model.safetensors file,
+    a Hugging Face Hub repo id ("org/name" or "hf-hub:org/name"), or a pretrained name ("ViT-B-32:openai", see
+    `topoclip pretrained`)."""
     return load_folder(checkpoint_folder(source, revision, cache_dir), resolve_device(device))
 
 
 def load_folder(path: Path, device: torch.device) -> Pretrained:
-    """A local run folder, checkpoint folder or weights file -> Pretrained on `device`, in eval mode."""
+    """A local run folder, checkpoint folder, weights file or transformers CLIPModel folder -> Pretrained on
+    `device`, in eval mode."""
+    from topoclip.convert.hf import is_hf_clip
+
+    if Path(path).is_dir() and not (Path(path) / MODEL_CONFIG).is_file() and is_hf_clip(path):
+        model, tokenizer, config = load_checkpoint(path, map_location=str(device))  # converted in memory
+        vision = config.model.vision
+        transform = eval_transform(vision.image_size, vision.mean, vision.std, resize=vision.eval_resize)
+        return Pretrained(model.eval(), tokenizer, transform, config, Path(path), None)
     try:
         folder = resolve_checkpoint(path)
     except FileNotFoundError as error:
@@ -222,6 +236,11 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
 
     weights = fetch(WEIGHTS)
     if fetch(MODEL_CONFIG, required=False) is None:
-        fetch(CONFIG)  # a repository pushed with the earlier layout
+        fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel
+    from topoclip.convert.hf import MERGES, PREPROCESSOR, is_hf_clip
+
+    if is_hf_clip(weights.parent):  # transformers' layout: its BPE files and pixel statistics too
+        for name in (MERGES, "vocab.json", PREPROCESSOR):
+            fetch(name, required=False)
     fetch(TOKENIZER, required=False)
     return weights.parent

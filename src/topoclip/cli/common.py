@@ -8,7 +8,12 @@ import sys
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a mistyped command line said in one line, as every other user error is (exit status 2)."""
+    """argparse with a mistyped command line said in one line, as every other user error is (exit status 2), and
+    no abbreviations: `--out x` is never read as another flag that starts the same way."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         print(f"topoclip: error: {message} (see `{self.prog} --help`)", file=sys.stderr)

@@ -29,7 +29,7 @@ def add_convert(commands) -> None:
                          "folder with --from topoclip")
     convert.add_argument("destination", help="new (or empty) folder to write")
     convert.add_argument("--from", dest="source_format", choices=FORMATS, default="topoclip",
-                         help="the source's format (default topoclip)")
+                         help="the source's format (default topoclip; hf: a transformers CLIPModel folder)")
     convert.add_argument("--vocab", help="its tokenizer: a BERT vocab.txt (mtob), bpe_simple_vocab_16e6.txt.gz "
                          "(openai, openclip) or a tokenizer.json")
     convert.add_argument("--activation", choices=["gelu", "quick_gelu"], help="openclip: the activation the weights "
@@ -45,9 +45,9 @@ def command_export(args) -> int:
     from topoclip.convert import check_destination
     from topoclip.inference import checkpoint_folder
 
-    if not (args.onnx or args.weights or args.openclip):
-        raise ConfigError("say what to export: --onnx DST (ONNX encoders), --weights DST (safetensors folder) and/or "
-                          "--openclip DST (OpenCLIP's files)")
+    if not (args.onnx or args.weights or args.openclip or args.hf):
+        raise ConfigError("say what to export: --onnx DST (ONNX encoders), --weights DST (safetensors folder), "
+                          "--openclip DST (OpenCLIP's files) and/or --hf DST (transformers' CLIPModel)")
     model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
     if args.openclip:
         from topoclip.convert.openclip_export import export_openclip
@@ -56,6 +56,13 @@ def command_export(args) -> int:
         print(f"wrote {args.openclip} (open_clip_config.json, open_clip_model.safetensors, tokenizer.json, "
               f"tokenizer_config.json): open_clip.create_model_and_transforms('local-dir:{args.openclip}') and "
               f"open_clip.get_tokenizer('local-dir:{args.openclip}')")
+    if args.hf:
+        from topoclip.convert.hf import export_hf
+
+        export_hf(model, config, args.hf, tokenizer)
+        print(f"wrote {args.hf} (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, "
+              f"preprocessor_config.json): transformers.CLIPModel.from_pretrained('{args.hf}') and "
+              f"AutoTokenizer.from_pretrained('{args.hf}')")
     if args.weights:
         save_checkpoint(check_destination(args.weights), model, config, tokenizer)
         print(f"wrote {args.weights} (model.safetensors, topoclip_config.json{', tokenizer.json' if tokenizer else ''})")
@@ -77,6 +84,9 @@ def add_export(commands) -> None:
     export.add_argument("--openclip", metavar="DST", help="write OpenCLIP's open_clip_config.json and "
                         "open_clip_model.safetensors (a sphere model with one class token and an OpenAI-shaped text "
                         "tower; others are refused)")
+    export.add_argument("--hf", metavar="DST", help="write transformers' CLIPModel (config.json, model.safetensors) "
+                        "with the model's tokenizer and image processor into this new folder (the models --openclip "
+                        "takes)")
     export.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     export.add_argument("--flat", action="store_true", help="ONNX encoders output (B, m·n) vectors whose inner "
                         "product is the model's similarity, for an inner-product index (sphere and ps-inner only)")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from topoclip.cli.common import add_command, add_overrides, whole
+from topoclip.cli.openclip_flags import add_openclip_flags
 from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict
 from topoclip.errors import EvaluationSetError, UserError, resolve_device
 
@@ -14,9 +15,25 @@ from topoclip.errors import EvaluationSetError, UserError, resolve_device
 
 
 def command_train(args) -> int:
+    from topoclip.cli.openclip_flags import overrides, pretrained_name
+    from topoclip.data.sources import epoch_steps
     from topoclip.training.resume import resume_config
     from topoclip.training.trainer import train
 
+    def steps_per_epoch(aliases: list[str], batch) -> int:
+        config = load_config(args.preset or DEFAULT_PRESET, aliases + args.overrides)
+        return epoch_steps(config.data, batch or config.train.batch_size)
+
+    args.overrides = overrides(args, steps_per_epoch) + args.overrides  # OpenCLIP's flags; --set wins over them
+    name = pretrained_name(args)
+    if name is not None:
+        from topoclip.pretrained import get_pretrained, pretrained_folder
+
+        if args.init_from or args.resume:
+            raise ConfigError("--pretrained starts a new run from a pretrained model; it cannot be combined with "
+                              "--init-from or --resume")
+        get_pretrained(name)  # an unknown name is said before anything is fetched
+        args.init_from = str(pretrained_folder(name))
     if args.resume:
         if args.preset is not None:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its saved config; "
@@ -58,6 +75,7 @@ def add_train(commands) -> None:
                        "(nothing is trained or written)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     add_imagenet_val(train)
+    add_openclip_flags(train)
 
 
 def add_imagenet_val(parser) -> None:
@@ -73,11 +91,32 @@ def with_imagenet_val(config, path) -> None:
         config.evaluate.classification = [*config.evaluate.classification, entry]
 
 
+# --------------------------------------------------------------------------- pretrained
+
+
+def command_pretrained(args) -> int:
+    from topoclip.pretrained import PRETRAINED, cache_dir
+
+    width = max(len(name) for name in PRETRAINED)
+    for entry in PRETRAINED.values():
+        cached = (cache_dir() / "pretrained" / entry.name.replace(":", "--")).is_dir()
+        print(f"{entry.name:<{width}}  hf-hub:{entry.repo:<42} {entry.note}{'  (converted here)' if cached else ''}")
+    print("\ntopoclip.load(NAME), topoclip train --pretrained NAME (OpenCLIP's --model MODEL --pretrained TAG works "
+          "too), topoclip eval/embed/predict NAME")
+    return 0
+
+
+def add_pretrained(commands) -> None:
+    add_command(commands, "pretrained", command_pretrained, "list the pretrained models by name, as OpenCLIP names "
+                "them (MODEL:TAG); fetched from the Hugging Face Hub on first use")
+
+
 # --------------------------------------------------------------------------- eval
 
 
 def command_eval(args) -> int:
     from topoclip.checkpoint import load_checkpoint
+    from topoclip.inference import checkpoint_folder
     from topoclip.config import Config, apply_overrides, from_dict, validate
     from topoclip.evaluation.clip_benchmark import default_template_mode, write_results
     from topoclip.evaluation.run import evaluate, no_evaluation_sets, summary_table
@@ -86,7 +125,7 @@ def command_eval(args) -> int:
         raise ConfigError("--template-mode chooses the mode of --output's CLIP_benchmark files; give --output DIR "
                           "(the records of every mode in evaluate.template_modes go to --json)")
     device = resolve_device(args.device, "--device")
-    model, tokenizer, config = load_checkpoint(args.checkpoint)
+    model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
     if args.overrides:  # e.g. evaluate on other sets: --set evaluate.classification='["folder"]'
         config = from_dict(Config, apply_overrides(to_dict(config), args.overrides))
         validate(config)
@@ -183,7 +222,7 @@ def add_embed(commands) -> None:
     embed.add_argument("--batch-size", type=whole(1), default=256)
     embed.add_argument("--shard-size", type=whole(1), default=10_000, help="inputs per shard (default 10000)")
     embed.add_argument("--workers", type=whole(0), default=2, help="image decoding processes (0: in this one)")
-    embed.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    embed.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda or cuda:N")
     embed.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -225,7 +264,7 @@ def add_predict(commands) -> None:
     predict.add_argument("--template", action="append", help='prompt with {} for the label (repeatable; default '
                          '"a photo of a {}."); several are averaged as the paper does')
     predict.add_argument("--top", type=whole(1), default=5, help="how many labels to print per image (default 5)")
-    predict.add_argument("--device", default="cpu", help="cpu (default), auto, cuda or cuda:N")
+    predict.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda or cuda:N")
 
 
 # --------------------------------------------------------------------------- presets

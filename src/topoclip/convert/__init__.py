@@ -8,7 +8,8 @@ foreign ``.pt``/``.bin`` files go through ``torch.load(weights_only=True)`` (see
 Formats (``topoclip convert --from``):
 - ``topoclip``: a topoclip checkpoint or run folder (to upcycle, or to strip the training state);
 - ``mtob``: the paper authors' release (``mtob.py``);
-- ``openai`` / ``openclip``: OpenAI CLIP / OpenCLIP ViT weights (``openai.py``).
+- ``openai`` / ``openclip``: OpenAI CLIP / OpenCLIP ViT weights (``openai.py``);
+- ``hf``: a transformers ``CLIPModel`` folder (``hf.py``), the layout of most CLIPs on the Hugging Face Hub.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from topoclip.config import Config, ConfigError
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 
-FORMATS = ("topoclip", "mtob", "openai", "openclip")
+FORMATS = ("topoclip", "mtob", "openai", "openclip", "hf")
 
 
 def read_model(format: str, source: Union[str, Path], vocab: Optional[Union[str, Path]] = None,
@@ -53,6 +54,13 @@ def read_model(format: str, source: Union[str, Path], vocab: Optional[Union[str,
         if activation:
             raise ConfigError("the authors' release uses exact GELU; --activation applies to --from openclip")
         return import_mtob(source, vocab, overrides)
+    if format == "hf":
+        from topoclip.convert.hf import import_hf
+
+        if activation or vocab is not None:
+            raise ConfigError("a transformers CLIPModel folder says its activation (config.json) and holds its "
+                              "tokenizer (merges.txt); --activation and --vocab do not apply")
+        return import_hf(source, overrides)
     if format in ("openai", "openclip"):
         from topoclip.convert.openai import import_openai
 

@@ -1,0 +1,163 @@
+"""transformers' CLIPModel both ways, against the real library: a tiny CLIPModel and its CLIPTokenizer written by
+transformers are imported (`convert --from hf`, `topoclip.load(folder)`), give transformers' own embeddings for the
+same strings and pixels, train a step, and export back (`export --hf`) into a folder transformers loads with
+the same embeddings."""
+import json
+
+import pytest
+import torch
+
+from topoclip.cli import main
+from topoclip.convert.openai import bytes_to_unicode
+
+from _tolerance import fp32_pair, network_roundings
+
+transformers = pytest.importorskip("transformers")
+
+MERGES = ["t h", "th e</w>", "a t</w>", "c a", "r e", "re d</w>", "c at</w>", "b l", "bl u", "blu e</w>", "s t",
+          "st a", "sta r", "star s</w>"]
+TEXTS = ["a red cat", "the blue stars", "a photo of the cat", "two red stars and a cat"]
+# Two fp32 computations of the same embeddings (two towers of 2 layers, width ≤ 64, ≤ 16 tokens) in other kernels:
+# within the summed rounding bound of their longest reduction chain (tests/_tolerance.py), on any CPU.
+BOUND = fp32_pair(network_roundings(layers=2, width=64, context=17, batch=len(TEXTS)))
+
+
+def write_clip_tokenizer(folder):
+    """OpenAI's BPE as transformers' CLIPTokenizer files (vocab.json, merges.txt) for MERGES."""
+    characters = list(bytes_to_unicode().values())
+    tokens = characters + [c + "</w>" for c in characters] + ["".join(m.split()) for m in MERGES]
+    tokens += ["<|startoftext|>", "<|endoftext|>"]
+    (folder / "vocab.json").write_text(json.dumps({token: index for index, token in enumerate(tokens)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(MERGES) + "\n")
+    return len(tokens)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf") / "tiny-clip"
+    folder.mkdir()
+    vocab = write_clip_tokenizer(folder)
+    config = transformers.CLIPConfig(
+        text_config={"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "max_position_embeddings": 16, "hidden_act": "quick_gelu",
+                     "bos_token_id": vocab - 2, "eos_token_id": 2, "pad_token_id": 1},
+        vision_config={"hidden_size": 48, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 3,
+                       "image_size": 32, "patch_size": 8, "hidden_act": "quick_gelu"},
+        projection_dim=24)
+    torch.manual_seed(0)
+    model = transformers.CLIPModel(config).eval()
+    model.save_pretrained(folder)
+    tokenizer = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def transformers_embeddings(folder, texts, pixels):
+    model = transformers.CLIPModel.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(texts, padding="max_length", max_length=model.config.text_config.max_position_embeddings,
+                    truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        text = model.get_text_features(**ids)
+        image = model.get_image_features(pixel_values=pixels)
+    if not isinstance(text, torch.Tensor):  # newer transformers return an output object
+        text, image = text.pooler_output, image.pooler_output
+    return torch.nn.functional.normalize(text, dim=-1), torch.nn.functional.normalize(image, dim=-1)
+
+
+def pixels(size=32):
+    return torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def test_a_transformers_clip_folder_loads_with_its_own_embeddings(hf_folder):
+    import topoclip
+
+    clip = topoclip.load(hf_folder)  # recognised by its config.json, converted in memory
+    assert clip.config.model.text.end_token_id is None and clip.config.model.vision.activation == "quick_gelu"
+    text, image = transformers_embeddings(hf_folder, TEXTS, pixels())
+    torch.testing.assert_close(clip.encode_text(TEXTS)[:, 0], text, **BOUND)
+    with torch.no_grad():
+        torch.testing.assert_close(clip.model.encode_image(pixels())[:, 0], image, **BOUND)
+
+
+def test_convert_train_and_export_back_to_transformers(hf_folder, tmp_path):
+    import topoclip
+
+    assert main(["convert", "--from", "hf", str(hf_folder), str(tmp_path / "imported")]) == 0
+    assert main(["export", str(tmp_path / "imported"), "--hf", str(tmp_path / "back")]) == 0
+    text, image = transformers_embeddings(tmp_path / "back", TEXTS, pixels())
+    ours, theirs = topoclip.load(tmp_path / "imported"), transformers_embeddings(hf_folder, TEXTS, pixels())
+    torch.testing.assert_close(text, theirs[0], **BOUND)  # the round trip changes nothing
+    torch.testing.assert_close(image, theirs[1], **BOUND)
+    torch.testing.assert_close(ours.encode_text(TEXTS)[:, 0], text, **BOUND)
+
+
+def test_a_model_trained_here_exports_to_transformers(tmp_path):
+    """A WordPiece vocabulary trained here: exported with eos_token_id = its [SEP], which transformers pools at."""
+    import topoclip
+    from topoclip.config import load_config
+    from topoclip.training.trainer import train
+
+    layout = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
+              "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false",
+              "model.vision.activation=quick_gelu", "model.text.activation=quick_gelu", "train.steps=2",
+              "evaluate.size=16", "train.eval_every=0"]
+    run = train(load_config("tiny", layout), out_dir=tmp_path / "run", progress=False)
+    assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
+    clip = topoclip.load(run)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["text_config"]["eos_token_id"] == clip.tokenizer.sep_id
+    text, image = transformers_embeddings(tmp_path / "hf", TEXTS, pixels(clip.config.model.vision.image_size))
+    bound = fp32_pair(network_roundings(layers=2, width=64, context=32, batch=len(TEXTS)))
+    torch.testing.assert_close(clip.encode_text(TEXTS)[:, 0], text, **bound)
+    with torch.no_grad():
+        torch.testing.assert_close(clip.model.encode_image(pixels(clip.config.model.vision.image_size))[:, 0], image,
+                                   **bound)
+
+
+def test_models_transformers_cannot_hold_are_refused_in_one_line(tmp_path, capsys):
+    from topoclip.config import load_config
+    from topoclip.training.trainer import train
+
+    run = train(load_config("tiny", ["train.steps=1", "evaluate.size=16", "train.eval_every=0"]),
+                out_dir=tmp_path / "run", progress=False)
+    assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 2
+    error = capsys.readouterr().err
+    assert "transformers' CLIPModel cannot hold this model" in error and error.count("\n") == 1
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder, tmp_path):
+    """OpenCLIP's name (ViT-B-32:openai) -> its Hub repository (openai/clip-vit-base-patch32, transformers' layout)
+    in the Hugging Face cache, offline -> converted once into TOPOCLIP_CACHE -> loaded, and trained from."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("huggingface_hub")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--openai--clip-vit-base-patch32"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in hf_folder.iterdir():  # a tiny CLIPModel in the real repository's file names
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
+           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    script = ("import topoclip, torch\n"
+              f"clip = topoclip.load('ViT-B-32:openai')\n"
+              f"print(clip.encode_text({TEXTS!r})[:, 0].tolist())\n")
+    loaded = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr
+    text, _ = transformers_embeddings(hf_folder, TEXTS, pixels())
+    torch.testing.assert_close(torch.tensor(json.loads(loaded.stdout)), text, **BOUND)
+    assert (tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-32--openai" / "main" / "model.safetensors").is_file()
+    settings = ["--set", "train.steps=1", "--set", "evaluate.size=16", "--set", "train.num_workers=0",
+                "--set", "data.scenes.train_size=64", "--set", "train.batch_size=8", "--quiet"]
+    for name in (["--pretrained", "ViT-B-32:openai"], ["--model", "ViT-B-32", "--pretrained", "openai"]):
+        out = tmp_path / f"run{len(name)}"
+        trained = subprocess.run([sys.executable, "-m", "topoclip", "train", *name, "--out", str(out), *settings],
+                                 env=env, capture_output=True, text=True, timeout=600)
+        assert trained.returncode == 0, trained.stderr[-2000:]
+        assert (out / "eval.json").is_file()
+        assert json.loads((out / "config.json").read_text())["train"]["init_from"].endswith("ViT-B-32--openai/main")

@@ -1,0 +1,80 @@
+"""An OpenCLIP user's habits on topoclip's command line (issue #43): OpenCLIP's training flags are aliases for the
+topoclip settings they stand for, or answered in one line naming what to do; no abbreviations; one device default."""
+import json
+
+import pytest
+
+from topoclip.cli import main
+from topoclip.cli.openclip_flags import FLAGS
+
+
+def printed_config(capsys, *flags, env=None):
+    assert main(["train", "--preset", "tiny", *flags, "--print-config"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_openclip_training_flags_are_aliases(capsys):
+    config = printed_config(capsys, "--lock-image", "--lock-image-unlocked-groups", "2", "--report-to", "all",
+                            "--precision", "amp_bf16", "--lr", "1e-3", "--wd", "0.1", "--warmup", "7", "--seed", "3",
+                            "--workers", "0", "--grad-clip-norm", "2.5", "--grad-checkpointing", "--force-quick-gelu",
+                            "--name", "mine")
+    train = config["train"]
+    assert (train["lock_image"], train["lock_image_unlocked_groups"], train["report_to"], train["precision"]) == (
+        True, 2, ["tensorboard", "wandb"], "bf16")
+    assert (train["lr"], train["weight_decay"], train["warmup_steps"], train["seed"], train["num_workers"],
+            train["grad_clip"], train["gradient_checkpointing"]) == (1e-3, 0.1, 7, 3, 0, 2.5, True)
+    assert config["model"]["vision"]["activation"] == config["model"]["text"]["activation"] == "quick_gelu"
+    assert config["name"] == "mine"
+
+
+def test_set_wins_over_an_openclip_flag(capsys):
+    assert printed_config(capsys, "--lr", "1e-3", "--set", "train.lr=2e-3")["train"]["lr"] == 2e-3
+
+
+def test_batch_size_is_per_gpu_and_accum_freq_multiplies_it_as_in_openclip(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun's
+    train = printed_config(capsys, "--batch-size", "32", "--accum-freq", "2")["train"]
+    assert (train["batch_size"], train["accumulation_steps"]) == (32 * 4 * 2, 2)
+
+
+def test_epochs_become_steps_of_the_data_s_epoch(capsys):
+    config = printed_config(capsys, "--batch-size", "64", "--epochs", "3")
+    epoch = -(-config["data"]["scenes"]["train_size"] // 64)
+    assert config["train"]["steps"] == 3 * epoch
+
+
+def test_train_data_picks_the_source_as_openclip_s_dataset_type_does(capsys):
+    for flags, source in ([["--train-data", "shards/{00000..00009}.tar"], "shards"],
+                          [["--train-data", "pairs.csv", "--csv-img-key", "path"], "csv"],
+                          [["--train-data", "x", "--dataset-type", "webdataset", "--dataset-resampled",
+                            "--train-num-samples", "1000"], "shards"]):
+        data = printed_config(capsys, *flags)["data"]
+        assert data["source"] == source and data["train_data"] == flags[1]
+
+
+@pytest.mark.parametrize("flag", [flag.name for flag in FLAGS if flag.instead])
+def test_an_openclip_flag_without_an_equivalent_is_one_line_naming_what_to_do(flag, capsys):
+    value = [] if any(f.name == flag and f.kind is None for f in FLAGS) else ["x"]
+    assert main(["train", "--preset", "tiny", flag, *value, "--print-config"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"{flag} is OpenCLIP's;" in error
+
+
+def test_pure_precision_and_epochs_without_an_epoch_are_one_line(capsys):
+    assert main(["train", "--preset", "tiny", "--precision", "pure_bf16", "--print-config"]) == 2
+    assert "amp_bf16" in capsys.readouterr().err
+    assert main(["train", "--preset", "tiny", "--train-data", "s/{0..3}.tar", "--epochs", "2", "--print-config"]) == 2
+    assert "--train-num-samples" in capsys.readouterr().err
+
+
+def test_no_abbreviations(tmp_path, capsys):
+    assert main(["eval", str(tmp_path), "--out", str(tmp_path / "x")]) == 2  # once read as --output
+    assert "unrecognized arguments: --out" in capsys.readouterr().err
+
+
+def test_one_device_default():
+    from topoclip.cli import parser
+
+    commands = parser()._subparsers._group_actions[0].choices
+    defaults = {name: commands[name].get_default("device") for name in ("eval", "embed", "predict")}
+    assert set(defaults.values()) == {"auto"}, defaults
