@@ -285,13 +285,27 @@ def claims_table(claims: dict) -> str:
     return "\n".join(lines)
 
 
+def ceiling_table(result: dict) -> str:
+    """The Bayes-optimal ranking's recall on the built-in retrieval set (`topoclip data ceiling`)."""
+    expected, this_set = result["ceiling"]["expected"], result["ceiling"]["this_set"]
+    rows = [("text → image R@1", "image_retrieval_recall@1"), ("text → image R@5", "image_retrieval_recall@5"),
+            ("text → image R@10", "image_retrieval_recall@10"), ("image → text R@1", "text_retrieval_recall@1"),
+            ("image → text R@5", "text_retrieval_recall@5"), ("image → text R@10", "text_retrieval_recall@10"),
+            ("mean recall", "mean_recall")]
+    lines = [f"Measured: `topoclip data ceiling --preset {result['preset']}` ({result['split']} split, "
+             f"{result['size']:,} images, {result['captions_per_image']} captions each).", "",
+             "| metric | ceiling on this set | ceiling expected over the generator |", "|---|---|---|"]
+    lines += [f"| {label} | {this_set[key]:.1f} | {expected[key]:.1f} |" for label, key in rows]
+    return "\n".join(lines)
+
+
 # A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium,
 # equilibrium-train-19200 as equilibrium-train);
 # blocks named NAME-tests are comparison tables (comparison_table); any other name is an ablation.
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "claims": claims_table,
              "experts": experts_table, "equilibrium": equilibrium_table,
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
-             "collapse": similarities_table, "false-negatives": false_negatives_table}
+             "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table}
 
 
 def load_results(name: str):

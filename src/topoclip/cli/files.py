@@ -144,6 +144,26 @@ def command_make_shards(args) -> int:
     return 0
 
 
+def command_ceiling(args) -> int:
+    import json
+
+    from topoclip.data.scenes.ceiling import retrieval_ceiling
+
+    config = load_config(args.preset, args.overrides)
+    settings = config.evaluate
+    size = min(settings.size, config.data.scenes.size_of(args.split))
+    result = {"preset": args.preset, "overrides": args.overrides, "split": args.split, "size": size,
+              "captions_per_image": settings.captions_per_image,
+              "ceiling": retrieval_ceiling(config.data.scenes, args.split, size, settings.captions_per_image)}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        from topoclip.atomic import write_text_atomic
+
+        write_text_atomic(args.out, text + "\n")
+    print(text)
+    return 0
+
+
 def add_data(commands) -> None:
     data = add_command(commands, "data", None, "data tools")
     data_commands = data.add_subparsers(dest="data_command", required=True)
@@ -159,3 +179,10 @@ def add_data(commands) -> None:
     add_overrides(shards)
     shards.add_argument("--samples-per-shard", type=whole(1), default=1000)
     shards.add_argument("--out", required=True, help="output folder")
+    ceiling = add_command(data_commands, "ceiling", command_ceiling, "the recall the Bayes-optimal ranker reaches on "
+                          "the built-in retrieval set (the generator's caption probabilities, exactly): the ceiling "
+                          "of every R@K and mean recall `topoclip eval` reports on it")
+    ceiling.add_argument("--preset", default=DEFAULT_PRESET, help="whose data.scenes and evaluate settings")
+    ceiling.add_argument("--split", default="test", choices=["val", "test"])
+    ceiling.add_argument("--out", help="also write the JSON to this file")
+    add_overrides(ceiling)
