@@ -1,0 +1,172 @@
+"""The GPU path checked end to end in one prepared run, and its CPU rehearsal: one JSON and a short text report.
+
+    python benchmarks/gpu_check.py --out gpu-check/                      # on one GPU: at most ~8 minutes
+    python benchmarks/gpu_check.py --device cpu --tiny --out rehearsal/  # every step on a CPU, in about 2 minutes
+
+Steps, each in its own process with a time limit, each recorded as passed / failed / skipped with its output's tail:
+1. `pytest --run-gpu -m gpu`: every test marked gpu (on a CPU they skip, and the step says so).
+2. A real `topoclip train` in bf16 (fp32 on a CPU) with periodic evaluation, LiT locking, TensorBoard and W&B
+   (offline), on WebDataset shards written by `topoclip data make-shards`: killed with SIGKILL after its first
+   checkpoint, resumed with `--resume`, and its losses compared with an uninterrupted run of the same seed
+   (equal on a CPU, where the run is deterministic; on a GPU the largest difference is reported against a bound
+   of 1e-2 relative, bf16's rounding of a loss summed over a few hundred steps of an order-one loss);
+   a short run with a metric-learning loss (max-hinge); `topoclip embed` of the shards' images.
+3. The ViT-B/16 step (benchmarks/mfu.py), sphere and Multi(32, 16), batch 256, bf16, eager and compiled:
+   images/s, FLOPs, MFU against a matmul peak measured in the same run, and OpenCLIP's own model when it imports.
+4. Shards against random tensors (benchmarks/shard_throughput.py) with the default workers.
+With --tiny every size is the tiny preset's and every count a few steps, so the whole path runs on a laptop.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESUME_BOUND_GPU = 1e-2  # relative: bf16 (8 significant bits) over a few hundred steps; a CPU run must be equal
+
+
+def run(command: list[str], limit: int, env: dict | None = None, cwd: Path = ROOT) -> dict:
+    """One step's process: status, seconds, the tail of its output and the JSON lines it printed."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, cwd=cwd,
+                              env={**os.environ, **(env or {})})
+        status = "passed" if done.returncode == 0 else "failed"
+        output = done.stdout + done.stderr
+    except subprocess.TimeoutExpired as expired:
+        status, output = "failed", f"timed out after {limit} s\n{(expired.stdout or b'')[-2000:]!r}"
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            pass
+    return {"command": " ".join(command), "status": status, "seconds": round(time.perf_counter() - start, 1),
+            "json": parsed, "tail": output[-1500:]}
+
+
+def topoclip(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "topoclip", *arguments]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """{step: loss} of a run's metrics.jsonl."""
+    found = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            found[record["step"]] = record["loss"]
+    return found
+
+
+def training(args, out: Path) -> dict:
+    """Step 2: shards, an uninterrupted run, a killed and resumed run, a metric-learning run, embed."""
+    device, tiny = args.device, args.tiny
+    precision = "bf16" if device != "cpu" else "fp32"
+    steps, every = (24, 8) if tiny else (300, 100)
+    shards = out / "shards"
+    result = {"make_shards": run(topoclip("data", "make-shards", "--preset", "tiny" if tiny else "cpu-multi",
+                                          "--count", "512" if tiny else "20000", "--samples-per-shard", "128",
+                                          "--out", str(shards)), 300)}
+    pattern = sorted(str(path) for path in shards.glob("*.tar"))
+    spec = f"{shards}/{{{Path(pattern[0]).stem}..{Path(pattern[-1]).stem}}}.tar" if pattern else str(shards / "x.tar")
+    settings = ["--preset", "tiny" if tiny else "cpu-multi", "--quiet",
+                "--set", f"train.device={device}", "--set", f"train.precision={precision}",
+                "--set", f"train.steps={steps}", "--set", f"train.eval_every={every}",
+                "--set", f"train.checkpoint_every={every}", "--set", "train.keep_checkpoints=5",
+                "--set", "data.source=shards", "--set", f"data.train_data={spec}",
+                "--set", "train.lock_image=true", "--set", "train.lock_image_unlocked_groups=2",
+                "--set", 'train.report_to=["tensorboard","wandb"]', "--set", "evaluate.size=64",
+                "--set", "evaluate.validation_size=32", "--set", "train.log_every=2"]
+    if tiny:
+        settings += ["--set", "train.batch_size=32", "--set", "train.num_workers=1"]
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(out)}
+    result["uninterrupted"] = run(topoclip("train", *settings, "--out", str(out / "whole")), 600, env)
+    # The same run killed with SIGKILL once its first checkpoint is written, then resumed.
+    killed = out / "killed"
+    process = subprocess.Popen(topoclip("train", *settings, "--out", str(killed)), cwd=ROOT, env={**os.environ, **env},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None and not list((killed / "checkpoints").glob("step-*")):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    result["resumed"] = run(topoclip("train", "--resume", str(killed), "--quiet",
+                                     "--set", 'train.report_to=["tensorboard","wandb"]'), 600, env)
+    if result["uninterrupted"]["status"] == result["resumed"]["status"] == "passed":
+        whole, again = losses(out / "whole"), losses(killed)
+        common = sorted(set(whole) & set(again))
+        worst = max((abs(whole[s] - again[s]) / max(abs(whole[s]), 1e-12) for s in common), default=None)
+        bound = 0.0 if device == "cpu" else RESUME_BOUND_GPU
+        result["resume_losses"] = {"steps_compared": len(common), "largest_relative_difference": worst,
+                                   "bound": bound, "status": "passed" if common and worst <= bound else "failed"}
+    metric = settings + ["--set", "train.loss=max-hinge", "--set", "train.margin=0.2", "--set", "train.lock_image=false",
+                         "--set", "train.lock_image_unlocked_groups=0", "--set", f"train.steps={every}"]
+    result["metric_learning"] = run(topoclip("train", *metric, "--out", str(out / "max-hinge")), 600, env)
+    result["embed"] = run(topoclip("embed", str(out / "whole"), "--images", spec, "--out", str(out / "embeddings"),
+                                   "--device", device, "--quiet"), 300)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="the tiny preset and a few steps everywhere (rehearsal)")
+    parser.add_argument("--out", required=True, help="a new folder for check.json, report.txt and the runs")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=False)
+    import torch
+
+    report = {"device": args.device, "tiny": args.tiny, "torch": torch.__version__, "python": platform.python_version(),
+              "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "steps": {}}
+    steps = report["steps"]
+    steps["gpu_tests"] = run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--run-gpu",
+                              "tests/test_gpu.py"], 420)
+    steps["training"] = training(args, out)
+    presets = "tiny" if args.tiny else "sphere-vit-b16,multi-32x16-vit-b16"
+    batch = "8" if args.tiny else "256"
+    small = ["--rounds", "1", "--steps", "2", "--warmup", "1"] if args.tiny else ["--rounds", "3"]
+    device = ["--device", args.device] + ([] if args.device == "cpu" else ["--precision", "bf16"])
+    for mode, extra in (("eager", []), ("compiled", ["--compile"])):
+        steps[f"step_{mode}"] = run([sys.executable, str(HERE / "mfu.py"), "--presets", presets, "--batch", batch,
+                                     *device, *small, *extra], 600)
+    shard = ["--samples", "256", "--steps", "3", "--warmup", "1", "--rounds", "1", "--image-size", "64"] if args.tiny else []
+    steps["shards_vs_random"] = run([sys.executable, str(HERE / "shard_throughput.py"), "--preset",
+                                     "tiny" if args.tiny else "sphere-vit-b16", "--batch", batch, "--device", args.device,
+                                     *shard], 600)
+
+    def statuses(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict) and "status" in value:
+                yield prefix + key, value["status"]
+            elif isinstance(value, dict):
+                yield from statuses(value, prefix + key + ".")
+
+    found = dict(statuses(steps))
+    report["passed"] = all(status == "passed" for status in found.values())
+    (out / "check.json").write_text(json.dumps(report, indent=2))
+    lines = [f"GPU check on {report['gpu'] or args.device} (torch {report['torch']}, {report['date']}"
+             f"{', tiny rehearsal' if args.tiny else ''}): {'all passed' if report['passed'] else 'FAILED'}"]
+    lines += [f"  {name}: {status}" for name, status in found.items()]
+    for name in ("step_eager", "step_compiled", "shards_vs_random"):
+        summaries = [line for line in steps[name]["json"] if "images_per_s" in json.dumps(line)]
+        if summaries:
+            lines.append(f"  {name}: {json.dumps(summaries[-1])[:300]}")
+    (out / "report.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

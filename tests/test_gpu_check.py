@@ -1,0 +1,22 @@
+"""benchmarks/gpu_check.py's CPU rehearsal (issue #45): every step of the GPU check runs on this machine, and the
+resumed run's losses equal the uninterrupted run's."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
+    out = tmp_path / "rehearsal"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    report = json.loads((out / "check.json").read_text())
+    assert done.returncode == 0 and report["passed"], (out / "report.txt").read_text()
+    resume = report["steps"]["training"]["resume_losses"]
+    assert resume["steps_compared"] >= 5 and resume["largest_relative_difference"] == 0.0
+    assert (out / "report.txt").read_text().startswith("GPU check on cpu")
