@@ -83,10 +83,13 @@ def evaluation(case: dict) -> dict:
     from topoclip.evaluation.retrieval import evaluate_retrieval
     from topoclip.evaluation.zeroshot import evaluate_classification_modes
 
+    from topoclip.evaluation.zeroshot import embed_images
+
     classification, retrieval, model, tokenizer, transform = evaluation_inputs(case)
     return {"classification": evaluate_classification_modes(model, tokenizer, classification, transform,
                                                              ["distance", "embedding"], batch_size=1, workers=1),
-            "retrieval": evaluate_retrieval(model, tokenizer, retrieval, transform, batch_size=1, workers=1)}
+            "retrieval": evaluate_retrieval(model, tokenizer, retrieval, transform, batch_size=1, workers=1),
+            "one_image": embed_images(model, classification.images[:1], transform, batch_size=1)}  # fewer than ranks
 
 
 def evaluation_inputs(case: dict):

@@ -17,7 +17,8 @@ import torch
 
 HAVE_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-MISSING_TOOL = "could not import"  # the start of every pytest.importorskip reason
+# pytest.importorskip's reasons: a tool missing, or older than its minversion.
+MISSING_TOOL = ("could not import", "required is")
 
 _missing_tools: list[str] = []
 
@@ -44,7 +45,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _record_missing_tool(report) -> None:
-    if report.skipped and MISSING_TOOL in str(report.longrepr):
+    if report.skipped and any(reason in str(report.longrepr) for reason in MISSING_TOOL):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _missing_tools.append(f"{report.nodeid}: {reason}")
 

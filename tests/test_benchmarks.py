@@ -282,3 +282,39 @@ def test_the_flat_mode_averages_as_clip_benchmark_does(checkpoint):
     one = [zero_shot_classifier(model, tokenizer, names, templates[:1], mode) for mode in ("distance", "flat")]
     images = to_space("ps-inner", torch.randn(9, 4, 16))
     assert torch.equal(one[0].scores(model, images).argmax(1), one[1].scores(model, images).argmax(1))
+
+
+def test_a_cifar_pickle_whose_dtype_hides_object_fields_is_refused_and_the_process_survives(tmp_path):
+    """A record dtype with an object field, its flags cleared so numpy would take raw bytes for object pointers:
+    refused before numpy builds anything (it crashed the process when numpy built it)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import pickle, numpy as np
+from numpy._core.multiarray import _reconstruct
+class D:
+    def __init__(self, flags): self.flags = flags
+    def __reduce__(self):
+        return (np.dtype, ("V16", False, True), (3, "|", None, ("a", "b"),
+                {{"a": (np.dtype("O"), 0), "b": (np.dtype("<i8"), 8)}}, 16, 1, self.flags))
+class A:
+    def __init__(self, flags): self.flags = flags
+    def __reduce__(self):
+        return (_reconstruct, (np.ndarray, (0,), b"b"),
+                (1, (1,), D(self.flags), False, (0x4141414141414141).to_bytes(8, "little") + bytes(8)))
+from topoclip.data.benchmark_sets import read_cifar_python
+import pathlib
+for flags in (0, 1):
+    folder = pathlib.Path({str(tmp_path)!r}) / f"flags{{flags}}"
+    folder.mkdir()
+    (folder / "test_batch").write_bytes(pickle.dumps({{b"data": A(flags), b"labels": [1]}}, protocol=2))
+    try:
+        read_cifar_python(folder, "cifar10")
+        print("loaded")
+    except ValueError as error:
+        print("refused", "not plain numbers" in str(error))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]  # no segmentation fault
+    assert done.stdout.split() == ["refused", "True", "refused", "True"]

@@ -161,3 +161,24 @@ def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder,
         assert trained.returncode == 0, trained.stderr[-2000:]
         assert (out / "eval.json").is_file()
         assert json.loads((out / "config.json").read_text())["train"]["init_from"].endswith("ViT-B-32--openai/main")
+
+
+def test_an_end_token_of_id_2_is_refused_for_transformers(tmp_path, capsys):
+    """transformers reads eos_token_id 2 as 'pool at the largest id'; a vocabulary whose [SEP] is 2 would export a
+    model transformers pools elsewhere."""
+    from topoclip.checkpoint import save_checkpoint
+    from topoclip.config import load_config
+    from topoclip.model import CLIP
+    from topoclip.tokenizer import Tokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[SEP]", "[CLS]", "[MASK]", "a", "red", "cat"]) + "\n")
+    tokenizer = Tokenizer.from_vocab(vocab, context_length=32)
+    layout = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
+              "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false",
+              "model.vision.activation=quick_gelu", "model.text.activation=quick_gelu", "model.text.end_token_id=2",
+              "model.text.cls_token_id=3"]
+    config = load_config("tiny", layout)
+    checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer)
+    assert main(["export", str(checkpoint), "--hf", str(tmp_path / "hf")]) == 2
+    assert "eos_token_id 2" in capsys.readouterr().err and not (tmp_path / "hf").exists()

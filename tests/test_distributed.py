@@ -151,11 +151,15 @@ def test_two_ranks_evaluate_as_one_process(run):
     *_, results = run
     torch.set_num_threads(1)
     classification, retrieval, model, tokenizer, transform = evaluation_inputs(EVALUATION)
+    from topoclip.evaluation.zeroshot import embed_images
+
     expected = {"classification": evaluate_classification_modes(model, tokenizer, classification, transform,
                                                                  ["distance", "embedding"], batch_size=1),
                 "retrieval": evaluate_retrieval(model, tokenizer, retrieval, transform, batch_size=1)}
+    one_image = embed_images(model, classification.images[:1], transform, batch_size=1)
     for result in results:
-        assert result["evaluation"] == expected
+        assert {key: value for key, value in result["evaluation"].items() if key != "one_image"} == expected
+        assert torch.equal(result["evaluation"]["one_image"], one_image)  # a rank with no image still gathers
 
 
 # ------------------------------------------------------------------ single process, no launcher

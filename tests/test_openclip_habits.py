@@ -60,9 +60,7 @@ def test_an_openclip_flag_without_an_equivalent_is_one_line_naming_what_to_do(fl
     assert error.count("\n") == 1 and f"{flag} is OpenCLIP's;" in error
 
 
-def test_pure_precision_and_epochs_without_an_epoch_are_one_line(capsys):
-    assert main(["train", "--preset", "tiny", "--precision", "pure_bf16", "--print-config"]) == 2
-    assert "amp_bf16" in capsys.readouterr().err
+def test_epochs_without_an_epoch_are_one_line(capsys):
     assert main(["train", "--preset", "tiny", "--train-data", "s/{0..3}.tar", "--epochs", "2", "--print-config"]) == 2
     assert "--train-num-samples" in capsys.readouterr().err
 
@@ -78,3 +76,34 @@ def test_one_device_default():
     commands = parser()._subparsers._group_actions[0].choices
     defaults = {name: commands[name].get_default("device") for name in ("eval", "embed", "predict")}
     assert set(defaults.values()) == {"auto"}, defaults
+
+
+def test_batch_size_counts_the_processes_srun_starts(capsys, monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    assert printed_config(capsys, "--batch-size", "8")["train"]["batch_size"] == 32
+
+
+def test_epochs_count_the_epoch_of_the_config_the_run_trains_with(tmp_path, capsys):
+    from topoclip.config import load_config
+    from topoclip.training.trainer import train
+
+    run = train(load_config("tiny", ["train.steps=1", "train.batch_size=8", "data.scenes.train_size=64",
+                                     "evaluate.size=16"]), out_dir=tmp_path / "run", progress=False)
+    capsys.readouterr()  # the training's own output
+    assert main(["train", "--init-from", str(run), "--epochs", "2", "--set", "data.scenes.train_size=64",
+                 "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["train"]["steps"] == 2 * 8  # 64 samples, batch 8: 8 steps an epoch
+    table = tmp_path / "pairs.csv"
+    table.write_text("filepath,title\n" + "".join(f"{i}.png,a caption\n" for i in range(50)))
+    config = printed_config(capsys, "--train-data", str(table), "--batch-size", "10", "--epochs", "3")
+    assert config["train"]["steps"] == 3 * 5  # one epoch of a CSV is one pass over its rows
+
+
+def test_half_precision_weights_are_refused_as_openclip_s_pure_modes(capsys):
+    for precision in ("fp16", "bf16", "pure_bf16"):
+        assert main(["train", "--preset", "tiny", "--precision", precision, "--print-config"]) == 2
+        assert "fp32 master weights" in capsys.readouterr().err

@@ -85,8 +85,8 @@ def _slurm_master_addr() -> str:
     return first
 
 
-def _launch_env() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) from torchrun's variables, else srun's, else (0, 0, 1).
+def _launch_counts() -> tuple[int, int, int, bool]:
+    """(rank, local_rank, world_size, from SLURM) from torchrun's variables, else srun's, else (0, 0, 1); reads only.
 
     torchrun wins when both are present (torchrun started inside an srun step). SLURM variables
     alone count only with more than one task: a plain `python` inside an sbatch allocation also
@@ -94,20 +94,31 @@ def _launch_env() -> tuple[int, int, int]:
     """
     world = _env_int("WORLD_SIZE")
     if world is not None:
-        rank = _env_int("RANK") or 0
-        return rank, _env_int("LOCAL_RANK") or 0, world
+        return _env_int("RANK") or 0, _env_int("LOCAL_RANK") or 0, world, False
     tasks = _env_int("SLURM_NTASKS")
     if tasks is not None and tasks > 1 and _env_int("SLURM_PROCID") is not None:
-        rank, local_rank = _env_int("SLURM_PROCID"), _env_int("SLURM_LOCALID") or 0
-        # init_method "env://" reads these four; set them for the srun-only launch.
+        return _env_int("SLURM_PROCID"), _env_int("SLURM_LOCALID") or 0, tasks, True
+    return 0, 0, 1, False
+
+
+def _launch_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) of the launch (see `_launch_counts`); for an srun-only launch it also sets
+    the four variables init_method "env://" reads."""
+    rank, local_rank, world, slurm = _launch_counts()
+    if slurm:
         os.environ.setdefault("MASTER_ADDR", _slurm_master_addr())
         job = _env_int("SLURM_JOB_ID")
         port = MASTER_PORT_BASE + job % MASTER_PORT_SPAN if job is not None else DEFAULT_MASTER_PORT
         os.environ.setdefault("MASTER_PORT", str(port))
-        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(tasks)
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
         os.environ["LOCAL_RANK"] = str(local_rank)
-        return rank, local_rank, tasks
-    return 0, 0, 1
+    return rank, local_rank, world
+
+
+def launch_world_size() -> int:
+    """The number of processes the launcher started (torchrun's WORLD_SIZE, srun's SLURM_NTASKS), 1 without one;
+    it changes no variable."""
+    return _launch_counts()[2]
 
 
 def init_distributed(device: str = "auto") -> DistributedInfo:

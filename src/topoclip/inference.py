@@ -35,6 +35,7 @@ from topoclip.tokenizer import Tokenizer
 from topoclip.training.run_folder import RunFolder
 from topoclip.transforms import eval_transform
 
+HF_BIN_WEIGHTS = "pytorch_model.bin"  # transformers' older weights file (read with weights_only=True)
 HUB_PREFIX = "hf-hub:"  # forces a Hub lookup even when a local folder of that name exists
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_TEMPLATES = ("a photo of a {}.",)  # CLIP's single prompt
@@ -234,7 +235,7 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
         except OSError as error:  # network failures
             raise UserError(f"{repo_id}: could not download {name} ({error})") from None
 
-    weights = fetch(WEIGHTS)
+    weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
     if fetch(MODEL_CONFIG, required=False) is None:
         fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel
     from topoclip.convert.hf import MERGES, PREPROCESSOR, is_hf_clip

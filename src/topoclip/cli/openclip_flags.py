@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from topoclip.config import ConfigError
+from topoclip.distributed import launch_world_size
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,11 @@ def _set(key: str, convert: Callable[[Any], Any] = lambda value: value) -> Calla
 
 def _precision(value: str) -> list[str]:
     """OpenCLIP's --precision -> train.precision (topoclip keeps fp32 weights under autocast: no pure_*)."""
-    settings = {"amp": "fp16", "amp_fp16": "fp16", "fp16": "fp16", "amp_bf16": "bf16", "amp_bfloat16": "bf16",
-                "bf16": "bf16", "fp32": "fp32"}
-    if value not in settings:
+    settings = {"amp": "fp16", "amp_fp16": "fp16", "amp_bf16": "bf16", "amp_bfloat16": "bf16", "fp32": "fp32"}
+    if value not in settings:  # OpenCLIP's fp16, bf16 and pure_* cast the weights themselves
         raise ConfigError(f"--precision {value}: topoclip keeps fp32 master weights under autocast, so OpenCLIP's "
-                          f"pure_* modes have no equivalent; use amp_bf16 (train.precision=bf16) or amp (fp16)")
+                          f"half-precision weights (fp16, bf16, pure_*) have no equivalent; use amp_bf16 "
+                          f"(train.precision=bf16) or amp (fp16)")
     return [f"train.precision={settings[value]}"]
 
 
@@ -111,10 +111,11 @@ def pretrained_name(args: argparse.Namespace) -> Optional[str]:
     return f"{model}:{tag}" if model is not None and ":" not in tag else tag
 
 
-def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str], int], Optional[int]]) -> list[str]:
+def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str]], Optional[int]]) -> list[str]:
     """The `--set` overrides the OpenCLIP flags of `args` stand for; ConfigError in one line for one without.
 
-    epoch_steps(overrides, global batch) -> optimiser steps per epoch of the data those overrides give, or None.
+    epoch_steps(overrides) -> optimiser steps per epoch of the run those overrides (before the user's --set) give:
+    its data and its batch, from the config it will train with, or None when its data has no fixed epoch.
     """
     given = {flag.name: getattr(args, "openclip_" + flag.name.lstrip("-").replace("-", "_")) for flag in FLAGS}
     given = {name: value for name, value in given.items() if value is not None and value is not False}  # 0 counts
@@ -143,15 +144,13 @@ def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str], int], 
     if "--batch-size" in given or "--accum-freq" in given:
         if "--batch-size" not in given:
             raise ConfigError("--accum-freq multiplies OpenCLIP's per-GPU --batch-size: give --batch-size too")
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = launch_world_size()  # torchrun's WORLD_SIZE, or srun's SLURM_NTASKS
         found += [f"train.batch_size={given['--batch-size'] * world * accumulation}",
                   f"train.accumulation_steps={accumulation}"]
     if "--epochs" in given:
-        batch = next((int(item.split("=", 1)[1]) for item in reversed(found) if item.startswith("train.batch_size=")),
-                     None)
-        steps = epoch_steps(found, batch)
+        steps = epoch_steps(found)
         if steps is None:
-            raise ConfigError("--epochs: this data has no fixed epoch; give --train-num-samples (OpenCLIP's), or the "
-                              "steps: --set train.steps=N")
+            raise ConfigError("--epochs: these shards have no fixed epoch; give --train-num-samples (OpenCLIP's), or "
+                              "the steps: --set train.steps=N")
         found.append(f"train.steps={given['--epochs'] * steps}")
     return found

@@ -20,11 +20,6 @@ def command_train(args) -> int:
     from topoclip.training.resume import resume_config
     from topoclip.training.trainer import train
 
-    def steps_per_epoch(aliases: list[str], batch) -> int:
-        config = load_config(args.preset or DEFAULT_PRESET, aliases + args.overrides)
-        return epoch_steps(config.data, batch or config.train.batch_size)
-
-    args.overrides = overrides(args, steps_per_epoch) + args.overrides  # OpenCLIP's flags; --set wins over them
     name = pretrained_name(args)
     if name is not None:
         from topoclip.pretrained import get_pretrained, pretrained_folder
@@ -34,6 +29,17 @@ def command_train(args) -> int:
                               "--init-from or --resume")
         get_pretrained(name)  # an unknown name is said before anything is fetched
         args.init_from = str(pretrained_folder(name))
+
+    def steps_per_epoch(aliases: list[str]) -> int:  # of the config this run trains with (--epochs)
+        if args.init_from:
+            from topoclip.training.init_from import starting_config
+
+            config = starting_config(args.init_from, args.preset, aliases + args.overrides)
+        else:
+            config = load_config(args.preset or DEFAULT_PRESET, aliases + args.overrides)
+        return epoch_steps(config.data, config.train.batch_size)
+
+    args.overrides = overrides(args, steps_per_epoch) + args.overrides  # OpenCLIP's flags; --set wins over them
     if args.resume:
         if args.preset is not None:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its saved config; "

@@ -28,6 +28,7 @@ MERGES = "merges.txt"
 PREPROCESSOR = "preprocessor_config.json"
 TOKENIZER_JSON = "tokenizer.json"
 LEGACY_EOS = 2  # transformers' CLIPTextTransformer pools at argmax(ids) for this eos_token_id
+TRANSFORMERS_EOS = 49407  # CLIPTextConfig's default eos_token_id (OpenAI's <|endoftext|>)
 LAYER_NORM_EPSILON = 1e-5  # OpenAI's, and topoclip's towers'
 
 # transformers' names -> OpenAI's (the layout convert.openai reads); q, k, v and the projections are handled apart.
@@ -162,7 +163,9 @@ def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str
                               f"topoclip's towers use {LAYER_NORM_EPSILON} (OpenAI's)")
     settings = [f"model.text.heads={text.get('num_attention_heads', 8)}",
                 f"model.vision.heads={vision.get('num_attention_heads', 12)}"]
-    eos = text.get("eos_token_id", LEGACY_EOS)
+    eos = text.get("eos_token_id", TRANSFORMERS_EOS)  # a config without it takes transformers' default
+    if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
+        raise ConfigError(f"{folder / HF_CONFIG}: text_config.eos_token_id must be a token id, not {eos!r:.40}")
     if eos != LEGACY_EOS:
         settings.append(f"model.text.end_token_id={eos}")
     preprocessor = folder / PREPROCESSOR
@@ -219,6 +222,10 @@ def export_hf(model, config: Config, destination: Union[str, Path], tokenizer) -
         raise ConfigError(f"transformers' CLIPModel cannot hold this model: {reason}")
     if config.model.temperature.bias_init is not None:
         raise ConfigError("transformers' CLIPModel has no logit bias: this model is trained with the sigmoid loss's")
+    if config.model.text.end_token_id == LEGACY_EOS:
+        raise ConfigError(f"transformers reads eos_token_id {LEGACY_EOS} as 'pool at the largest id' (its configs before "
+                          f"transformers#24773), but this model pools at the first token of id {LEGACY_EOS}: its "
+                          f"vocabulary would need another end-token id")
     destination = check_destination(destination)
     state = {key: tensor.detach().float().cpu().contiguous() for key, tensor in model.state_dict().items()}
     state = rename_keys(state, EXPORT_RULES, source="the topoclip model")  # OpenAI's names, as OpenCLIP's export

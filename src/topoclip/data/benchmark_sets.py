@@ -18,11 +18,13 @@ caption is skipped and counted, and reported in one warning.
 CIFAR's binary version (cifar-10-batches-bin/test_batch.bin, cifar-100-binary/test.bin) is read as
 bytes: each record is the label byte(s), then 3 × 32 × 32 pixel bytes, channel-major. Its Python version
 (cifar-10-batches-py/test_batch, cifar-100-python/test: what torchvision and CLIP_benchmark download) is a
-pickle, read by an unpickler that admits NumPy arrays, lists, bytes, strings and numbers only: a pickle that
-names any other class or function is refused before anything in it runs.
+pickle, read by an unpickler that admits arrays of plain numbers, lists, bytes, strings and numbers only: a
+pickle that names any other class or function is refused before anything in it runs, and an array is built from
+its raw bytes by topoclip, not by the pickle (its dtype checked to be a plain number type first).
 """
 from __future__ import annotations
 
+import _codecs
 import io
 import pickle
 import tarfile
@@ -235,19 +237,82 @@ def read_cifar_binary(root, benchmark: str) -> tuple[np.ndarray, torch.Tensor]:
     return np.ascontiguousarray(images), torch.from_numpy(records[:, label_bytes - 1].astype(np.int64))
 
 
-class _ArraysOnly(pickle.Unpickler):
-    """An unpickler for CIFAR's Python files: dicts, lists, bytes, strings, numbers and NumPy arrays (of numbers;
-    an object array's items would go through this same check). Any other global is refused, unrun."""
+# The plain dtypes a CIFAR array may have (numpy's one-character kind + size); nothing with fields or objects.
+PLAIN_DTYPES = frozenset({"u1", "i1", "i2", "i4", "i8", "u2", "u4", "u8", "f4", "f8", "b1"})
 
-    # _codecs.encode: how Python 3 writes bytes in a protocol-2 pickle (it encodes a string; torch's weights_only
-    # loader admits it too).
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+class _Dtype:
+    """What a pickle's numpy.dtype(...) records; turned into a real dtype only when it is a PLAIN_DTYPES one."""
+
+    def __init__(self, name="", align=False, copy=False):
+        self.name, self.state = name, None
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+class _Array:
+    """What a pickle's numpy array records (shape, _Dtype, raw bytes); built with np.frombuffer after the checks."""
+
+    def __init__(self, *args):
+        self.state = None
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """An unpickler for CIFAR's Python files: dicts, lists, bytes, strings, numbers, and arrays of plain numbers.
+
+    Nothing from the file reaches numpy while it is read: an array and its dtype are recorded (_Array, _Dtype) and
+    built afterwards from their raw bytes with np.frombuffer, once the dtype is checked to be a plain number type
+    (a dtype state with object fields, or flags that hide them, is refused instead of trusted). Every other global
+    is refused, unrun; the bytes Python 3 writes through _codecs.encode are counted against a budget (a pickle may
+    reference one large string many times)."""
+
+    def __init__(self, file, budget: int, **options):
+        super().__init__(file, **options)
+        self.budget = budget
+
+    def encode(self, text: str, encoding: str = "latin1") -> bytes:
+        self.budget -= len(text)
+        if self.budget < 0:
+            raise pickle.UnpicklingError("it expands to more bytes than the file could hold")
+        return _codecs.encode(text, encoding)
 
     def find_class(self, module: str, name: str):
-        if (module, name) in self.ALLOWED:
-            return super().find_class(module, name)
+        found = {("numpy.core.multiarray", "_reconstruct"): _Array, ("numpy._core.multiarray", "_reconstruct"): _Array,
+                 ("numpy", "ndarray"): _Array, ("numpy", "dtype"): _Dtype, ("_codecs", "encode"): self.encode}
+        if (module, name) in found:
+            return found[(module, name)]
         raise pickle.UnpicklingError(f"it names {module}.{name}, which is not an array, a list, bytes or a string")
+
+
+def _arrays(value):
+    """`value` with every _Array built as a NumPy array of its plain dtype; ValueError for anything else."""
+    if isinstance(value, dict):
+        return {key: _arrays(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_arrays(item) for item in value]
+    if not isinstance(value, _Array):
+        if isinstance(value, (_Dtype, tuple, set)):
+            raise ValueError(f"it holds a {type(value).__name__} where CIFAR has data")
+        return value
+    state = value.state
+    if not (isinstance(state, tuple) and len(state) == 5):
+        raise ValueError("an array without its data")
+    _, shape, dtype, fortran, raw = state
+    if not (isinstance(dtype, _Dtype) and dtype.name in PLAIN_DTYPES and isinstance(raw, (bytes, bytearray))
+            and isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)):
+        raise ValueError(f"an array of dtype {getattr(dtype, 'name', dtype)!r}, not plain numbers")
+    order = dtype.state[1] if isinstance(dtype.state, tuple) and len(dtype.state) > 1 and dtype.state[1] in "<>|=" else "|"
+    if isinstance(dtype.state, tuple) and len(dtype.state) > 4 and (dtype.state[3] is not None or dtype.state[4] is not None):
+        raise ValueError("an array with record fields")
+    kind = np.dtype(order.replace("|", "=") + dtype.name if dtype.name[1:] != "1" else dtype.name)
+    if len(raw) != int(np.prod(shape)) * kind.itemsize:
+        raise ValueError(f"an array of shape {shape} with {len(raw)} bytes")
+    array = np.frombuffer(bytes(raw), dtype=kind).reshape(shape, order="F" if fortran else "C")
+    return np.array(array)  # its own, writable memory
 
 
 def cifar_python_file(root, benchmark: str) -> Optional[Path]:
@@ -269,8 +334,9 @@ def read_cifar_python(root, benchmark: str) -> tuple[np.ndarray, torch.Tensor]:
     label_key = CIFAR_PYTHON[benchmark][2]
     try:
         with open(path, "rb") as file:
-            batch = _ArraysOnly(file, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, MemoryError) as error:
+            batch = _arrays(_ArraysOnly(file, budget=2 * path.stat().st_size, encoding="bytes").load())
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            MemoryError, RecursionError) as error:
         raise ValueError(f"{path} is not CIFAR's Python version ({error}); download it again") from None
     if isinstance(batch, dict):  # the authors' Python 2 keys read as bytes; a file written by Python 3 has str keys
         batch = {key.decode("latin-1") if isinstance(key, bytes) else key: value for key, value in batch.items()}

@@ -111,6 +111,17 @@ def csv_captions(data, count: int) -> list[str]:
     return captions
 
 
+def csv_rows(data) -> Optional[int]:
+    """One epoch of a CSV is one pass over its rows (as OpenCLIP's); None when the file cannot be read yet."""
+    from topoclip.data.csv import read_caption_table
+
+    try:
+        return len(read_caption_table(data.train_data, data.csv_image_key, data.csv_caption_key,
+                                      data.csv_separator or None)) or None
+    except (OSError, ValueError):  # said when training opens it, with its own message
+        return None
+
+
 def open_shards(data, **options):
     from topoclip.data.shards import ShardDataset
 
@@ -139,8 +150,7 @@ def shard_commands(data) -> list[str]:
 SOURCES: dict[str, DataSource] = {
     "scenes": DataSource(check_scenes, stream=False, open=None, captions=scene_captions,
                          epoch_samples=lambda data: data.scenes.train_size, evaluation_sets=scene_evaluation_sets),
-    "csv": DataSource(check_stream, stream=True, open=open_csv, captions=csv_captions,
-                      epoch_samples=lambda data: None),
+    "csv": DataSource(check_stream, stream=True, open=open_csv, captions=csv_captions, epoch_samples=csv_rows),
     "shards": DataSource(check_stream, stream=True, open=open_shards, captions=shard_captions,
                          epoch_samples=lambda data: data.samples_per_epoch or None, commands=shard_commands),
 }

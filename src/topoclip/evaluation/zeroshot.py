@@ -91,13 +91,15 @@ def _pixel_batches(images: Sequence, image_transform, batch_size: int, first: in
         yield torch.stack([pixels[i] for i in range(start, min(start + batch_size, len(pixels)))])
 
 
-def _rank_share(total: int) -> tuple[int, int, int]:
-    """(start, stop, rows per rank) of this rank's contiguous share of `total` images; the whole in one process."""
+def _rank_share(total: int) -> tuple[int, int, int, int]:
+    """(start, stop, rows per rank, ranks) of this rank's contiguous share of `total` images; the whole in one
+    process. A rank whose share is empty (fewer images than ranks) still takes part in the gather."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return 0, total, total
-    per = -(-total // dist.get_world_size())
+        return 0, total, total, 1
+    world = dist.get_world_size()
+    per = max(1, -(-total // world))
     rank = dist.get_rank()
-    return min(rank * per, total), min((rank + 1) * per, total), per
+    return min(rank * per, total), min((rank + 1) * per, total), per, world
 
 
 def image_embedding_batches(
@@ -114,14 +116,14 @@ def image_embedding_batches(
     it on every rank. Call inside :func:`evaluating`.
     """
     total = len(images)
-    start, stop, per = _rank_share(total)
+    start, stop, per, world = _rank_share(total)
     with tqdm(total=stop - start, desc="images", unit="image", disable=None, leave=False) as progress:
         blocks = []
         for pixels in _pixel_batches(images, image_transform, batch_size, start, stop, workers):
             blocks.append(model.encode_image(pixels.to(device)))
             progress.update(len(pixels))
     embeddings = torch.cat(blocks) if blocks else torch.zeros(0, *model.embedding_shape, device=device)  # (n_r, m, n)
-    if per < total:  # every rank's share, padded to `per` rows for the gather, in rank order
+    if world > 1:  # every rank's share, padded to `per` rows for the gather, in rank order
         padded = torch.cat([embeddings, embeddings.new_zeros(per - len(embeddings), *embeddings.shape[1:])])
         shares = [torch.empty_like(padded) for _ in range(dist.get_world_size())]
         dist.all_gather(shares, padded)
