@@ -292,7 +292,8 @@ def ceiling_table(result: dict) -> str:
             ("text → image R@10", "image_retrieval_recall@10"), ("image → text R@1", "text_retrieval_recall@1"),
             ("image → text R@5", "text_retrieval_recall@5"), ("image → text R@10", "text_retrieval_recall@10"),
             ("mean recall", "mean_recall")]
-    lines = [f"Measured: `topoclip data ceiling --preset {result['preset']}` ({result['split']} split, "
+    settings = "".join(f" --set {item}" for item in result.get("overrides", []))
+    lines = [f"Measured: `topoclip data ceiling --preset {result['preset']}{settings}` ({result['split']} split, "
              f"{result['size']:,} images, {result['captions_per_image']} captions each).", "",
              "| metric | ceiling on this set | ceiling expected over the generator |", "|---|---|---|"]
     lines += [f"| {label} | {this_set[key]:.1f} | {expected[key]:.1f} |" for label, key in rows]
@@ -305,7 +306,8 @@ def ceiling_table(result: dict) -> str:
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "claims": claims_table,
              "experts": experts_table, "equilibrium": equilibrium_table,
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
-             "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table}
+             "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
+             "ceiling-hard": ceiling_table}
 
 
 def load_results(name: str):
