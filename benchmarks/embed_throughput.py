@@ -28,6 +28,25 @@ from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 
 
+def write_images(folder: Path, count: int, size: int, classes: int = 1) -> Path:
+    """`count` JPEG files of random pixels (size × size) in `classes` class folders (one: the folder itself)."""
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        target = folder / f"class{index % classes}" if classes > 1 else folder
+        target.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(target / f"{index:06d}.jpg", quality=90)
+    return folder
+
+
+def random_model(folder: Path, preset: str) -> Path:
+    """A checkpoint of `preset` with random weights and a tiny vocabulary."""
+    config = load_config(preset)
+    tokenizer = Tokenizer.train(["a photo"], vocab_size=64, context_length=config.model.text.context_length)
+    config.model.text.cls_token_id = tokenizer.cls_id
+    return save_checkpoint(folder, CLIP(config.model), config, tokenizer)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu-multi")
@@ -40,18 +59,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="embed-bench-"))
     try:
-        rng = np.random.default_rng(0)
-        folder = work / "images"
-        folder.mkdir()
-        for index in range(args.images):
-            pixels = rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(folder / f"{index:06d}.jpg", quality=90)
-        config = load_config(args.preset)
-        tokenizer = Tokenizer.train(["a photo"], vocab_size=64, context_length=config.model.text.context_length)
-        config.model.text.cls_token_id = tokenizer.cls_id
-        checkpoint = save_checkpoint(work / "model", CLIP(config.model), config, tokenizer)
+        folder = write_images(work / "images", args.images, args.size)
+        checkpoint = random_model(work / "model", args.preset)
         clip = load(checkpoint)
-        paths = sorted(folder.iterdir())
+        paths = sorted(folder.rglob("*.jpg"))
 
         clip.encode_image(paths[:args.batch], args.batch)  # warm-up
         start = time.perf_counter()

@@ -17,18 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
-from topoclip.checkpoint import save_checkpoint
-from topoclip.config import load_config
+from embed_throughput import random_model, write_images
 from topoclip.data.folders import load_class_folders
 from topoclip.embed import embed
 from topoclip.evaluation.zeroshot import evaluating, image_embedding_batches
 from topoclip.inference import load
-from topoclip.model import CLIP
-from topoclip.tokenizer import Tokenizer
 
 CLASSES = 10
 
@@ -53,16 +48,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
     try:
-        rng = np.random.default_rng(0)
-        folder = work / "images"
-        for index in range(args.images):
-            (folder / f"class{index % CLASSES}").mkdir(parents=True, exist_ok=True)
-            pixels = rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(folder / f"class{index % CLASSES}" / f"{index:06d}.jpg", quality=90)
-        config = load_config(args.preset)
-        tokenizer = Tokenizer.train(["a photo"], vocab_size=64, context_length=config.model.text.context_length)
-        config.model.text.cls_token_id = tokenizer.cls_id
-        checkpoint = save_checkpoint(work / "model", CLIP(config.model), config, tokenizer)
+        folder = write_images(work / "images", args.images, args.size, CLASSES)
+        checkpoint = random_model(work / "model", args.preset)
         clip = load(checkpoint)
         dataset = load_class_folders(folder)
 
