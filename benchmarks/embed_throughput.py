@@ -47,8 +47,9 @@ def random_model(folder: Path, preset: str) -> Path:
     return save_checkpoint(folder, CLIP(config.model), config, tokenizer)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """The command line both image benchmarks take (and torch's threads set from it)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--preset", default="cpu-multi")
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--size", type=int, default=256, help="side of the JPEG files")
@@ -57,6 +58,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    args = arguments(__doc__)
     work = Path(tempfile.mkdtemp(prefix="embed-bench-"))
     try:
         folder = write_images(work / "images", args.images, args.size)

@@ -10,16 +10,14 @@ page cache and is not timed. Run it on a quiet machine: it measures speed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-import torch
 
-from embed_throughput import random_model, write_images
+from embed_throughput import arguments, random_model, write_images
 from topoclip.data.folders import load_class_folders
 from topoclip.embed import embed
 from topoclip.evaluation.zeroshot import evaluating, image_embedding_batches
@@ -37,15 +35,7 @@ def images_per_second(clip, dataset, batch: int, workers: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="cpu-multi")
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--size", type=int, default=256, help="side of the JPEG files")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = arguments(__doc__)
     work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
     try:
         folder = write_images(work / "images", args.images, args.size, CLASSES)
