@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from embed_throughput import arguments, random_model, write_images
 from topoclip.data.folders import load_class_folders
 from topoclip.embed import embed
