@@ -674,7 +674,6 @@ def test_export_into_a_link_is_refused_and_leaves_nothing(run, tmp_path, capsys)
 def test_loader_workers_end_with_a_killed_parent(tmp_path):
     """A `kill -9`'d trainer's DataLoader workers end with it, even in the middle of a blocking read (they held
     its run folder's lock, naming a dead process to the next run)."""
-    import os
     import signal
     import subprocess
     import sys

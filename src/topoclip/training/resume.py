@@ -3,7 +3,6 @@ writing a step checkpoint (weights, optimiser, scheduler, RNG and data position)
 one back. Only rank 0 writes; every rank resumes from the same checkpoint."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
