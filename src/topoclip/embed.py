@@ -132,7 +132,7 @@ class ShardWriter:
     def paths(self, index: int) -> tuple[Path, Path]:
         return (self.folder / f"{self.prefix}_emb_{index:05d}.npy", self.folder / f"{self.prefix}_keys_{index:05d}.json")
 
-    def counts_path(self, index: int) -> Path:
+    def stats_path(self, index: int) -> Path:
         """The shard's kept and skipped inputs (a summary after a resume adds up every shard's)."""
         return self.folder / f"{self.prefix}_stats_{index:05d}.json"
 
@@ -148,7 +148,7 @@ class ShardWriter:
         total = BadSampleCounter()
         for index in range(shards):
             try:
-                counts = json.loads(self.counts_path(index).read_text(encoding="utf-8"))
+                counts = json.loads(self.stats_path(index).read_text(encoding="utf-8"))
                 total += BadSampleCounter(counts["kept"], counts["bad"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
@@ -160,7 +160,7 @@ class ShardWriter:
         array, key_file = self.paths(index)
         try:
             write_atomic(array, lambda file: np.save(file, embeddings))
-            write_text_atomic(self.counts_path(index), json.dumps(counter.as_dict()))
+            write_text_atomic(self.stats_path(index), json.dumps(counter.as_dict()))
             write_text_atomic(key_file, json.dumps(keys))
         except OSError as error:
             if not is_disk_full(error):
