@@ -120,12 +120,19 @@ def step_checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
 
 
+def transformers_folder(path: Path) -> bool:
+    """Whether `path` is a transformers CLIPModel folder rather than a topoclip one (read by convert.hf)."""
+    from topoclip.convert.hf import is_hf_clip
+
+    return path.is_dir() and not (path / MODEL_CONFIG).is_file() and is_hf_clip(path)
+
+
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint folder from a checkpoint folder, a run folder (its latest) or a weights file."""
     path = Path(path)
     if path.is_file() and path.name == WEIGHTS:
         path = path.parent
-    if (path / WEIGHTS).is_file():
+    if (path / WEIGHTS).is_file() or transformers_folder(path):
         return path
     for folder in (path / CHECKPOINTS, path):
         found = step_checkpoints(folder)
@@ -219,9 +226,9 @@ def load_tokenizer_from(folder: Path, text_config=None):
 def load_checkpoint(path, map_location: str = "cpu"):
     """(model, tokenizer or None, config) from a checkpoint (see `resolve_checkpoint`), or from a transformers
     CLIPModel folder (converted in memory: topoclip.convert.hf)."""
-    from topoclip.convert.hf import import_hf, is_hf_clip
+    if transformers_folder(Path(path)):
+        from topoclip.convert.hf import import_hf
 
-    if Path(path).is_dir() and not (Path(path) / MODEL_CONFIG).is_file() and is_hf_clip(path):
         model, tokenizer, config = import_hf(path)
         return model.to(map_location), tokenizer, config
     folder = resolve_checkpoint(Path(path))

@@ -266,7 +266,7 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
           image_key: str = "filepath", batch_size: int = 256, shard_size: int = SHARD_SIZE, num_workers: int = 2,
           device: str = "cpu", progress: bool = True) -> dict:
     """`topoclip embed`: embed the images and/or the texts (a file, one per line) into shards under `out`."""
-    from topoclip.checkpoint import WEIGHTS
+    from topoclip.convert.files import weights_file
     from topoclip.inference import load
     from topoclip.atomic import write_text_atomic
     from topoclip.training.run_folder import claim_folder
@@ -289,7 +289,7 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
         # What the shards were made from: a resume against other weights or another listing would mix two
         # models' vectors, or write rows under shard numbers that now mean other inputs.
         settings = {"model": str(model_source), "flat": flat, "shard_size": shard_size, "images": images,
-                    "texts": texts, "weights_sha256": _sha256_file(clip.checkpoint / WEIGHTS) if clip.checkpoint else None,
+                    "texts": texts, "weights_sha256": _sha256_file(weights_file(clip.checkpoint)) if clip.checkpoint else None,
                     "images_sha256": _sha256_lines([item.key for item in inputs]) if images else None,
                     "texts_sha256": _sha256_lines(lines) if texts else None}
         if summary_path.is_file():

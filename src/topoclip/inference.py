@@ -186,13 +186,6 @@ def load(source: Union[str, Path], device: str = "cpu", revision: Optional[str] 
 def load_folder(path: Path, device: torch.device) -> Pretrained:
     """A local run folder, checkpoint folder, weights file or transformers CLIPModel folder -> Pretrained on
     `device`, in eval mode."""
-    from topoclip.convert.hf import is_hf_clip
-
-    if Path(path).is_dir() and not (Path(path) / MODEL_CONFIG).is_file() and is_hf_clip(path):
-        model, tokenizer, config = load_checkpoint(path, map_location=str(device))  # converted in memory
-        vision = config.model.vision
-        transform = eval_transform(vision.image_size, vision.mean, vision.std, resize=vision.eval_resize)
-        return Pretrained(model.eval(), tokenizer, transform, config, Path(path), None)
     try:
         folder = resolve_checkpoint(path)
     except FileNotFoundError as error:
