@@ -127,14 +127,14 @@ def write_cifar_python(folder, labels, pixels, label_key=b"fine_labels", file_na
     (folder / file_name).write_bytes(pickle.dumps(batch, protocol=2))
 
 
-@pytest.mark.parametrize("benchmark, folder, file_name, label_key", [
+@pytest.mark.parametrize("set_name, folder, file_name, label_key", [
     ("cifar100", "cifar-100-python", "test", b"fine_labels"), ("cifar10", "cifar-10-batches-py", "test_batch", "labels")])
-def test_cifar_python_version_as_torchvision_downloads_it(tmp_path, benchmark, folder, file_name, label_key):
+def test_cifar_python_version_as_torchvision_downloads_it(tmp_path, set_name, folder, file_name, label_key):
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (3, 3, 32, 32), dtype=np.uint8)  # channel-major, as the authors stored them
     write_cifar_python(tmp_path / folder, [0, 1, 9], pixels, label_key, file_name)
     for root in (tmp_path, tmp_path / folder):  # torchvision's root, or the version's own folder
-        dataset = load_classification_entry(f"{benchmark}={root}")
+        dataset = load_classification_entry(f"{set_name}={root}")
         assert dataset.labels.tolist() == [0, 1, 9] and len(dataset.templates) == 18
         assert np.array_equal(np.asarray(dataset.images[2]), pixels[2].transpose(1, 2, 0))
 
