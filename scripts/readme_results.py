@@ -1,8 +1,9 @@
 """The figures of README.md and docs/results/README.md, generated from committed results files.
 
     python scripts/readme_results.py record RUN_DIR --wall-seconds S   # docs/results/default-run.json from a run
-    python scripts/readme_results.py write                             # rewrite both documents' generated blocks
+    python scripts/readme_results.py write                             # rewrite the documents' blocks, draw headline.png
     python scripts/readme_results.py check                             # exit 1 when a document disagrees
+    python scripts/readme_results.py plot GRID OUT                     # OUT/curves.png of docs/results/GRID
 
 The documents hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``.
 The source of each is in docs/results/: NAME.json (``default-run``: `topoclip train`'s eval.json plus
@@ -30,7 +31,7 @@ from topoclip.experiments.statistics import format_p, holm, mean_std, prediction
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 README = ROOT / "README.md"
-DOCUMENTS = (README, RESULTS / "README.md")
+DOCUMENTS = (README, *sorted(RESULTS.glob("*.md")))  # the report and each of its pages
 
 
 def default_run_table(results: dict) -> str:
@@ -204,12 +205,16 @@ def measured(item: dict) -> str:
     return f"{item['label']} {mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def difference(item: dict):
+    """Welch's t of one comparison of a claim: cell a − cell b (each [source, cell]) on its metric."""
+    return welch(*(cell_values(source, cell, item["metric"], item.get("set", "")) for source, cell in (item["a"], item["b"])))
+
+
 def tested(items: list[dict]) -> str:
     """"label: +15.2 (95 % CI …; Welch's t, p = …, Holm p = …; n = 3 and 3); …": Welch's t between two cells
     (`a` − `b`, each [source, cell]) on one metric, for each comparison of a claim, with the p-values adjusted by
     Holm's method over the claim's comparisons (those with a spread to test)."""
-    differences = [welch(*(cell_values(source, cell, item["metric"], item.get("set", ""))
-                           for source, cell in (item["a"], item["b"]))) for item in items]
+    differences = [difference(item) for item in items]
     adjusted = iter(holm([d.p for d in differences if not d.unvaried]))
     return "; ".join(f"{item['label']}: {d.describe(item.get('digits', 1), None if d.unvaried else next(adjusted))}"
                      for item, d in zip(items, differences)) or "—"
@@ -271,6 +276,122 @@ def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
                                    "the metric's range, 0–100 for a percentage)."])
 
 
+def claims_summary_table(claims: dict) -> str:
+    """Markdown, one screen: each claim in a few words, our verdict in a few more, the comparisons that carry it
+    (Welch's t, recomputed) and the page with the detail."""
+    lines = ["| claim | verdict | the numbers that carry it (a − b, 95 % CI, p, n) | detail |", "|---|---|---|---|"]
+    for claim in claims["claims"]:
+        numbers = []
+        for key in claim["key"]:
+            item = claim["tests"][key["test"]]
+            d, digits = difference(item), item.get("digits", 1)
+            numbers.append(f"{key['label']}: {d.effect:+.{digits}f} ({d.low:+.{digits}f} to {d.high:+.{digits}f}), "
+                           f"{format_p(d.p)}, n {d.n_a}/{d.n_b}")
+        lines.append(f"| {claim['short']} | **{claim['answer']}** | {'; '.join(numbers)} | [{claim['page']}]({claim['page']}) |")
+    return "\n".join(lines)
+
+
+# The headline figure: Multi(16, 8) − Sphere(128), each at its default initial range, in every grid that ran both
+# under one recipe with two or more seeds: (task, lr, caption noise %, grid, Multi's cell, the sphere's cell). The
+# steps are the grid's. A grid that is not in docs/results yet (the full scenes' runs under way) is left out.
+HEADLINE = (
+    *(("built-in", 2e-3, 0, grid, "multi-default-t", "sphere-default-t") for grid in ("tau-range", "tau-range-4800", "tau-range-9600")),
+    *(("built-in", 1e-3, 0, grid, "multi-default-t", "sphere-default-t") for grid in ("tau-range-lr1e-3-4800", "tau-range-lr1e-3-9600")),
+    ("built-in", 1e-3, 0, "noise-lr1e-3-19200", "multi_0", "sphere_0"),
+    *(("built-in", 1e-3, noise, grid, f"multi_{noise}", f"sphere_{noise}") for noise in (15, 30, 50)
+      for grid in ("noise-4800", "noise-lr1e-3-9600", "noise-lr1e-3-19200") if (noise, grid) != (15, "noise-lr1e-3-19200")),
+    *(("full scenes", lr, 0, grid, f"multi_lr-{name}", f"sphere_lr-{name}") for lr, name in ((5e-4, "5e-4"), (1e-3, "1e-3"), (2e-3, "2e-3"))
+      for grid in ("hard-lr-9600",)),
+)
+HEADLINE_METRICS = {"in-domain": "headline:scenes-test/mean_recall", "out-of-domain": "headline:scenes-test-ood/mean_recall"}
+
+
+def lr_name(lr: float) -> str:
+    """2e-3 for 0.002, as the grids' cells spell an lr."""
+    return format(lr, ".0e").replace("e-0", "e-")
+
+
+def headline_points() -> list[dict]:
+    """Each point of the headline figure: its recipe, its steps, and Welch's t of Multi − sphere on each metric of
+    HEADLINE_METRICS (points whose grid is not in docs/results, or whose cells have fewer than two seeds, left out)."""
+    points = []
+    for task, lr, noise, grid, multi, sphere in HEADLINE:
+        if not (RESULTS / grid / "ablation.json").is_file():
+            continue
+        results = load_results(grid)
+        cells = {r["cell"] for r in results["runs"]}
+        if multi not in cells or sphere not in cells:
+            continue
+        differences = {name: welch(cell_values(grid, multi, metric), cell_values(grid, sphere, metric))
+                       for name, metric in HEADLINE_METRICS.items()}
+        if min(d.n_a for d in differences.values()) < 2 or min(d.n_b for d in differences.values()) < 2:
+            continue
+        points.append({"task": task, "lr": lr, "noise": noise, "steps": results["steps"], "grid": grid,
+                       **{name: d.as_dict() for name, d in differences.items()}})
+    return points
+
+
+def headline_table(points: list[dict]) -> str:
+    lines = ["| task | lr | caption noise | steps | n (Multi, sphere) | " + " | ".join(f"{name} mean recall, Multi − sphere"
+             for name in HEADLINE_METRICS) + " | grid |", "|---|---|---|---|---|" + "---|" * len(HEADLINE_METRICS) + "---|"]
+    for point in points:
+        cells = []
+        for name in HEADLINE_METRICS:
+            d = point[name]
+            bold = "**" if d["low"] > 0 or d["high"] < 0 else ""
+            cells.append(f"{bold}{d['effect']:+.1f}{bold} ({d['low']:+.1f} to {d['high']:+.1f})")
+        n = point["in-domain"]
+        lines.append(f"| {point['task']} | {lr_name(point['lr'])} | {point['noise']} % | {point['steps']:,} | {n['n_a']}, {n['n_b']} | "
+                     + " | ".join(cells) + f" | [{point['grid']}]({point['grid']}/ablation.json) |")
+    return "\n".join(lines + ["", "Each cell: the difference of the seed means and its 95 % interval (Welch's t); bold where "
+                                   "the interval excludes 0. Drawn in headline.png."])
+
+
+def plot_headline(points: list[dict], path: Path) -> Path:
+    """headline.png: Multi − sphere (95 % interval) against the steps, one panel per task and metric, one line per
+    lr and caption noise."""
+    from topoclip.analysis.output import pyplot
+
+    plt = pyplot()
+    tasks = list(dict.fromkeys(task for task, *_ in HEADLINE))  # every task, a panel of one with no grid yet says so
+    figure, axes = plt.subplots(len(HEADLINE_METRICS), len(tasks), figsize=(6.0 * len(tasks), 3.6 * len(HEADLINE_METRICS)),
+                                squeeze=False)
+    ticks = sorted({p["steps"] for p in points}) or [9600]
+    for column, task in enumerate(tasks):
+        series = list(dict.fromkeys((p["lr"], p["noise"]) for p in points if p["task"] == task))
+        for row, name in enumerate(HEADLINE_METRICS):
+            axis = axes[row][column]
+            axis.axhline(0, color="black", linewidth=0.8)
+            for index, (lr, noise) in enumerate(series):
+                mine = sorted((p for p in points if p["task"] == task and (p["lr"], p["noise"]) == (lr, noise)),
+                              key=lambda p: p["steps"])
+                offset = 1 + 0.04 * (index - (len(series) - 1) / 2)  # side by side on the log axis
+                steps = [p["steps"] * offset for p in mine]
+                effect = [p[name]["effect"] for p in mine]
+                errors = [[p[name]["effect"] - p[name]["low"] for p in mine], [p[name]["high"] - p[name]["effect"] for p in mine]]
+                axis.errorbar(steps, effect, yerr=errors, marker="o", capsize=3, linewidth=1.2,
+                              label=f"lr {lr_name(lr)}" + (f", {noise} % noise" if noise else ""))
+            if not series:
+                axis.text(0.5, 0.5, "no finished grid yet\n(pre-registered, runs under way)", ha="center", va="center",
+                          transform=axis.transAxes, fontsize=9, color="grey")
+            axis.set_xscale("log", base=2)
+            axis.set_xlim(ticks[0] / 1.3, ticks[-1] * 1.3)
+            axis.set_xticks(ticks, [f"{step:,}" for step in ticks])
+            axis.minorticks_off()
+            axis.set_title(f"{task}: {name} mean recall", fontsize=10)
+            axis.set_ylabel("Multi − sphere (points)")
+            axis.grid(alpha=0.3)
+            axis.set_xlabel("steps")
+        if series:
+            axes[0][column].legend(fontsize=7)
+    figure.suptitle("Multi(16, 8) − Sphere(128), each at its default initial range: difference of the seed means, "
+                    "95 % interval (Welch's t)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def claims_table(claims: dict) -> str:
     """Markdown: each claim of the paper with the paper's numbers, ours (mean ± sample std over seeds), Welch's
     t for the comparisons the claim rests on, and the verdict."""
@@ -297,6 +418,19 @@ def ceiling_table(result: dict) -> str:
              f"{result['size']:,} images, {result['captions_per_image']} captions each).", "",
              "| metric | ceiling on this set | ceiling expected over the generator |", "|---|---|---|"]
     lines += [f"| {label} | {this_set[key]:.1f} | {expected[key]:.1f} |" for label, key in rows]
+    return "\n".join(lines)
+
+
+def pilot_table(files: list[dict]) -> str:
+    """Markdown of a difficulty pilot (hard-task-pilot/pilot.json: one run per model, each its eval.json records)."""
+    lines = []
+    for pilot in files:
+        lines += [f"Measured: `{pilot['command']}` (seed {pilot['seed']}, commit {pilot['commit']}).", "",
+                  "| model | shape top-1 | in-domain mean recall | out-of-domain mean recall |", "|---|---|---|---|"]
+        for model, records in pilot["runs"].items():
+            found = {(r["dataset"], r["metrics"].get("mode")): r["metrics"] for r in records}
+            lines.append(f"| {model} | {found['shape', 'distance']['top1']:.1f} | "
+                         f"{found['scenes-test', None]['mean_recall']:.1f} | {found['scenes-test-ood', None]['mean_recall']:.1f} |")
     return "\n".join(lines)
 
 
@@ -341,10 +475,11 @@ def tau_late_rise_table(rows: list[dict]) -> str:
 # equilibrium-train-19200 as equilibrium-train);
 # blocks named NAME-tests are comparison tables (comparison_table); any other name is an ablation.
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "claims": claims_table,
+             "claims-summary": claims_summary_table, "headline": headline_table,
              "experts": experts_table, "equilibrium": equilibrium_table,
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
              "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
-             "ceiling-hard": ceiling_table, "tau-late-rise": tau_late_rise_table}
+             "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table}
 
 
 def load_results(name: str):
@@ -352,6 +487,10 @@ def load_results(name: str):
     its file's stem added as "file")."""
     if name == "tau-late-rise":  # computed from every grid's curves
         return tau_late_rise()
+    if name == "headline":  # computed from the grids of HEADLINE
+        return headline_points()
+    if name == "claims-summary":
+        return json.loads((RESULTS / "claims.json").read_text())
     if (RESULTS / f"{name}.json").is_file():
         return json.loads((RESULTS / f"{name}.json").read_text())
     if (RESULTS / name / "ablation.json").is_file():
@@ -372,6 +511,19 @@ def render_blocks(readme: str) -> str:
         return f"<!-- results:{name} -->\n{renderer(results)}\n<!-- /results:{name} -->"
 
     return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, readme, flags=re.S)
+
+
+def plot_grid(name: str, out: Path) -> Path:
+    """OUT/curves.png of a committed grid, drawn from its ablation.json (the committed report keeps only the plots
+    its pages show)."""
+    from topoclip.experiments.report import plot_evaluations
+
+    results = load_results(name)
+    out.mkdir(parents=True, exist_ok=True)
+    path = plot_evaluations(results["runs"], out, load_grid(results["grid"]).zero_shot_set)
+    if path is None:
+        raise SystemExit(f"{name}: its runs have no periodic evaluations to draw")
+    return path
 
 
 def record(run_dir: Path, wall_seconds: float, command: str) -> Path:
@@ -397,11 +549,17 @@ def main() -> int:
     recorder.add_argument("run_dir", type=Path)
     recorder.add_argument("--wall-seconds", type=float, required=True, help="the whole command's wall time")
     recorder.add_argument("--as-command", default="topoclip train", help="the command that made the run")
+    plotter = commands.add_parser("plot", help="draw a committed grid's validation curves (curves.png) into a folder")
+    plotter.add_argument("grid", help="a folder of docs/results with an ablation.json, e.g. table3-lr1e-3-9600")
+    plotter.add_argument("out", type=Path)
     commands.add_parser("write", help="rewrite the README's generated blocks")
     commands.add_parser("check", help="exit 1 when the README's blocks differ from the results files")
     args = parser.parse_args()
     if args.command == "record":
         print(f"wrote {record(args.run_dir, args.wall_seconds, args.as_command)}")
+        return 0
+    if args.command == "plot":
+        print(f"wrote {plot_grid(args.grid, args.out)}")
         return 0
     stale = []
     for document in DOCUMENTS:
@@ -409,8 +567,11 @@ def main() -> int:
         wanted = render_blocks(current)
         if args.command == "write":
             document.write_text(wanted)
+            print(f"wrote {document.relative_to(ROOT)}")
         elif wanted != current:
             stale.append(document.relative_to(ROOT))
+    if args.command == "write":
+        print(f"wrote {plot_headline(headline_points(), RESULTS / 'headline.png').relative_to(ROOT)}")
     if stale:
         print(f"{', '.join(map(str, stale))}: generated blocks differ from docs/results/; "
               f"run: python scripts/readme_results.py write")

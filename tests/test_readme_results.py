@@ -36,10 +36,71 @@ def test_a_table_row_shows_the_number_in_its_record():
     assert "| shape | in-domain | 97.2 | 100.0 | 12.5 |" in table and "4.8 minutes" in table
 
 
-def test_the_results_report_figures_equal_the_committed_results_files():
+@pytest.mark.parametrize("page", sorted(path.name for path in (ROOT / "docs" / "results").glob("*.md")))
+def test_each_page_of_the_report_equals_the_committed_results_files(page):
+    document = (ROOT / "docs" / "results" / page).read_text()
+    assert readme_results.render_blocks(document) == document, "run: python scripts/readme_results.py write"
+
+
+def test_the_report_fits_a_reader_and_each_claim_row_a_screen():
+    """Issue #44: the report's front page ≤ ~250 lines, with the headline figure and the short claims table; a claim
+    row of the short table a few hundred characters (a screen), each linking a page that exists."""
     report = (ROOT / "docs" / "results" / "README.md").read_text()
-    assert "<!-- results:claims -->" in report
-    assert readme_results.render_blocks(report) == report, "run: python scripts/readme_results.py write"
+    assert len(report.splitlines()) <= 250
+    assert "![" in report and "(headline.png)" in report and "<!-- results:claims-summary -->" in report
+    rows = readme_results.claims_summary_table(json.loads((ROOT / "docs" / "results" / "claims.json").read_text()))
+    for row in rows.splitlines()[2:]:
+        assert len(row) <= 600, row[:80]
+        page = re.search(r"\]\(([\w-]+\.md)\)", row).group(1)
+        assert (ROOT / "docs" / "results" / page).is_file(), page
+
+
+def test_every_committed_plot_is_shown_and_any_other_drawn_on_demand(tmp_path):
+    """docs/results stays small (issue #44): a PNG no page shows is not committed; a grid's curves are drawn from its
+    JSON when wanted."""
+    results = ROOT / "docs" / "results"
+    shown = {match for document in readme_results.DOCUMENTS
+             for match in re.findall(r"\]\(([\w./-]+\.png)\)", document.read_text())}
+    committed = {str(path.relative_to(results)) for path in results.rglob("*.png")}
+    assert committed - {name.removeprefix("docs/results/") for name in shown} == set()
+    assert readme_results.plot_grid("tau-range-4800", tmp_path).stat().st_size > 10_000
+
+
+def _numbers(text: str) -> set[str]:
+    """Decimal numbers as the report prints them, signs and the typographic minus aside."""
+    return set(re.findall(r"\d+\.\d", text.replace("−", "-")))
+
+
+def test_every_number_in_the_reports_prose_is_in_a_generated_table():
+    """A reader's check (issue #44): every decimal the front page's prose quotes (the five-line answer, the ceiling)
+    is printed by some generated table of the report, so it equals its JSON; a number typed by hand that no
+    table prints, or one the JSON no longer gives, fails."""
+    report = (ROOT / "docs" / "results" / "README.md").read_text()
+    prose = re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", "", report, flags=re.S)
+    generated = "".join(match.group(0) for document in readme_results.DOCUMENTS for match in
+                        re.finditer(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->",
+                                    readme_results.render_blocks(document.read_text()), flags=re.S))
+    quoted = _numbers(prose)
+    assert len(quoted) >= 8  # the answer quotes its numbers
+    assert quoted - _numbers(generated) == set()
+
+
+def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
+    for task, lr, noise, grid, multi, sphere in readme_results.HEADLINE:
+        path = ROOT / "docs" / "results" / grid / "ablation.json"
+        if path.is_file() and "lr_" not in multi:  # a grid at one lr: its command sets it, or it is the preset's 2e-3
+            command = json.loads(path.read_text())["command"]
+            assert (f"train.lr={lr:g}" in command) if lr != 2e-3 else ("train.lr" not in command), grid
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results, "HEADLINE", (("t", 1e-3, 0, "g", "m", "s"), ("t", 1e-3, 0, "missing", "m", "s")))
+    runs = [{"cell": cell, "headline": {"scenes-test/mean_recall": v, "scenes-test-ood/mean_recall": v / 2}}
+            for cell, values in (("m", (12.0, 14.0, 13.0)), ("s", (10.0, 10.0, 13.0))) for v in values]
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "ablation.json").write_text(json.dumps({"steps": 9600, "runs": runs}))
+    (point,) = readme_results.headline_points()  # the grid not in docs/results is left out
+    assert point["steps"] == 9600 and point["in-domain"]["effect"] == pytest.approx(2.0)
+    assert point["out-of-domain"]["effect"] == pytest.approx(1.0)
+    assert "| t | 1e-3 | 0 % | 9,600 | 3, 3 | +2.0 (" in readme_results.headline_table([point])
 
 
 BLOCKS = sorted({name for document in readme_results.DOCUMENTS
