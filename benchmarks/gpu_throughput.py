@@ -4,7 +4,7 @@
 
 Prints one JSON line per preset (images/s for forward + backward + AdamW on one GPU) and a last
 line with the cost of the extra class tokens: 1 − images/s(Multi) / images/s(sphere)
-(the paper: < 8 %; SPEC §6's FLOP estimate for 15 extra tokens on ViT-B/16: ≈ 7–8 %).
+(the paper: < 8 %; the transformer FLOP formula's estimate for 15 extra tokens on ViT-B/16: ≈ 7–8 %).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from train_step import measure
 
 
 def flops_overhead(grid_tokens: int = 196, extra: int = 15, width: int = 768) -> float:
-    """SPEC §6: forward FLOPs ∝ tokens · (12·width² + 2·tokens·width); the extra tokens' share."""
+    """The transformer FLOP formula: forward FLOPs ∝ tokens · (12·width² + 2·tokens·width); the extra tokens' share."""
     def cost(tokens: int) -> float:
         return tokens * (12 * width**2 + 2 * tokens * width)
     return cost(grid_tokens + 1 + extra) / cost(grid_tokens + 1) - 1

@@ -1,4 +1,4 @@
-"""Foreign CLIP models written from torch primitives, in the layouts topoclip imports (SPEC §10).
+"""Foreign CLIP models written from torch primitives, in the layouts topoclip imports.
 
 They follow the original code's forward passes, not topoclip's: torch's nn.MultiheadAttention in
 (L, B, w) layout and nn.TransformerEncoder, the authors' [CLS]×m text tokens, OpenAI's causal
@@ -68,7 +68,7 @@ class VisionTransformer(nn.Module):
 
 
 class MtobCLIP(nn.Module):
-    """The authors' release (SPEC §10): m class tokens, post-norm BERT-style text encoder."""
+    """The authors' release: m class tokens, post-norm BERT-style text encoder."""
 
     def __init__(self, tokens=4, embed_dim=8, vocab=64, context=12, image_size=32, patch=8, vision_width=128,
                  vision_layers=2, vision_heads=2, text_width=64, text_layers=2, text_heads=2, cls_id=2):

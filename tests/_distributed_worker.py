@@ -24,7 +24,8 @@ from topoclip.distributed import (  # noqa: E402
 from topoclip.model import CLIP  # noqa: E402
 from topoclip.tokenizer import TextBatch  # noqa: E402
 from topoclip.training.lock import apply_locks  # noqa: E402
-from topoclip.training.step import forward_backward, loss_keywords  # noqa: E402
+from topoclip.losses import loss_keywords  # noqa: E402
+from topoclip.training.step import forward_backward  # noqa: E402
 
 
 def check_collectives(rank: int, world: int) -> dict:

@@ -11,6 +11,7 @@ from topoclip.experiments import grid as grids
 from topoclip.experiments.report import curve_metrics, late_rise, still_rising
 from topoclip.cli import main
 from topoclip.config import ConfigError, to_dict
+from topoclip.model import describe_model
 
 # Tiny runs with small evaluation sets: what a smoke test of a grid looks like.
 FAST = ["--preset", "tiny", "--seeds", "2", "--steps", "3", "--probe-size", "16", "--set", "train.num_workers=0",
@@ -41,7 +42,7 @@ def test_table3_cells():
 
 def test_table4_shapes():
     grid = grids.load_grid("table4")
-    shapes = [grids.describe_model(grids.cell_config(grid, levels, [], 0).model) for levels in grid.cells()]
+    shapes = [describe_model(grids.cell_config(grid, levels, [], 0).model) for levels in grid.cells()]
     assert shapes == ["Sphere(128)", "PS(64,2)", "PS(16,8)", "PS(4,32)", "PS(2,64)", "Multi(16,8)", "Sphere(256)"]
 
 
@@ -203,7 +204,7 @@ def test_ablate_whole_table3_after_a_subset(tmp_path, capsys):
 def test_an_ablation_folder_has_one_owner(tmp_path, capsys):
     """Before: two ablate on one --out both ran (a "new" run folder was deleted before the trainer took its
     lock) and ablation.json mixed one process's settings with the other's results."""
-    from topoclip.training.run_folder import claim_folder
+    from topoclip.run_folder import claim_folder
 
     out = tmp_path / "grid"
     with claim_folder(out, "ablation folder"):  # as a first ablate holds it

@@ -1,4 +1,4 @@
-"""Importing the authors' release (SPEC §10): a model written in their layout from torch primitives,
+"""Importing the authors' release: a model written in their layout from torch primitives,
 saved, converted with `topoclip convert --from mtob`, loaded, gives their embeddings and similarities."""
 import json
 from pathlib import Path

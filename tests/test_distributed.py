@@ -1,4 +1,4 @@
-"""Distributed training equals one process on the global batch (SPEC §5).
+"""Distributed training equals one process on the global batch.
 
 One torchrun launch (2 gloo processes on CPU, tests/_distributed_worker.py) runs every case; the
 test compares each rank's mean loss and post-all-reduce gradients with a one-process step.
@@ -19,7 +19,8 @@ from topoclip.distributed import DistributedInfo, gather_features, init_distribu
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.lock import apply_locks
-from topoclip.training.step import forward_backward, loss_keywords
+from topoclip.losses import loss_keywords
+from topoclip.training.step import forward_backward
 
 from _tolerance import assert_fp32_close, model_roundings
 

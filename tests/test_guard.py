@@ -5,7 +5,7 @@ import torch
 from topoclip.config import load_config
 from topoclip.errors import NonFiniteError
 from topoclip.training.guard import MAX_SKIPPED_STEPS, StepGuard
-from topoclip.training.run_folder import RunFolder
+from topoclip.run_folder import RunFolder
 
 NAN, ONE = torch.tensor(float("nan")), torch.tensor(1.0)
 

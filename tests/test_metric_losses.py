@@ -7,7 +7,8 @@ import torch
 
 from topoclip.config import ConfigError, load_config
 from topoclip.losses import LOSSES, max_hinge_loss, n_pair_loss, pairwise_contrastive_loss, triplet_loss
-from topoclip.training.step import loss_at, loss_keywords
+from topoclip.losses import loss_keywords
+from topoclip.training.step import loss_at
 from topoclip.training.trainer import train
 
 

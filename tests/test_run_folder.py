@@ -24,9 +24,9 @@ from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
 from topoclip.errors import NonFiniteError
 from topoclip.training import guard, trainer
-from topoclip.training.logger import read_metrics
+from topoclip.run_folder import read_metrics
 from topoclip.training.optim import cosine_with_warmup
-from topoclip.training.run_folder import LOCK, claim_run_folder
+from topoclip.run_folder import LOCK, claim_run_folder
 from topoclip.training.trainer import train
 
 # A small, fast run: 32 px scenes, tiny towers, no DataLoader workers, small evaluation sets.
@@ -87,7 +87,7 @@ def test_a_fresh_run_refuses_a_folder_that_holds_a_run(finished_run, tmp_path, c
 
 
 HOLD_LOCK = ("import sys, time\n"
-             "from topoclip.training.run_folder import claim_run_folder\n"
+             "from topoclip.run_folder import claim_run_folder\n"
              "claim_run_folder(sys.argv[1], resuming=sys.argv[2] == 'resume')\n"
              "print('locked', flush=True)\n"
              "time.sleep(300)\n")

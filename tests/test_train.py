@@ -130,7 +130,7 @@ def test_a_new_topology_is_one_function_and_one_registry_line(tmp_path, monkeypa
     import torch
 
     from topoclip import geometry
-    from topoclip.experiments.grid import describe_model
+    from topoclip.model import describe_model
 
     def twice_cosine(u, v):  # the toy topology: a sphere whose similarity spans [−2, 2]
         return 2 * geometry.inner_product(u, v)

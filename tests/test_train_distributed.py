@@ -1,7 +1,7 @@
 """`topoclip train` under torchrun: 2 gloo processes on CPU write one run folder, and `--resume` continues it.
 
 One launch trains 2 steps, a second launch resumes the folder with train.steps=4. Because the loss is the
-local loss against the batch gathered from all ranks (SPEC §5), two ranks take exactly the optimiser steps of
+local loss against the batch gathered from all ranks, two ranks take exactly the optimiser steps of
 one process on the global batch: τ and the gradient norm logged by rank 0 equal a one-process run's.
 """
 import json

@@ -7,7 +7,7 @@ for training, the optimizer/scheduler/RNG/data state (torch.save, loaded with we
       tokenizer.json        the tokenizer the model was trained with
       training_state.pt     optimizer, scheduler, step, RNG states, data position (resume only)
 
-A checkpoint is written to a new scratch sibling folder (run_folder.scratch_name) and renamed into place, so a killed run
+A checkpoint is written to a new scratch sibling folder (topoclip.atomic.scratch_name) and renamed into place, so a killed run
 never leaves a half-written checkpoint under its final name; a full disk removes the temporary
 folder and raises DiskFullError. Weights with an inf/NaN are never written (NonFiniteError).
 Reading a checkpoint that is malformed or does not fit its model raises CheckpointError.
@@ -29,12 +29,18 @@ from topoclip.atomic import SCRATCH_SUFFIX, scratch_name
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
 from topoclip.errors import CheckpointError, DiskFullError, NonFiniteError, is_disk_full
 from topoclip.model import CLIP
-from topoclip.training.run_folder import CHECKPOINTS, CONFIG, TOKENIZER  # a run folder's names too
+from topoclip.tokenizer import SAVED_FILE_NAME
 
-# A model folder's config (checkpoints, exports, Hub repos). Not "config.json": on the Hugging Face Hub that
-# name is transformers' (OpenCLIP names its own open_clip_config.json for the same reason). Folders written
-# before hold CONFIG and are still read; a run folder's own config stays RUN/config.json.
+# A model folder's files. The config: not "config.json": on the Hugging Face Hub that name is transformers' (OpenCLIP
+# names its own open_clip_config.json for the same reason). Folders written before hold CONFIG and are still read.
 MODEL_CONFIG = "topoclip_config.json"
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+TOKENIZER = SAVED_FILE_NAME
+TRAINING_STATE = "training_state.pt"
+# A run keeps its step checkpoints in RUN/CHECKPOINTS/STEP_PREFIX + the step in six digits (topoclip.run_folder).
+CHECKPOINTS = "checkpoints"
+STEP_PREFIX = "step-"
 
 
 def config_file(folder) -> Path:
@@ -42,10 +48,6 @@ def config_file(folder) -> Path:
     folder = Path(folder)
     return folder / MODEL_CONFIG if (folder / MODEL_CONFIG).is_file() or not (folder / CONFIG).is_file() \
         else folder / CONFIG
-
-WEIGHTS = "model.safetensors"
-TRAINING_STATE = "training_state.pt"
-STEP_PREFIX = "step-"
 
 
 def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,

@@ -2,7 +2,7 @@
 
 Launch with ``torchrun --nproc-per-node N ...`` (or ``srun`` with one task per GPU). Every process
 calls :func:`init_distributed`, wraps the CLIP in ``DistributedDataParallel``, and scores its local
-batch against the batch gathered from all ranks with :func:`gather_features` (SPEC §5: "local loss +
+batch against the batch gathered from all ranks with :func:`gather_features` (OpenCLIP's "local loss +
 gather with grad"). Without a launcher everything here degrades to a single process: no process
 group, ``gather_features`` is the identity, ``barrier`` does nothing.
 """

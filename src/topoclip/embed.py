@@ -269,7 +269,7 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
     from topoclip.convert.files import weights_file
     from topoclip.inference import load
     from topoclip.atomic import write_text_atomic
-    from topoclip.training.run_folder import claim_folder
+    from topoclip.run_folder import claim_folder
 
     if not (images or texts):
         raise UserError("say what to embed: --images (a folder, CSV or shards) and/or --texts (a file, one per line)")

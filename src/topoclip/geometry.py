@@ -1,6 +1,6 @@
 """Embedding topologies: where embeddings live and how two of them are scored.
 
-An embedding is a tensor (m, n): m rows of dimension n (SPEC §2). Every topology supplies
+An embedding is a tensor (m, n): m rows of dimension n. Every topology supplies
 
 - ``project(x)``: raw encoder outputs (B, m, n) -> points on the space (B, m, n);
 - ``pairwise(u, v)``: similarities s = −d(u, v) of every row of u (Bu, m, n) against every row

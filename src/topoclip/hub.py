@@ -51,7 +51,7 @@ def model_card(config, repo_id: str, evaluation: Optional[list], license: str, o
     """The README.md of a pushed model: front matter for the Hub, then what it is and how to load it."""
     from topoclip.config import to_dict
     from topoclip.evaluation.run import table_rows
-    from topoclip.experiments.grid import describe_model
+    from topoclip.model import describe_model
 
     model = config.model
     label = describe_model(model)
@@ -88,7 +88,7 @@ def upload_folder(source, destination: Path, repo_id: str, license: str = "mit")
     from topoclip.convert.openclip_export import export_openclip, openclip_refusal, tokenizer_refusal
     from topoclip.evaluation.run import read_evaluation
     from topoclip.inference import load_folder
-    from topoclip.training.run_folder import RunFolder
+    from topoclip.run_folder import RunFolder
 
     check_repo_id(repo_id)
     if not LICENSE.match(license):  # it goes into the card's YAML front matter as it is

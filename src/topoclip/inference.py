@@ -26,16 +26,16 @@ import numpy as np
 import torch
 from PIL import Image
 
-from topoclip.checkpoint import CONFIG, MODEL_CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, resolve_checkpoint
+from topoclip.checkpoint import load_checkpoint, resolve_checkpoint
 from topoclip.config import Config
-from topoclip.errors import CheckpointError, UserError, resolve_device
+from topoclip.errors import UserError, resolve_device
 from topoclip.evaluation.zeroshot import ZeroShotClassifier, evaluating, zero_shot_classifier
 from topoclip.model import CLIP
+from topoclip.pretrained import PRETRAINED, hub_folder, pretrained_folder
 from topoclip.tokenizer import Tokenizer
-from topoclip.training.run_folder import RunFolder
+from topoclip.run_folder import RunFolder
 from topoclip.transforms import eval_transform
 
-HF_BIN_WEIGHTS = "pytorch_model.bin"  # transformers' older weights file (read with weights_only=True)
 HUB_PREFIX = "hf-hub:"  # forces a Hub lookup even when a local folder of that name exists
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_TEMPLATES = ("a photo of a {}.",)  # CLIP's single prompt
@@ -153,8 +153,6 @@ def checkpoint_folder(source: Union[str, Path], revision: Optional[str] = None,
     """A local folder for `source`: itself when it exists, a pretrained name's converted folder ("ViT-B-32:openai",
     topoclip.pretrained), else the Hub snapshot of a repo id ("org/name", or "hf-hub:org/name" to skip the local
     lookup)."""
-    from topoclip.pretrained import PRETRAINED, pretrained_folder
-
     text = str(source)
     if text in PRETRAINED and not Path(source).exists():
         return pretrained_folder(text, revision)
@@ -196,45 +194,3 @@ def load_folder(path: Path, device: torch.device) -> Pretrained:
     transform = eval_transform(vision.image_size, vision.mean, vision.std, resize=vision.eval_resize)
     owner = RunFolder.of_checkpoint(folder)
     return Pretrained(model.eval(), tokenizer, transform, config, folder, owner.path if owner else None)
-
-
-def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None) -> Path:
-    """The local snapshot folder of a Hub repo in topoclip's layout (downloaded, or from the cache offline)."""
-    try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
-    except ImportError:
-        raise UserError(f"{repo_id!r} is not a local folder; loading it from the Hugging Face Hub needs "
-                        f"huggingface_hub: pip install 'topoclip[hub]'") from None
-
-    def fetch(name: str, required: bool = True) -> Optional[Path]:
-        try:
-            return Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
-        except LocalEntryNotFoundError:
-            if not required:
-                return None
-            raise UserError(f"{repo_id}: {name} is not in the local Hugging Face cache and the Hub cannot be reached "
-                            f"(offline, or HF_HUB_OFFLINE=1); download it once online, or point HF_HUB_CACHE at a "
-                            f"cache that has it") from None
-        except RepositoryNotFoundError:
-            raise UserError(f"{repo_id!r}: no such Hugging Face Hub repository (or it is private: log in with "
-                            f"`hf auth login`)") from None
-        except EntryNotFoundError:
-            if not required:
-                return None
-            raise CheckpointError(f"Hub repository {repo_id} has no {name}; topoclip reads exported folders "
-                                  f"({WEIGHTS}, {MODEL_CONFIG}, {TOKENIZER}); convert other formats with "
-                                  f"`topoclip convert`") from None
-        except OSError as error:  # network failures
-            raise UserError(f"{repo_id}: could not download {name} ({error})") from None
-
-    weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
-    if fetch(MODEL_CONFIG, required=False) is None:
-        fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel
-    from topoclip.convert.hf import MERGES, PREPROCESSOR, is_hf_clip
-
-    if is_hf_clip(weights.parent):  # transformers' layout: its BPE files and pixel statistics too
-        for name in (MERGES, "vocab.json", PREPROCESSOR):
-            fetch(name, required=False)
-    fetch(TOKENIZER, required=False)
-    return weights.parent

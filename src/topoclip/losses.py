@@ -18,7 +18,7 @@ The similarity s = −d is the topology's (topoclip.geometry), so the geometry s
 | max-hinge    | max_j [ε − s⁺ + s_ij]₊  (VSE++: the hardest negative)                 | no  | yes             |
 | n-pair       | log(1 + Σ_j exp(s_ij − s⁺)) = −log softmax(s_i)_i                     | no  | yes             |
 
-The margin ε is train.margin (in similarity units; see step.loss_keywords for train.margin_relative).
+The margin ε is train.margin (in similarity units; see `loss_keywords` for train.margin_relative).
 train.max_hinge_warmup_steps trains max-hinge's first steps with triplet (step.loss_at).
 A loss without τ leaves the model's τ unused: it keeps its initial value and gets no gradient.
 """
@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from topoclip.geometry import fp32_or_wider
+from topoclip.geometry import fp32_or_wider, get_topology
 
 
 def _targets(rows: int, local_index: int, device) -> torch.Tensor:
@@ -166,3 +166,11 @@ def get_loss(name: str) -> LossFunction:
         return LOSSES[name]
     except KeyError:
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+
+
+def loss_keywords(config) -> dict:
+    """The keywords every loss takes, from a Config: margin (train.margin; with train.margin_relative, in units of
+    the half-width of the topology's similarity range: ×m for ps-inner's [−m, m]) and best (the highest similarity)."""
+    low, high = get_topology(config.model.topology).similarity_range(config.model.sphere_count)
+    margin = config.train.margin * ((high - low) / 2 if config.train.margin_relative else 1.0)
+    return {"margin": margin, "best": high}

@@ -105,3 +105,12 @@ def build_model(spec: Union[str, Config, ModelConfig], overrides: Optional[list[
     elif overrides:
         raise ValueError("overrides apply to preset names; edit the config object directly")
     return CLIP(spec.model if isinstance(spec, Config) else spec)
+
+
+def describe_model(model: ModelConfig) -> str:
+    """"Sphere(128)", "Euclidean R^128", "PS(16,8)", "PS(16,8) geodesic", "Multi(16,8)"."""
+    topology = geometry.get_topology(model.topology)
+    several = model.class_tokens > 1
+    label = topology.label.format(d=model.class_tokens * model.embed_dim, n=model.sphere_dim, m=model.sphere_count,
+                                  kind="Multi" if several else "PS")
+    return label + (f", {model.class_tokens} tokens" if several and not topology.product else "")

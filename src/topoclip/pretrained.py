@@ -12,10 +12,13 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from topoclip.atomic import scratch_name
-from topoclip.errors import UserError
+from topoclip.checkpoint import CONFIG, MODEL_CONFIG, TOKENIZER, WEIGHTS
+from topoclip.errors import CheckpointError, UserError
+
+HF_BIN_WEIGHTS = "pytorch_model.bin"  # transformers' older weights file (read with weights_only=True)
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,10 @@ def cache_dir() -> Path:
 def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
     """A topoclip checkpoint folder of `name`: converted once from the Hub's files and kept under cache_dir()."""
     from topoclip.convert import convert
-    from topoclip.inference import hub_folder
 
     entry = get_pretrained(name)
     folder = cache_dir() / "pretrained" / name.replace(":", "--") / (revision or "main")
-    if not (folder / "model.safetensors").is_file():
+    if not (folder / WEIGHTS).is_file():
         snapshot = hub_folder(entry.repo, revision)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = scratch_name(folder)  # the conversion lands whole or not at all
@@ -67,3 +69,45 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
         except OSError:  # another process converted it meanwhile
             shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None) -> Path:
+    """The local snapshot folder of a Hub repo in topoclip's layout (downloaded, or from the cache offline)."""
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    except ImportError:
+        raise UserError(f"{repo_id!r} is not a local folder; loading it from the Hugging Face Hub needs "
+                        f"huggingface_hub: pip install 'topoclip[hub]'") from None
+
+    def fetch(name: str, required: bool = True) -> Optional[Path]:
+        try:
+            return Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
+        except LocalEntryNotFoundError:
+            if not required:
+                return None
+            raise UserError(f"{repo_id}: {name} is not in the local Hugging Face cache and the Hub cannot be reached "
+                            f"(offline, or HF_HUB_OFFLINE=1); download it once online, or point HF_HUB_CACHE at a "
+                            f"cache that has it") from None
+        except RepositoryNotFoundError:
+            raise UserError(f"{repo_id!r}: no such Hugging Face Hub repository (or it is private: log in with "
+                            f"`hf auth login`)") from None
+        except EntryNotFoundError:
+            if not required:
+                return None
+            raise CheckpointError(f"Hub repository {repo_id} has no {name}; topoclip reads exported folders "
+                                  f"({WEIGHTS}, {MODEL_CONFIG}, {TOKENIZER}); convert other formats with "
+                                  f"`topoclip convert`") from None
+        except OSError as error:  # network failures
+            raise UserError(f"{repo_id}: could not download {name} ({error})") from None
+
+    weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
+    if fetch(MODEL_CONFIG, required=False) is None:
+        fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel
+    from topoclip.convert.hf import MERGES, PREPROCESSOR, is_hf_clip
+
+    if is_hf_clip(weights.parent):  # transformers' layout: its BPE files and pixel statistics too
+        for name in (MERGES, "vocab.json", PREPROCESSOR):
+            fetch(name, required=False)
+    fetch(TOKENIZER, required=False)
+    return weights.parent

@@ -1,4 +1,4 @@
-"""BERT-style bidirectional text tower with m class tokens (SPEC §6).
+"""BERT-style bidirectional text tower with m class tokens.
 
 The m class tokens are the [CLS] id repeated m times, told apart only by their positions:
 input ``[CLS] w1 … [SEP] [PAD]…`` of length L becomes ``[CLS]×m w1 … [SEP] [PAD]…`` of length

@@ -2,11 +2,11 @@
 
 Every caption becomes `[CLS] pieces... [SEP] [PAD]...`, exactly `context_length` ids long; captions
 that are too long lose their last pieces, never the final [SEP]. The text encoder reads `input_ids`
-and `attention_mask`; it builds its m class tokens from `cls_id` itself (SPEC §6).
+and `attention_mask`; it builds its m class tokens from `cls_id` itself.
 
 Three ways to get one:
 - `Tokenizer.from_vocab(path)`: a BERT `vocab.txt` (one token per line, id = line number) or a
-  `tokenizer.json` — e.g. the paper's ERNIE-2.0-en vocabulary (30,522 tokens, SPEC §10).
+  `tokenizer.json` — e.g. the paper's ERNIE-2.0-en vocabulary (30,522 tokens).
 - `Tokenizer.train(captions, vocab_size)`: learn a lower-case WordPiece vocabulary from captions.
   Trained vocabularies put the special tokens first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 - `Tokenizer.load(path)`: a file written by `save`, with its context length.
@@ -28,7 +28,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from topoclip.errors import UserError
 
-DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context (SPEC §6)
+DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context
 CONTINUATION_PREFIX = "##"  # WordPiece marker for a piece that continues a word
 # Trained vocabularies start with these, in this order: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

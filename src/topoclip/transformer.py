@@ -137,5 +137,5 @@ class Transformer(nn.Module):
 
 
 def projection(width: int, out_dim: int) -> nn.Parameter:
-    """(width, out_dim) projection used as x @ proj; Gaussian, mean 0, std 1/sqrt(fan_in) (SPEC §6)."""
+    """(width, out_dim) projection used as x @ proj; Gaussian, mean 0, std 1/sqrt(fan_in)."""
     return nn.Parameter(torch.randn(width, out_dim) * width**-0.5)

@@ -1,4 +1,4 @@
-"""ViT image tower with m class tokens (SPEC §6): patches → m class tokens + positions → blocks.
+"""ViT image tower with m class tokens: patches → m class tokens + positions → blocks.
 
 Keys match the reference release (``conv1``, ``class_embedding`` (m, w), ``positional_embedding``
 (grid² + m, w), ``ln_pre``, ``transformer.resblocks.*``, ``ln_post``, ``proj``).

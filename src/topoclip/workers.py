@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-# Descriptors of the run-folder locks this process holds (topoclip.training.run_folder adds and removes them).
+# Descriptors of the run-folder locks this process holds (topoclip.run_folder adds and removes them).
 HELD_LOCKS: set[int] = set()
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends

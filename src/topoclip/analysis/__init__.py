@@ -1,4 +1,4 @@
-"""The paper's analyses as functions and commands (SPEC §8–§9), one file per analysis.
+"""The paper's analyses as functions and commands, one file per analysis.
 
 Each analysis takes a trained model (a run folder or a checkpoint, see :mod:`.inputs`) — or, for
 `temperature` and `cost`, run folders or a preset — and writes ``<name>.png`` plot(s) plus
@@ -10,8 +10,8 @@ Each analysis takes a trained model (a run folder or a checkpoint, see :mod:`.in
 - landscape:    loss on a random filter-normalised weight plane at τ = 1 and 100; gradient norms;
 - gradcam:      Grad-CAM of the matching score (total and per class-token pair) on patches and tokens;
 - experts:      zero-shot accuracy from random subsets of the m sub-spheres (Table 10);
-- probe:        linear probe on the frozen class-token features (SPEC §8);
-- cost:         parameters, forward FLOPs (counted and SPEC §6's formula), logit memory;
+- probe:        linear probe on the frozen class-token features;
+- cost:         parameters, forward FLOPs (counted, and by the transformer FLOP formula), logit memory;
 - ablation:     named grids of presets × settings × seeds, trained and tabulated (Tables 3/4/6).
 
 The package imports without the trainer; only `ablation` loads it, when it trains.

@@ -1,10 +1,10 @@
-"""What a configuration costs: parameters, forward FLOPs per sample, logit-matrix memory (SPEC §6).
+"""What a configuration costs: parameters, forward FLOPs per sample, logit-matrix memory.
 
 - Parameters: total and per tower (the temperature's t and β counted apart).
 - Forward FLOPs per sample (one image, one text of the full context length), two ways:
   *counted* with ``torch.utils.flop_counter`` on a real forward pass (matmuls, the patch
   convolution and attention; a multiply–add is 2 FLOPs) — exact for this implementation, whose last
-  block computes only the class-token rows — and SPEC §6's *formula* per tower,
+  block computes only the class-token rows — and the transformer FLOP *formula* per tower,
   tokens · layers · (12·width² + 2·tokens·width) multiply–adds × 2, with tokens = grid² + m (image)
   and context + m − 1 (text), which counts every block in full and leaves out the patch embedding
   and the projections.
@@ -74,12 +74,12 @@ def counted_flops(model) -> dict[str, int]:
 
 
 def tower_formula_flops(tokens: int, layers: int, width: int) -> int:
-    """SPEC §6: tokens · layers · (12·width² + 2·tokens·width) multiply–adds, × 2 FLOPs."""
+    """The transformer FLOP formula: tokens · layers · (12·width² + 2·tokens·width) multiply–adds, × 2 FLOPs."""
     return 2 * tokens * layers * (12 * width * width + 2 * tokens * width)
 
 
 def formula_flops(config: ModelConfig) -> dict[str, int]:
-    """SPEC §6's estimate per tower and in total."""
+    """The FLOP formula's estimate per tower and in total."""
     vision, text, m = config.vision, config.text, config.class_tokens
     image_tokens = (vision.image_size // vision.patch_size) ** 2 + m
     text_tokens = text.context_length + m - 1
@@ -124,7 +124,7 @@ def plot_costs(result: dict, out_dir):
     names = [entry["name"] for entry in result["configs"]]
     positions = torch.arange(len(names)).float()
     left.bar(positions - 0.2, [e["flops_counted"]["total"] / 1e9 for e in result["configs"]], 0.4, label="counted")
-    left.bar(positions + 0.2, [e["flops_formula"]["total"] / 1e9 for e in result["configs"]], 0.4, label="SPEC §6 formula")
+    left.bar(positions + 0.2, [e["flops_formula"]["total"] / 1e9 for e in result["configs"]], 0.4, label="FLOP formula")
     left.set_xticks(positions.tolist(), names, rotation=20, ha="right", fontsize=8)
     left.set_ylabel("forward GFLOPs per image + text")
     left.set_yscale("log")

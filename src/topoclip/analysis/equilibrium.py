@@ -1,4 +1,4 @@
-"""The equilibrium of InfoNCE's two terms as τ varies (SPEC §9.3; paper §1 "Equilibrium").
+"""The equilibrium of InfoNCE's two terms as τ varies (the paper's §1, "Equilibrium").
 
 For a batch of b pairs with similarities s_ij (image i, text j; s_ii the positives), the symmetric
 InfoNCE loss splits exactly into an alignment and a uniformity term:

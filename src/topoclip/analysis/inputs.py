@@ -22,7 +22,7 @@ from topoclip.data.types import RetrievalSet
 from topoclip.errors import resolve_device
 from topoclip.evaluation.zeroshot import embed_images, embed_texts
 from topoclip.inference import Pretrained, load_folder
-from topoclip.training.run_folder import METRICS, RunFolder
+from topoclip.run_folder import METRICS, RunFolder
 
 STYLES = ("in-domain", "out-of-domain")
 

@@ -1,4 +1,4 @@
-"""The loss landscape around a trained model (SPEC §9.4), at a low and a high τ.
+"""The loss landscape around a trained model, at a low and a high τ.
 
 - **Plane**: L(θ + α·d₁ + β·d₂; τ) for α, β on a K × K grid in [−r, r] (K odd, so the centre is
   exactly the trained weights θ), at τ = 1 and τ = 100 by default, drawn as contours.
@@ -63,7 +63,7 @@ def shifted(weights: dict, directions: Sequence[dict], coefficients: Sequence[fl
 
 def model_loss_function(loaded: Pretrained) -> LossOfSimilarity:
     """The run's training loss as f(similarity, τ) (with the learned β for the sigmoid loss)."""
-    from topoclip.training.step import loss_keywords
+    from topoclip.losses import loss_keywords
 
     loss, keywords = get_loss(loaded.config.train.loss), loss_keywords(loaded.config)
     bias = loaded.model.temperature.bias

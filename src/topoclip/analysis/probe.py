@@ -1,4 +1,4 @@
-"""Linear probe on frozen image features (SPEC §8; paper Tables 3/4 "Linear Probe").
+"""Linear probe on frozen image features (paper Tables 3/4 "Linear Probe").
 
 Features: the m image class tokens after ``ln_post`` and before the projection, concatenated
 (B, m·width) — the paper drops the projection head and concatenates the class-token features.

@@ -26,7 +26,7 @@ import numpy as np
 
 from topoclip.analysis.inputs import find_run_folder
 from topoclip.data.sources import epoch_steps
-from topoclip.training.run_folder import RunFolder
+from topoclip.run_folder import RunFolder
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.checkpoint import load_config_from
 from topoclip.config import Config
@@ -90,7 +90,7 @@ class TemperatureCurve:
 def read_curve(path, window: Optional[int] = None, tolerance: float = TOLERANCE,
                name: Optional[str] = None) -> TemperatureCurve:
     """The τ curve of a run folder (or of the run a checkpoint belongs to)."""
-    from topoclip.training.logger import read_metrics  # plain JSON reading; no trainer import
+    from topoclip.run_folder import read_metrics
 
     run_dir = find_run_folder(path)
     config = load_config_from(run_dir)

@@ -174,12 +174,12 @@ def add_analyze(commands) -> None:
     sub.add_argument("--mode", default=default_of(analyze_experts, "mode"), choices=["distance", "embedding"])
     sub.add_argument("--sets", nargs="+", default=default_of(analyze_experts, "sets"))
     sub.add_argument("--seed", type=whole(0), default=default_of(analyze_experts, "seed"))
-    sub = analysis("probe", command_analyze_probe, "linear probe on the frozen class-token features (SPEC §8)")
+    sub = analysis("probe", command_analyze_probe, "linear probe on the frozen class-token features")
     sub.add_argument("--tasks", nargs="+", default=default_of(analyze_probe, "tasks"))
     sub.add_argument("--train-size", type=whole(1), default=default_of(analyze_probe, "train_size"))
     sub.add_argument("--validation-size", type=whole(1), default=default_of(analyze_probe, "validation_size"))
     sub.add_argument("--test-size", type=whole(1), default=default_of(analyze_probe, "test_size"))
-    sub = analysis("cost", command_analyze_cost, "parameters, forward FLOPs (counted and SPEC §6's formula) and "
+    sub = analysis("cost", command_analyze_cost, "parameters, forward FLOPs (counted, and by the transformer FLOP formula) and "
                    "logit memory of presets or checkpoints", model=False)
     sub.add_argument("models", nargs="*", help="checkpoint or run folders (optional)")
     sub.add_argument("--preset", action="append", help=f"a preset to cost (repeatable; default {DEFAULT_PRESET} "

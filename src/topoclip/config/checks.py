@@ -245,10 +245,14 @@ def validate_reporters(config: TrainConfig) -> None:
                           "(or drop it from train.report_to)")
 
 
+def group_count(layers: int) -> int:
+    """Groups of a tower of `layers` blocks, as `topoclip.training.lock.tower_groups` makes them: the embeddings,
+    layers − 1 blocks, the last block with the final norm, the projection."""
+    return layers + 2
+
+
 def validate_locks(config: Config) -> None:
     """Unlocked groups of a locked tower: 0 … its groups (layers + 2); none without the lock."""
-    from topoclip.training.lock import group_count
-
     train, model = config.train, config.model
     for tower, locked, unlocked, layers in (("image", train.lock_image, train.lock_image_unlocked_groups,
                                              model.vision.layers),

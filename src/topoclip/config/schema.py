@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from topoclip.data.scenes import SceneConfig
+from topoclip.data.scenes.config import SceneConfig
 from topoclip.errors import UserError
 from topoclip.geometry import TOPOLOGIES
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from topoclip.config import Config, ConfigError
+from topoclip.convert.files import check_destination
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 
@@ -66,16 +67,6 @@ def read_model(format: str, source: Union[str, Path], vocab: Optional[Union[str,
 
         return import_openai(source, format, vocab, activation, overrides)
     raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-
-
-def check_destination(destination: Union[str, Path]) -> Path:
-    """A folder to write a checkpoint into: new or empty (an existing folder is never replaced)."""
-    destination = Path(destination)
-    if destination.is_symlink():  # replacing the link's folder would write where the link points
-        raise ConfigError(f"{destination} is a symbolic link; give the folder itself, or a new folder")
-    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
-        raise ConfigError(f"{destination} already exists and is not an empty folder; choose a new folder")
-    return destination
 
 
 def convert(format: str, source: Union[str, Path], destination: Union[str, Path],

@@ -15,6 +15,7 @@ from typing import Union
 
 import torch
 
+from topoclip.config import ConfigError
 from topoclip.errors import CheckpointError
 
 # Inside a folder (e.g. a Hugging Face snapshot), the weights file is the first of these found.
@@ -94,3 +95,13 @@ def _tensors(loaded, path: Path) -> dict[str, torch.Tensor]:
 def source_name(source, default: str) -> str:
     """A run name for an import: the file's stem, or `default` for an in-memory state dict."""
     return Path(source).stem if isinstance(source, (str, Path)) else default
+
+
+def check_destination(destination: Union[str, Path]) -> Path:
+    """A folder to write a checkpoint into: new or empty (an existing folder is never replaced)."""
+    destination = Path(destination)
+    if destination.is_symlink():  # replacing the link's folder would write where the link points
+        raise ConfigError(f"{destination} is a symbolic link; give the folder itself, or a new folder")
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise ConfigError(f"{destination} already exists and is not an empty folder; choose a new folder")
+    return destination

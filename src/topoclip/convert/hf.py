@@ -213,7 +213,7 @@ def export_hf(model, config: Config, destination: Union[str, Path], tokenizer) -
     """Write `model` and its `tokenizer` as transformers' CLIPModel into `destination` (new or empty): config.json,
     model.safetensors, tokenizer.json + tokenizer_config.json, preprocessor_config.json. ConfigError when
     transformers' CLIP cannot hold the model (the same rules as OpenCLIP's)."""
-    from topoclip.convert import check_destination
+    from topoclip.convert.files import check_destination
     from topoclip.convert.architecture import rename_keys
     from topoclip.convert.openclip_export import EXPORT_RULES, openclip_refusal, tokenizer_refusal
 

@@ -1,4 +1,4 @@
-"""Import the paper authors' release (SPEC §10): Multi(32, 16) and its sphere baseline, ViT-B/16.
+"""Import the paper authors' release: Multi(32, 16) and its sphere baseline, ViT-B/16.
 
 Their image tower already uses topoclip's keys (``visual.*``, ``class_embedding`` (m, width)).
 Their text tower is torch's ``nn.TransformerEncoder`` — post-norm, exact GELU, key-padding mask —

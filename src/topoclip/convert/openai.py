@@ -1,6 +1,6 @@
 """Import OpenAI CLIP and OpenCLIP ViT checkpoints, and build their byte-level BPE tokenizer.
 
-Their layout (SPEC §10): the image tower has topoclip's keys with one class token
+Their layout: the image tower has topoclip's keys with one class token
 (``visual.class_embedding`` of shape (width,), reshaped to (1, width)); the text tower is
 ``token_embedding``, ``positional_embedding``, pre-norm ``transformer.resblocks.*`` with a causal
 mask, ``ln_final``, ``text_projection``, pooled at the end-of-text token (``argmax`` of the ids);
@@ -35,7 +35,7 @@ from topoclip.convert.architecture import build_imported, model_values, rename_k
 from topoclip.convert.files import read_state_dict, source_name, weights_file
 from topoclip.errors import CheckpointError
 from topoclip.model import CLIP
-from topoclip.tokenizer import OPENAI_END, OPENAI_SPLIT_PATTERN, OPENAI_START, Tokenizer
+from topoclip.tokenizer import OPENAI_END, OPENAI_SPLIT_PATTERN, OPENAI_START, SAVED_FILE_NAME, Tokenizer
 
 FORMATS = ("openai", "openclip")
 ACTIVATIONS = ("gelu", "quick_gelu")
@@ -223,7 +223,7 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
             raise ConfigError(f"model.{tower}.activation={chosen} but this {format} checkpoint was trained with "
                               f"{activation}; every output would change. Drop the setting (or use {activation})")
     tokenizer = None
-    beside = None if isinstance(source, dict) else weights_file(source).parent / "tokenizer.json"
+    beside = None if isinstance(source, dict) else weights_file(source).parent / SAVED_FILE_NAME
     if vocab is None and beside is not None and beside.is_file():  # a topoclip export carries its own
         vocab = beside
     if vocab is not None and Path(vocab).suffix == ".json":  # a tokenizer.json saved by topoclip

@@ -98,7 +98,7 @@ def export_openclip(model, config: Config, destination: Union[str, Path], tokeni
     """Write OpenCLIP's files for `model` and its `tokenizer` into `destination` (new or empty): the config, the
     weights, tokenizer.json and tokenizer_config.json. `tokenizer_name`: see `openclip_config` (default: the
     folder's name). ConfigError when OpenCLIP cannot load the model or tokenize for it."""
-    from topoclip.convert import check_destination
+    from topoclip.convert.files import check_destination
 
     reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
     if reason:

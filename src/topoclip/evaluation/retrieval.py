@@ -1,6 +1,6 @@
 """Zero-shot retrieval, image→text and text→image, scored in query chunks (no N × T matrix held).
 
-Positives, per metric (SPEC §8):
+Positives, per metric:
 - R@1, R@5, R@10: the *paired* items — for an image query its own captions (several positives),
   for a caption query the image it was written for. This is the CLIP_benchmark convention.
 - mAP@R and R-Precision: the *relevant* items, `dataset.relevant(...)` — the semantic ground truth

@@ -8,7 +8,7 @@ The model interface this module (and retrieval.py) is written against:
 - ``model.config.topology``: the space's name for :func:`topoclip.geometry.to_space`.
 The model must already be on ``device``; runners only move inputs there.
 
-Three ways to turn T templates into a class score (the first two: SPEC §8):
+Three ways to turn T templates into a class score (the first two are the paper's):
 
 - ``"distance"`` (the paper): score(x, c) = (1/T) Σ_t s(x, text(c, t)). The C·T prompt embeddings
   are kept; an image batch is scored against all of them at once, so at most (batch, C·T)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from topoclip.config import Config, ConfigError, ModelConfig, from_dict, load_config, to_dict
+from topoclip.run_folder import RunFolder
 
 GRIDS_PACKAGE = "topoclip.experiments.grids"
 RUNS = "runs"
@@ -123,17 +124,6 @@ def cell_label(levels: Sequence[Level]) -> str:
     return " / ".join(level.label for level in levels)
 
 
-def describe_model(model: ModelConfig) -> str:
-    """"Sphere(128)", "Euclidean R^128", "PS(16,8)", "PS(16,8) geodesic", "Multi(16,8)"."""
-    from topoclip.geometry import get_topology
-
-    topology = get_topology(model.topology)
-    several = model.class_tokens > 1
-    label = topology.label.format(d=model.class_tokens * model.embed_dim, n=model.sphere_dim, m=model.sphere_count,
-                                  kind="Multi" if several else "PS")
-    return label + (f", {model.class_tokens} tokens" if several and not topology.product else "")
-
-
 # --------------------------------------------------------------------------- planning
 
 
@@ -221,7 +211,7 @@ def plan(grid: Grid, out_dir, seeds: int, overrides: Sequence[str] = (), preset:
 
 def check_existing(spec: RunSpec) -> None:
     """A run folder with a config.json must have been made with exactly this config."""
-    saved_path = Path(spec.run_dir) / "config.json"
+    saved_path = RunFolder(spec.run_dir).config
     if not saved_path.is_file():
         return
     differences = sorted(config_differences(saved_settings(saved_path), spec.config))

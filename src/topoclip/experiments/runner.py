@@ -24,11 +24,12 @@ from typing import Callable, Optional, Sequence
 from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import read_curve
 from topoclip.config import ConfigError, load_config
-from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, describe_model, load_grid, plan,
+from topoclip.model import describe_model
+from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, load_grid, plan,
                                        saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
 from topoclip.losses import TEMPERATURE_LOSSES
-from topoclip.training.run_folder import EVALUATION, RunFolder, claim_folder
+from topoclip.run_folder import EVALUATION, RunFolder, claim_folder
 
 PROBE = "probe.json"
 REUSED = "reused.json"  # in a run folder copied from another ablation: where from
@@ -112,7 +113,7 @@ def run_record(spec: RunSpec) -> dict:
     """The numbers of one finished run: Table 6's columns plus every headline metric."""
     from topoclip.evaluation.run import headline
 
-    from topoclip.training.logger import read_metrics
+    from topoclip.run_folder import read_metrics
 
     run_dir = Path(spec.run_dir)
     folder = RunFolder(run_dir)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from topoclip.config import Config
 from topoclip.errors import NonFiniteError
-from topoclip.training.run_folder import RunFolder
+from topoclip.run_folder import RunFolder
 from topoclip.training.step import nonfinite_anywhere
 
 # Steps with a non-finite loss skipped in a row before the run stops.

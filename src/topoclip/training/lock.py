@@ -68,8 +68,3 @@ def apply_locks(model: nn.Module, settings: TrainConfig) -> None:
         lock_tower(model.visual, "image", settings.lock_image_unlocked_groups)
     if settings.lock_text:
         lock_tower(model.text, "text", settings.lock_text_unlocked_layers)
-
-
-def group_count(layers: int) -> int:
-    """Groups of a tower of `layers` blocks: the embeddings, layers − 1 blocks, the last block, the projection."""
-    return layers + 2

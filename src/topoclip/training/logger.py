@@ -23,43 +23,8 @@ from typing import Optional, Sequence
 from topoclip.config import flat_dict
 from topoclip.errors import UserError
 from topoclip.atomic import save_png_atomic, write_text_atomic
-from topoclip.training.run_folder import METRICS, PLOTS
+from topoclip.run_folder import METRICS, PLOTS, parse_metrics_lines, read_metrics
 
-
-
-def _parse_lines(path: Path) -> tuple[list[dict], list[str]]:
-    """(records, problems): the complete JSON lines of `path`, and one note per line left out."""
-    records, problems = [], []
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    # The text after the last newline is a record still being written, or torn by a kill / full disk.
-    complete, tail = lines[:-1], lines[-1]
-    for number, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # not JSON, nested too deeply, an integer of 4,300+ digits
-            problems.append(f"line {number} is not JSON ({line[:40]!r})")
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            problems.append(f"line {number} is not a JSON object")
-    if tail.strip():
-        problems.append(f"the last line is incomplete ({len(tail)} characters, no newline: {tail[:40]!r})")
-    return records, problems
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The complete records of a metrics.jsonl, in order ([] when there is none yet).
-
-    A torn or unreadable line (a run killed mid-write) is left out rather than failing the reader.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return []
-    return _parse_lines(path)[0]
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -71,7 +36,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     path = Path(path)
     if not path.is_file():
         return
-    records, problems = _parse_lines(path)
+    records, problems = parse_metrics_lines(path)
     if problems:
         warnings.warn(f"{path}: dropped {'; '.join(problems)}; kept {len(records)} complete records", stacklevel=2)
     kept = [r for r in records if r.get("step", 0) <= step]

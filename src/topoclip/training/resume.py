@@ -17,7 +17,7 @@ from topoclip.data.quality import BadSampleCounter
 from topoclip.errors import CheckpointError, DiskFullError, RunFolderError
 from topoclip.training.data import StreamPosition
 from topoclip.training.logger import MetricsLogger
-from topoclip.training.run_folder import RunFolder
+from topoclip.run_folder import RunFolder
 from topoclip.training.guard import parameters_finite
 
 # What a resume may change ("section.*": every key of the section). The rest (the model's shape, the
@@ -93,7 +93,7 @@ def finished(run_dir: Path, config: Config) -> Optional[str]:
 def finish_leftovers(run_dir: Path, config: Config) -> None:
     """What a run killed after writing eval.json left undone: the final record in metrics.jsonl, the plots."""
     from topoclip.evaluation.run import headline, read_evaluation
-    from topoclip.training.logger import read_metrics
+    from topoclip.run_folder import read_metrics
 
     records = read_evaluation(RunFolder(run_dir).evaluation)
     logger = MetricsLogger(run_dir, report_to=())  # metrics.jsonl and plots only: no reporter opens a new log

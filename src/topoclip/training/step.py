@@ -4,7 +4,7 @@ The trainer calls :func:`forward_backward`, then unscales (fp16), clips, steps t
 clamps τ. The step works the same for a plain CLIP, DDP(CLIP) and torch.compile'd wrappers: the
 forward goes through the wrapper (so DDP sees it), scoring through ``unwrap(model).similarity``.
 
-Distributed (SPEC §5): each rank scores its b local rows against the world·b gathered columns,
+Distributed (OpenCLIP's local loss): each rank scores its b local rows against the world·b gathered columns,
 with gradients flowing back through the gather (:func:`topoclip.distributed.gather_features`);
 the mean over ranks of the local losses, and DDP's averaged gradients, equal the single-process
 loss and gradients on the global batch.
@@ -32,20 +32,11 @@ import torch
 from torch import nn
 
 from topoclip.distributed import gather_features, get_rank, is_initialized, unwrap
-from topoclip.geometry import get_topology
 from topoclip.losses import IMAGE_ROWS_ONLY_LOSSES, get_loss
 from topoclip.tokenizer import TextBatch
 
 PRECISIONS: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-
-
-def loss_keywords(config) -> dict:
-    """The keywords every loss takes, from a Config: margin (train.margin; with train.margin_relative, in units of
-    the half-width of the topology's similarity range: ×m for ps-inner's [−m, m]) and best (the highest similarity)."""
-    low, high = get_topology(config.model.topology).similarity_range(config.model.sphere_count)
-    margin = config.train.margin * ((high - low) / 2 if config.train.margin_relative else 1.0)
-    return {"margin": margin, "best": high}
 
 
 def loss_at(settings, step: int) -> str:

@@ -1,4 +1,4 @@
-"""`topoclip.train(config)`: the training loop in its run folder (layout: topoclip.training.run_folder).
+"""`topoclip.train(config)`: the training loop in its run folder (layout: topoclip.run_folder).
 
 Around the loop: the tokenizer (training.tokenizer_setup), saving and resuming checkpoints
 (training.resume), the step (training.step) and its guards (training.guard), the batches (training.data).
@@ -44,10 +44,11 @@ from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.resume import (finish_leftovers, finished, require_fitting_checkpoint, resume_config,
                                       resume_newest_good, rng_states, save_checkpoint_and_prune)
 from topoclip.atomic import write_text_atomic
-from topoclip.training.run_folder import RunFolder, claim_run_folder
+from topoclip.run_folder import RunFolder, claim_run_folder
 from topoclip.training.guard import StepGuard
 from topoclip.training.lock import apply_locks
-from topoclip.training.step import batch_loss, forward_backward_loss, loss_at, loss_keywords, optimizer_step, set_tf32
+from topoclip.losses import loss_keywords
+from topoclip.training.step import batch_loss, forward_backward_loss, loss_at, optimizer_step, set_tf32
 from topoclip.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
 
 # Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).

@@ -21,25 +21,34 @@ The modules, in reading order; each states the decisions it implements (tests re
 - classification: `classification_sets`, the zero-shot shape / colour / composition sets;
 - retrieval: `retrieval_set` and `relevance_function` (which captions are true of which images).
 """
-from .captions import (
-    COLUMN_WORDS,
-    COUNT_TEMPLATE,
-    COUNT_WORDS,
-    ONE_OBJECT_TEMPLATES,
-    PAIR_COUNT_TEMPLATES,
-    PAIR_TEMPLATES,
-    RELATION_TEMPLATES,
-    ROW_WORDS,
-    Caption,
-    Mention,
-    sample_caption,
-)
-from .classification import COLOUR_PROMPTS, COMPOSITION_PROMPTS, SHAPE_PROMPTS, classification_sets
-from .config import COLOUR_NAMES, COLOURS, GENERATOR_VERSION, SHAPES, SIZES, SPLITS, STYLES, SceneConfig
-from .dataset import SceneDataset
-from .layout import POSITIONS, RELATIONS, SIZE_DIAMETERS, Scene, SceneObject, relation_holds, sample_scene
-from .rendering import object_coverage, render_scene
-from .retrieval import relevance_function, retrieval_set
+import importlib
+
+# Each name's module: loaded on first use (PEP 562), so that reading the settings (`SceneConfig`, which the config
+# schema holds) does not load the renderer, the captioner and the evaluation sets.
+_MODULES = {
+    "config": ("COLOUR_NAMES", "COLOURS", "GENERATOR_VERSION", "SHAPES", "SIZES", "SPLITS", "STYLES", "SceneConfig"),
+    "layout": ("POSITIONS", "RELATIONS", "SIZE_DIAMETERS", "Scene", "SceneObject", "relation_holds", "sample_scene"),
+    "rendering": ("object_coverage", "render_scene"),
+    "captions": ("COLUMN_WORDS", "COUNT_TEMPLATE", "COUNT_WORDS", "ONE_OBJECT_TEMPLATES", "PAIR_COUNT_TEMPLATES",
+                 "PAIR_TEMPLATES", "RELATION_TEMPLATES", "ROW_WORDS", "Caption", "Mention", "sample_caption"),
+    "dataset": ("SceneDataset",),
+    "classification": ("COLOUR_PROMPTS", "COMPOSITION_PROMPTS", "SHAPE_PROMPTS", "classification_sets"),
+    "retrieval": ("relevance_function", "retrieval_set"),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
+
 
 __all__ = [
     # settings and vocabulary

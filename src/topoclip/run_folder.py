@@ -19,22 +19,22 @@ Files the trainer replaces in place (config.json) are written to a scratch sibli
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import sys
 from pathlib import Path
 from typing import Optional
 
+from topoclip.checkpoint import CHECKPOINTS, STEP_PREFIX, step_checkpoints
 from topoclip.errors import RunFolderError
 from topoclip.workers import HELD_LOCKS
 
-CONFIG = "config.json"  # checkpoint folders name theirs topoclip.checkpoint.MODEL_CONFIG
+CONFIG = "config.json"  # the run's resolved config (a model folder's is topoclip.checkpoint.MODEL_CONFIG)
 TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"
 EVALUATION = "eval.json"
-CHECKPOINTS = "checkpoints"
 PLOTS = "plots"
-
 
 
 class RunFolder:
@@ -55,14 +55,10 @@ class RunFolder:
 
     def step_checkpoints(self) -> list[Path]:
         """Its complete step checkpoints, oldest first."""
-        from topoclip.checkpoint import step_checkpoints
-
         return step_checkpoints(self.checkpoints)
 
     def newest_step(self) -> Optional[int]:
         """The step of its newest complete checkpoint, or None."""
-        from topoclip.checkpoint import STEP_PREFIX
-
         found = self.step_checkpoints()
         return int(found[-1].name[len(STEP_PREFIX):]) if found else None
 
@@ -83,6 +79,41 @@ class RunFolder:
         if checkpoint.parent.name == CHECKPOINTS and (checkpoint.parent.parent / CONFIG).is_file():
             return cls(checkpoint.parent.parent)
         return None
+
+
+def parse_metrics_lines(path: Path) -> tuple[list[dict], list[str]]:
+    """(records, problems): the complete JSON lines of `path`, and one note per line left out."""
+    records, problems = [], []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    # The text after the last newline is a record still being written, or torn by a kill / full disk.
+    complete, tail = lines[:-1], lines[-1]
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # not JSON, nested too deeply, an integer of 4,300+ digits
+            problems.append(f"line {number} is not JSON ({line[:40]!r})")
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            problems.append(f"line {number} is not a JSON object")
+    if tail.strip():
+        problems.append(f"the last line is incomplete ({len(tail)} characters, no newline: {tail[:40]!r})")
+    return records, problems
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The complete records of a metrics.jsonl, in order ([] when there is none yet).
+
+    A torn or unreadable line (a run killed mid-write) is left out rather than failing the reader.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return parse_metrics_lines(path)[0]
 
 
 try:
