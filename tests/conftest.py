@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
     skip_slow = pytest.mark.skip(reason="slow: pass --run-slow")
     skip_gpu = pytest.mark.skip(reason="gpu: pass --run-gpu on a CUDA machine")
     for item in items:
-        if "slow" in item.keywords and not config.getoption("--run-slow"):
+        if "slow" in item.keywords and not (config.getoption("--run-slow") or IN_CI):  # CI runs the whole suite
             item.add_marker(skip_slow)
         if "gpu" in item.keywords and not (config.getoption("--run-gpu") and torch.cuda.is_available()):
             item.add_marker(skip_gpu)

@@ -81,6 +81,7 @@ def test_default_cells_of_every_grid_are_the_compare_runs():
     assert math.exp(raised["init"]) < raised["max_scale"]  # starts at the multi-token range, not clamped
 
 
+@pytest.mark.slow
 def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
     source = tmp_path / "compare"
     assert main(["ablate", "--grid", "compare", *FAST, "--out", str(source)]) == 0
@@ -103,6 +104,7 @@ def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
     assert "no finished run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_runs_saved_before_a_setting_existed_still_match_their_cell(tmp_path, capsys):
     """main: adding a setting (e.g. train.report_to) made every earlier ablation folder "made with other settings"."""
     out = tmp_path / "compare"
@@ -143,6 +145,7 @@ def read_runs(out):
     return {(r["cell"], r["seed"]): r for r in json.loads((out / "ablation.json").read_text())["runs"]}
 
 
+@pytest.mark.slow
 def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     out = tmp_path / "table3"
     # evaluations at steps 1 and 2 of 3: the curves and the "still rising?" column have two points
@@ -229,6 +232,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_jobs_children_end_with_a_killed_parent(tmp_path):
     import os
     import signal

@@ -44,6 +44,7 @@ def written(out, name):
 # --------------------------------------------------------------------------- inputs
 
 
+@pytest.mark.slow
 def test_load_model_from_run_or_checkpoint(run, loaded):
     assert loaded.run_dir == run and loaded.checkpoint.parent.name == "checkpoints"
     again = load_model(loaded.checkpoint, device="cpu")
@@ -163,6 +164,7 @@ def test_filter_normalized_direction_matches_filter_norms(loaded):
                                        **fp32_pair(2 * weight[0].numel(), float(norms.max())))
 
 
+@pytest.mark.slow
 def test_landscape_origin_equals_model_loss(loaded, tmp_path):
     result = landscape.analyze_landscape(loaded, tmp_path, batch_size=12, resolution=3, plane_scales=(1.0, 100.0),
                                          gradient_scales=(1.0, 100.0), gradient_points=3)
@@ -288,6 +290,7 @@ def test_cost_counts():
 # --------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow
 def test_cli_analyze(run, tmp_path, capsys):
     assert main(["analyze", "similarities", str(run), "--size", "8", "--device", "cpu", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "similarities.json").is_file()

@@ -63,6 +63,7 @@ def test_the_shipped_lists_are_the_field_s():
                for template in get_benchmark(name).templates)
 
 
+@pytest.mark.slow
 def test_a_fake_imagenet_evaluates_with_the_real_names_and_80_templates(checkpoint, tmp_path, capsys):
     root = fake_imagenet(tmp_path / "val")
     dataset = load_classification_entry(f"imagenet1k={root}")
@@ -218,6 +219,7 @@ def test_a_clip_benchmark_retrieval_folder_is_a_retrieval_set(tmp_path):
         load_wds_set("https://huggingface.co/datasets/clip-benchmark/wds_flickr8k/tree/main")
 
 
+@pytest.mark.slow
 def test_eval_reads_a_clip_benchmark_folder_named_in_either_list(checkpoint, tmp_path, capsys):
     classes = write_wds(tmp_path / "wds_toy", [(f"{i}", {"png": png(i), "cls": str(i % 3).encode()}) for i in range(6)])
     pairs = write_wds(tmp_path / "wds_pairs", [(f"{i}", {"png": png(i), "txt": b"a cat"}) for i in range(4)],
@@ -284,6 +286,7 @@ def test_the_flat_mode_averages_as_clip_benchmark_does(checkpoint):
     assert torch.equal(one[0].scores(model, images).argmax(1), one[1].scores(model, images).argmax(1))
 
 
+@pytest.mark.slow
 def test_a_cifar_pickle_whose_dtype_hides_object_fields_is_refused_and_the_process_survives(tmp_path):
     """A record dtype with an object field, its flags cleared so numpy would take raw bytes for object pointers:
     refused before numpy builds anything (it crashed the process when numpy built it)."""

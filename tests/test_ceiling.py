@@ -15,6 +15,7 @@ from topoclip.data.scenes.ceiling import ceiling, likelihoods, realized, retriev
 DRAWS = 40_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objects", [1, 3])
 def test_the_likelihood_is_the_generator_s_frequency(objects):
     """For scenes of 1 and of 3 objects: every text sample_caption writes has a computed probability > 0; each one

@@ -17,7 +17,8 @@ from topoclip.checkpoint import TOKENIZER, WEIGHTS, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.errors import UserError
-from topoclip.training import resume, run_folder, trainer
+from topoclip import run_folder
+from topoclip.training import resume, trainer
 from topoclip.training.trainer import train
 
 SMALL = ["train.num_workers=0", "train.log_every=1", "train.warmup_steps=1", "evaluate.size=16",
@@ -83,6 +84,7 @@ def test_too_many_bad_samples_is_one_line(tmp_path, monkeypatch, capsys):
     assert "data.max_bad_fraction" in line and "missing_file" in line
 
 
+@pytest.mark.slow
 def test_a_run_with_no_evaluation_sets_says_why(tmp_path, capsys):
     """main printed an empty results table (a header line only) without saying why."""
     table = write_table(tmp_path, good=8, missing=0)
@@ -106,6 +108,7 @@ def class_folders(root: Path, classes: int, images: int = 2, kind: str = "png") 
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, expected", [("empty", "no class subfolders"), ("one class", "one class"),
                                             ("not images", "no usable image")])
 def test_an_unusable_evaluation_folder_is_one_line(run, tmp_path, capsys, case, expected):

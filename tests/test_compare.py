@@ -17,6 +17,7 @@ def compared(tmp_path_factory):
     return out, compare(out, seeds=2, steps=3, preset="tiny", overrides=SMALL, log=lambda _: None)
 
 
+@pytest.mark.slow
 def test_compare_writes_its_table_json_and_plot(compared):
     out, result = compared
     for name in ("compare.md", "compare.json", "compare.png"):

@@ -69,6 +69,7 @@ def pixels(size=32):
     return torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.slow
 def test_a_transformers_clip_folder_loads_with_its_own_embeddings(hf_folder):
     import topoclip
 
@@ -92,6 +93,7 @@ def test_convert_train_and_export_back_to_transformers(hf_folder, tmp_path):
     torch.testing.assert_close(ours.encode_text(TEXTS)[:, 0], text, **BOUND)
 
 
+@pytest.mark.slow
 def test_a_model_trained_here_exports_to_transformers(tmp_path):
     """A WordPiece vocabulary trained here: exported with eos_token_id = its [SEP], which transformers pools at."""
     import topoclip
@@ -114,6 +116,7 @@ def test_a_model_trained_here_exports_to_transformers(tmp_path):
                                    **bound)
 
 
+@pytest.mark.slow
 def test_models_transformers_cannot_hold_are_refused_in_one_line(tmp_path, capsys):
     from topoclip.config import load_config
     from topoclip.training.trainer import train
@@ -126,6 +129,7 @@ def test_models_transformers_cannot_hold_are_refused_in_one_line(tmp_path, capsy
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder, tmp_path):
     """OpenCLIP's name (ViT-B-32:openai) -> its Hub repository (openai/clip-vit-base-patch32, transformers' layout)
     in the Hugging Face cache, offline -> converted once into TOPOCLIP_CACHE -> loaded, and trained from."""

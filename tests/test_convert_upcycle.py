@@ -51,6 +51,7 @@ def single_token_checkpoint(tmp_path_factory):
     return save_checkpoint(tmp_path_factory.mktemp("single") / "ckpt", CLIP(config.model), config, tokenizer)
 
 
+@pytest.mark.slow
 def test_one_copy_reproduces_the_source_exactly(single_token_checkpoint, tmp_path):
     assert main(["convert", str(single_token_checkpoint), str(tmp_path / "same"), "--class-tokens", "1"]) == 0
     source, _, config = load_checkpoint(single_token_checkpoint)
@@ -119,6 +120,7 @@ def test_refusals(single_token_checkpoint):
         upcycle(multi, multi_config, class_tokens=4)
 
 
+@pytest.mark.slow
 def test_upcycled_model_fine_tunes_with_init_from(single_token_checkpoint, tmp_path, capsys):
     upcycled = tmp_path / "multi"
     assert main(["convert", str(single_token_checkpoint), str(upcycled), "--class-tokens", "4", "--embed-dim", "16"]) == 0

@@ -96,6 +96,7 @@ def run(tmp_path_factory):
     return models, images, text, results
 
 
+@pytest.mark.slow
 def test_workers_join_a_gloo_group_from_torchruns_environment(run):
     *_, results = run
     for rank, result in enumerate(results):

@@ -45,6 +45,7 @@ def shards(out):
     return {path.relative_to(out).as_posix(): path.read_bytes() for path in sorted(out.rglob("*_0*"))}
 
 
+@pytest.mark.slow
 def test_a_killed_embedding_resumes_and_writes_what_an_uninterrupted_run_writes(checkpoint, folder, tmp_path, monkeypatch):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     summary = embedding.embed(checkpoint, whole, images=str(folder), shard_size=500, num_workers=0, progress=False)

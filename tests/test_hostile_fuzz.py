@@ -84,6 +84,7 @@ def set_path(values: dict, key: str, value) -> None:
     values[last] = value
 
 
+@pytest.mark.slow
 @FUZZ
 @given(pairs=st.lists(st.tuples(KEYS.filter(lambda key: key not in ("train.steps", "train.eval_every")), values),
                       min_size=1, max_size=3))
@@ -102,6 +103,7 @@ def test_a_run_folders_config_resumes_or_is_one_line(run, tmp_path_factory, capf
     assert sorted(path.name for path in root.iterdir()) == ["run"] and not Path("X").exists()
 
 
+@pytest.mark.slow
 @FUZZ
 @given(edits=st.lists(st.tuples(st.sampled_from(["truncation", "padding", "normalizer", "pre_tokenizer", "model",
                                                  "post_processor", "decoder", "added_tokens"]),

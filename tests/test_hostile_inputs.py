@@ -46,6 +46,7 @@ def resumable_copy(run: Path, tmp_path: Path) -> Path:
 # ------------------------------------------------------------------ 1. commands and the network hidden in braces
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("payload", [
     "{pipe:touch MARKER; cat a.,b.}tar",
     "{https://example.invalid/x.tar,a.tar}",
@@ -77,6 +78,7 @@ def test_the_command_check_expands_as_webdataset_does():
     assert command_urls("{file:a.tar,b.tar}") == []
 
 
+@pytest.mark.slow
 def test_a_brace_pattern_of_a_hundred_million_shards_is_refused_before_it_is_listed(run, tmp_path, capsys):
     assert main(["embed", str(run), "--images", "s/{000000000..099999999}.tar", "--out", str(tmp_path / "o")]) == 2
     assert "more than 1,000,000 shards" in one_line_error(capsys)
@@ -85,6 +87,7 @@ def test_a_brace_pattern_of_a_hundred_million_shards_is_refused_before_it_is_lis
 # ------------------------------------------------------------------ 2. names that become paths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["../../x", "a/b", "x\0y", "\ud800", "é" * 200])
 def test_eval_output_file_names_stay_in_their_folder(run, tmp_path, capsys, name):
     out = tmp_path / "deep" / "results"
@@ -339,6 +342,7 @@ def damaged_states():
             "not a dict": lambda state: state.clear() or state.update(step=1)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", sorted(damaged_states()))
 def test_a_bad_training_state_falls_back_to_the_checkpoint_before(run, tmp_path, capsys, damage):
     folder = tmp_path / "run"
@@ -381,6 +385,7 @@ def test_a_folders_config_with_a_huge_integer_is_one_line(run, tmp_path, capsys)
     one_line_error(capsys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [["model.vision.image_size=8192", "model.vision.patch_size=1"],
                                       ["model.text.width=16384", "model.text.heads=16", "model.text.layers=1024"]])
 def test_sizes_that_pass_alone_but_not_together_are_refused_before_anything_is_built(settings, tmp_path, capsys):
@@ -508,6 +513,7 @@ def test_a_link_in_a_run_folder_is_refused_before_anything_is_written_through_it
     assert victim.read_text() == "precious" and sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
 
 
+@pytest.mark.slow
 def test_a_folders_config_never_turns_on_wandb(run, tmp_path, capsys):
     folder = resumable_copy(run, tmp_path)
     values = json.loads((folder / "config.json").read_text())
@@ -537,6 +543,7 @@ def test_wandb_that_cannot_start_is_one_line(tmp_path, capsys, monkeypatch):
     assert "W&B could not start (No API key configured" in one_line_error(capsys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fifo", ["topoclip_config.json", "training_state.pt", "metrics.jsonl"])
 def test_a_fifo_in_a_checkpoint_or_run_folder_never_blocks(run, tmp_path, capsys, fifo):
     import os

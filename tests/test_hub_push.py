@@ -36,6 +36,7 @@ def run(request, tmp_path_factory):
     return train(load_config("tiny", overrides), out_dir=tmp_path_factory.mktemp("push") / "run", progress=False)
 
 
+@pytest.mark.slow
 def test_push_sends_the_exported_model_and_a_card(run, monkeypatch, capsys):
     huggingface_hub = pytest.importorskip("huggingface_hub")
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)

@@ -114,6 +114,7 @@ def fake_hub_cache(root: Path, repo: str, files: dict) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_hub_repo_loads_offline_from_the_cache(checkpoint, tmp_path):
     pytest.importorskip("huggingface_hub")
     names = ["model.safetensors", "topoclip_config.json", "tokenizer.json"]

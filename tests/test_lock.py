@@ -27,6 +27,7 @@ def start(tmp_path_factory):
     return step_checkpoints(run / "checkpoints")[-1]
 
 
+@pytest.mark.slow
 def test_a_locked_image_tower_is_bit_identical_after_training_while_the_text_tower_moves(start, tmp_path):
     run = tmp_path / "locked"
     assert main(["train", "--init-from", str(start), "--quiet", "--out", str(run), "--set", "train.lock_image=true",
@@ -38,6 +39,7 @@ def test_a_locked_image_tower_is_bit_identical_after_training_while_the_text_tow
     assert all(not torch.equal(before[name], after[name]) for name in text)  # every text weight trained
 
 
+@pytest.mark.slow
 def test_unlocked_groups_train_and_the_rest_stays(start, tmp_path):
     run = tmp_path / "partly"
     assert main(["train", "--init-from", str(start), "--quiet", "--out", str(run), "--set", "train.lock_image=true",

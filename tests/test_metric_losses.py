@@ -99,6 +99,7 @@ def test_the_margin_can_follow_the_similarity_range():
         load_config("tiny", ["model.topology=euclidean", "train.margin_relative=true"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["contrastive", "triplet", "max-hinge", "n-pair"])
 def test_training_with_a_loss_without_temperature_keeps_tau_at_its_start(name, tmp_path):
     from topoclip.checkpoint import load_checkpoint
@@ -118,6 +119,7 @@ def test_max_hinge_warmup_uses_the_triplet_loss_for_its_first_steps():
         load_config("tiny", ["train.loss=triplet", "train.max_hinge_warmup_steps=2"])
 
 
+@pytest.mark.slow
 def test_a_run_all_warmup_trains_exactly_as_the_triplet_loss(tmp_path):
     # Same seed, data and operations in the same order on one machine: the weights are bit-identical, and a warm-up
     # one step shorter is not (its last step takes the hardest negative).

@@ -136,6 +136,7 @@ def test_temperature_clamp_and_fixed_mode():
     assert siglip(torch.randn(1, 3, 32, 32)).bias.item() == -10.0
 
 
+@pytest.mark.slow
 def test_library_imports_without_the_trainer():
     import subprocess
     import sys

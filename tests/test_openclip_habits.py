@@ -87,6 +87,7 @@ def test_batch_size_counts_the_processes_srun_starts(capsys, monkeypatch):
     assert printed_config(capsys, "--batch-size", "8")["train"]["batch_size"] == 32
 
 
+@pytest.mark.slow
 def test_epochs_count_the_epoch_of_the_config_the_run_trains_with(tmp_path, capsys):
     from topoclip.config import load_config
     from topoclip.training.trainer import train

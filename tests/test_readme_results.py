@@ -36,6 +36,7 @@ def test_a_table_row_shows_the_number_in_its_record():
     assert "| shape | in-domain | 97.2 | 100.0 | 12.5 |" in table and "4.8 minutes" in table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", sorted(path.name for path in (ROOT / "docs" / "results").glob("*.md")))
 def test_each_page_of_the_report_equals_the_committed_results_files(page):
     document = (ROOT / "docs" / "results" / page).read_text()
@@ -71,6 +72,7 @@ def _numbers(text: str) -> set[str]:
     return set(re.findall(r"\d+\.\d", text.replace("−", "-")))
 
 
+@pytest.mark.slow
 def test_every_number_in_the_reports_prose_is_in_a_generated_table():
     """A reader's check (issue #44): every decimal the front page's prose quotes (the five-line answer, the ceiling)
     is printed by some generated table of the report, so it equals its JSON; a number typed by hand that no
@@ -187,6 +189,7 @@ def test_experts_and_equilibrium_tables_average_over_runs():
     assert trained_on.startswith("Batches of 128 built-in training pairs")
 
 
+@pytest.mark.slow
 def test_the_false_negatives_file_is_what_the_script_computes(monkeypatch, capsys):
     committed = json.loads((ROOT / "docs" / "results" / "false-negatives.json").read_text())
     spec = importlib.util.spec_from_file_location("false_negatives", ROOT / "scripts" / "false_negatives.py")

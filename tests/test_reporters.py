@@ -21,6 +21,7 @@ def logged_scalars(run) -> set[str]:
     return keys
 
 
+@pytest.mark.slow
 def test_tensorboard_gets_the_scalars_the_config_and_the_final_table(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -33,6 +34,7 @@ def test_tensorboard_gets_the_scalars_the_config_and_the_final_table(tmp_path):
     assert {"config/text_summary", "final evaluation/text_summary"} <= texts
 
 
+@pytest.mark.slow
 def test_wandb_offline_gets_the_scalars_the_config_and_the_final_table(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -114,6 +114,7 @@ def step_losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,workers", [("csv", 0), ("resampled", 2)])
 def test_kill_9_at_a_random_step_then_resume_trains_what_an_uninterrupted_run_trains(kind, workers, samples, tmp_path):
     steps = 24

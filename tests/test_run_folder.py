@@ -75,6 +75,7 @@ def copy_run(run: Path, to: Path, killed_after: int = 0) -> Path:
 # --------------------------------------------------------------------------- 1. one run per folder
 
 
+@pytest.mark.slow
 def test_a_fresh_run_refuses_a_folder_that_holds_a_run(finished_run, tmp_path, capsys):
     """main: `train --out r` into a finished run exited 0, erased its metrics and left its old checkpoints
     beside the new run's (two runs mixed in one folder)."""
@@ -100,6 +101,7 @@ def hold_lock(folder: Path, mode: str) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_while_another_holds_the_folder(finished_run, tmp_path, capsys):
     """main: two trainings into one --out both exited 0 with interleaved metrics, and two concurrent
     `--resume r` crashed on a .tmp rename: nothing stopped a second process."""
@@ -128,6 +130,7 @@ def test_a_second_process_is_refused_while_another_holds_the_folder(finished_run
         holder.wait()
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
     """A real training process killed with SIGKILL leaves its lock file; `--resume` takes it over, says so,
     and finishes the run. (main had no lock at all; see the test above.)"""
@@ -160,6 +163,7 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
 # --------------------------------------------------------------------------- 2. a resume cannot corrupt the run
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_shape_changes_before_writing_anything(finished_run, tmp_path, capsys):
     """main: `--resume r --set model.class_tokens=8` failed with a traceback but had already rewritten
     config.json, so a later plain `--resume r` failed too."""
@@ -188,6 +192,7 @@ def test_preset_with_resume_is_refused(finished_run, tmp_path, capsys):
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_resume_trains_with_the_changes_it_allows(finished_run, tmp_path):
     """main: `--resume r --set train.lr=X` was accepted but the optimizer and scheduler state restored the
     old learning rate, so the new one never applied."""
@@ -226,6 +231,7 @@ def test_print_config_prints_and_writes_nothing(finished_run, tmp_path, capsys):
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_the_run_folder_is_printed_first(tmp_path, capsys):
     """main printed where the outputs go only at the end, after the (silent when piped) final evaluation."""
     run = train(load_config("tiny", SMALL + ["train.steps=1"]), out_dir=tmp_path / "run", progress=False)
@@ -238,6 +244,7 @@ def test_the_run_folder_is_printed_first(tmp_path, capsys):
 # --------------------------------------------------------------------------- 3. torn metrics
 
 
+@pytest.mark.slow
 def test_a_torn_metrics_line_does_not_block_a_resume(finished_run, tmp_path):
     """main: a half-written last line of metrics.jsonl (a kill or a full disk mid-write) made the resume
     fail in json.loads, so the run could not be continued."""
@@ -301,6 +308,7 @@ def test_weights_that_become_non_finite_stop_the_run_before_a_checkpoint(tmp_pat
 # --------------------------------------------------------------------------- 6. a full disk
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_checkpointing_says_so_and_keeps_the_previous_checkpoint(finished_run, tmp_path, monkeypatch,
                                                                                     capsys):
     """main: a full disk during torch.save surfaced as `RuntimeError: [enforce fail at inline_container.cc:672]

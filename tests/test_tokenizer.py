@@ -317,6 +317,7 @@ def test_training_is_deterministic(trained):
     assert again._backend.get_vocab() == trained._backend.get_vocab()
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_across_processes(trained, tmp_path):
     # Hash-map order differs per process; the trained vocabulary must not.
     script = (

@@ -20,6 +20,7 @@ def losses(run_dir):
     return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
 
 
+@pytest.mark.slow
 def test_run_folder_has_everything(tmp_path):
     run = train(load_config("tiny", SMALL + ["train.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=1"]),
                 out_dir=tmp_path / "run", progress=False)
@@ -39,6 +40,7 @@ def test_run_folder_has_everything(tmp_path):
     assert config.train.steps == 4 and tokenizer.cls_id == config.model.text.cls_token_id
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
     settings = SMALL + ["train.steps=6", "train.checkpoint_every=3", "train.keep_checkpoints=5", "train.warmup_steps=2"]
     whole = train(load_config("tiny", settings), out_dir=tmp_path / "whole", progress=False)
@@ -56,6 +58,7 @@ def test_resume_equals_uninterrupted(tmp_path):
         assert got[step] == expected[step], step  # the same operations on the same inputs: bit for bit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
 def test_each_topology_learns(tmp_path, topology):
     # Euclidean distances are unbounded (‖u − v‖ ≈ 10 at init here), so it trains at τ = 1, the
@@ -109,6 +112,7 @@ def test_cli_presets_and_help(capsys):
     assert "--resume" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_eval_writes_records(tmp_path, capsys):
     run = train(load_config("tiny", SMALL + ["train.steps=2"]), out_dir=tmp_path / "run", progress=False)
     capsys.readouterr()
@@ -126,6 +130,7 @@ def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
         train(load_config("tiny", SMALL + [f"data.tokenizer={vocab}"]), out_dir=tmp_path / "run", progress=False)
 
 
+@pytest.mark.slow
 def test_a_new_topology_is_one_function_and_one_registry_line(tmp_path, monkeypatch):
     import torch
 

@@ -61,6 +61,7 @@ def launches(tmp_path_factory):
     return work, run, after_first, checkpoints_first, first.stdout + second.stdout
 
 
+@pytest.mark.slow
 def test_two_ranks_write_one_run_folder_once(launches):
     work, run, after_first, checkpoints_first, _ = launches
     assert sorted(p.name for p in work.iterdir()) == ["run"]  # no second folder, no runs/ from rank 1
@@ -87,6 +88,7 @@ def test_resume_continues_from_the_checkpoint(launches):
     assert output.count("run folder:") == 4  # rank 0 alone prints it, at the start and the end of each launch
 
 
+@pytest.mark.slow
 def test_two_ranks_take_the_steps_of_one_process_on_the_global_batch(launches, tmp_path):
     _, run, _, _, _ = launches
     distributed = {r["step"]: r for r in step_records(run)}
@@ -114,6 +116,7 @@ def test_logged_sample_counts_cover_every_rank(launches):
         assert record["data"]["kept"] == 8 * record["step"]  # the global batch, not rank 0's 4
 
 
+@pytest.mark.slow
 def test_a_csv_stream_resumed_under_torchrun_continues_every_rank_exactly(tmp_path):
     """Issue #16 item 4 under torchrun: each rank reads its own share of the CSV (2 DataLoader workers each);
     a checkpoint stores both ranks' places, so a run killed after step 3 and resumed logs the same losses

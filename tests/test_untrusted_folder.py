@@ -34,6 +34,7 @@ def plant(config_file: Path, marker: Path) -> None:
     config_file.write_text(json.dumps(values))
 
 
+@pytest.mark.slow
 def test_resume_never_runs_a_command_from_the_folders_config(run, tmp_path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(run, folder)
@@ -49,6 +50,7 @@ def test_resume_never_runs_a_command_from_the_folders_config(run, tmp_path, caps
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_init_from_takes_the_model_never_the_data(run, tmp_path, capsys):
     source = tmp_path / "checkpoint"
     shutil.copytree(step_checkpoints(run / "checkpoints")[-1], source)
@@ -82,6 +84,7 @@ def test_a_config_claiming_a_huge_model_is_refused_before_anything_is_built(run,
     assert built == ["meta"]
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(run, tmp_path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(run, folder)
