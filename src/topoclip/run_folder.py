@@ -14,7 +14,7 @@ beside a live one (a fresh run into the same `--out`, or a second `--resume`) st
 naming the holder. A run that ends normally removes the file.
 
 Files the trainer replaces in place (config.json) are written to a scratch sibling and renamed (see
-`scratch_name`), so a reader or a crash sees the old file or the new one, never half of one.
+`topoclip.atomic.scratch_name`), so a reader or a crash sees the old file or the new one, never half of one.
 """
 from __future__ import annotations
 

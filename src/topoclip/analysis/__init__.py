@@ -11,10 +11,10 @@ Each analysis takes a trained model (a run folder or a checkpoint, see :mod:`.in
 - gradcam:      Grad-CAM of the matching score (total and per class-token pair) on patches and tokens;
 - experts:      zero-shot accuracy from random subsets of the m sub-spheres (Table 10);
 - probe:        linear probe on the frozen class-token features;
-- cost:         parameters, forward FLOPs (counted, and by the transformer FLOP formula), logit memory;
-- ablation:     named grids of presets × settings × seeds, trained and tabulated (Tables 3/4/6).
+- cost:         parameters, forward FLOPs (counted, and by the transformer FLOP formula), logit memory.
 
-The package imports without the trainer; only `ablation` loads it, when it trains.
+The package never imports the trainer (scripts/import_graph.py checks it); grids of many trained runs
+(Tables 3/4/6) are `topoclip.experiments`.
 """
 
 ANALYSES = ("temperature", "similarities", "equilibrium", "landscape", "gradcam", "experts", "probe", "cost")
