@@ -18,6 +18,7 @@ On a CPU a read costs nothing: every step is checked.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -57,12 +58,31 @@ class SkippedSteps:
         return int(in_row), int(longest), int(total)
 
 
-class StepGuard:
-    """The non-finite guards of one run, used by the training loop in this order each step:
+@dataclass
+class Verdict:
+    """The guards' verdict on one step's loss (`StepGuard.judge`).
 
-    `record(loss)` -> the skip flag for the optimiser; `must_check` -> whether the host reads now;
-    `check(model, loss, step)` -> (loss as a float, finite) or a NonFiniteError; `vouched(finite)` ->
-    the held checkpoint, now safe to write; `check_update(model, step)` after the optimiser step.
+    nonfinite: 0-d flag on the device, 1 when the loss is non-finite on any rank (the update is then skipped);
+    checked: whether the host read the loss this step (on a GPU only when values are read anyway); loss and
+    finite: the loss and whether it is finite, when checked; vouched: the checkpoint held at the last step, now
+    safe to write (its weights gave a finite loss), or None.
+    """
+
+    nonfinite: torch.Tensor
+    checked: bool
+    loss: float = float("nan")
+    finite: bool = True
+    vouched: Optional[dict] = None
+
+
+class StepGuard:
+    """The non-finite guards of one run. Each step the loop asks for one verdict, `judge(model, loss, step,
+    reads_due)`, and after a checked update calls `check_update(model, step)`; a checkpoint due is `hold`-ed until
+    the next step vouches for its weights, the last one checked by `vouch_last`.
+
+    Inside `judge`: `record(loss)` -> the skip flag for the optimiser; `must_check` -> whether the host reads now;
+    `check(model, loss, step)` -> (loss as a float, finite) or a NonFiniteError; `vouched(finite)` -> the held
+    checkpoint, now safe to write.
     """
 
     def __init__(self, device: torch.device, folder: RunFolder, config: Config, main: bool):
@@ -71,6 +91,14 @@ class StepGuard:
         self.skipped = 0
         self.pending: Optional[dict] = None
         self.folder, self.config, self.main = folder, config, main
+
+    def judge(self, model: torch.nn.Module, loss: torch.Tensor, step: int, reads_due: bool) -> Verdict:
+        """This step's verdict (see `Verdict`); a NonFiniteError when the run must stop."""
+        nonfinite = self.record(loss)  # decided over all ranks: their gradients are averaged
+        if not self.must_check(reads_due):
+            return Verdict(nonfinite, checked=False)
+        loss_value, finite = self.check(model, loss, step)
+        return Verdict(nonfinite, True, loss_value, finite, self.vouched(finite))
 
     def record(self, loss: torch.Tensor) -> torch.Tensor:
         """0-d flag, 1 when this step's loss is non-finite on any rank (its update is then skipped)."""

@@ -1,7 +1,9 @@
 """`topoclip.train(config)`: the training loop in its run folder (layout: topoclip.run_folder).
 
-Around the loop: the tokenizer (training.tokenizer_setup), saving and resuming checkpoints
-(training.resume), the step (training.step) and its guards (training.guard), the batches (training.data).
+The run reads top-down: `build` (the tokenizer, the model and its TrainState, restored when resuming), `train_steps`
+(the loop), `finish` (the final evaluation). Around them: the tokenizer (training.tokenizer_setup), the training
+state a checkpoint saves and a resume restores (training.state), what a resume may change (training.resume), the
+step (training.step) and its guards (training.guard), the batches (training.data).
 
 Only rank 0 writes; every rank resumes from the same checkpoint. The data stream of the built-in
 scenes is a function of the step, so an interrupted and resumed CPU fp32 run reproduces the
@@ -23,6 +25,7 @@ import json
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -30,7 +33,6 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.checkpoint import TOKENIZER
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.data.sources import get_source
@@ -38,11 +40,12 @@ from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cl
                                   init_distributed, sum_across_ranks)
 from topoclip.errors import UserError, require_device
 from topoclip.model import CLIP
+from topoclip.tokenizer import Tokenizer
 from topoclip.training.data import StreamPosition, prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
-from topoclip.training.resume import (finish_leftovers, finished, require_fitting_checkpoint, resume_config,
-                                      resume_newest_good, rng_states, save_checkpoint_and_prune)
+from topoclip.training.resume import finish_leftovers, finished, require_fitting_checkpoint, resume_config
+from topoclip.training.state import TrainState
 from topoclip.atomic import write_text_atomic
 from topoclip.run_folder import RunFolder, claim_run_folder
 from topoclip.training.guard import StepGuard
@@ -132,35 +135,75 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
 
 
 def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
-    settings = config.train
-    main = info.rank == 0
-    device = info.device  # train.device, resolved for this rank by init_distributed
+    run = build(config, RunFolder(run_dir), resuming, info)
+    logger = MetricsLogger(run_dir, enabled=run.main, resume_step=run.state.step, report_to=run.config.train.report_to,
+                           config=to_dict(run.config))
+    train_steps(run, logger, progress)
+    finish(run, logger)
+    return run_dir
+
+
+@dataclass
+class Run:
+    """One rank's run as `build` makes it: what the loop and `finish` use."""
+
+    config: Config
+    folder: RunFolder
+    info: DistributedInfo
+    tokenizer: Tokenizer
+    state: TrainState
+    trained: torch.nn.Module  # the model as the step calls it: wrapped for DDP, compiled
+    position: StreamPosition  # this rank's place in a user data stream
+    user_stream: bool  # a user stream keeps a position; the scenes are a function of the step
+    resumed_stream: Optional[dict] = None  # this rank's stream position in the checkpoint resumed from
+
+    main = property(lambda self: self.info.rank == 0)
+    device = property(lambda self: self.info.device)  # train.device, resolved for this rank by init_distributed
+
+
+def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedInfo) -> Run:
+    """The tokenizer, the model, its optimiser and schedule, restored from the newest good checkpoint when resuming;
+    a fresh run's config.json and tokenizer.json written."""
+    settings, main, device = config.train, info.rank == 0, info.device
     if settings.threads:
         torch.set_num_threads(settings.threads)
     if device.type == "cuda":
         set_tf32(settings.allow_tf32)
     if main:
-        print(f"run folder: {run_dir.resolve()}", flush=True)
-
+        print(f"run folder: {folder.path.resolve()}", flush=True)
     torch.manual_seed(settings.seed)
     # A fresh run's folder is empty; a resumed run keeps its tokenizer. Every rank builds the same one
     # (training one is deterministic) and none reads a file rank 0 writes.
-    saved_tokenizer = run_dir / TOKENIZER if resuming and (run_dir / TOKENIZER).is_file() else None
-    tokenizer = build_tokenizer(config, saved_tokenizer)
+    tokenizer = build_tokenizer(config, folder.tokenizer if resuming and folder.tokenizer.is_file() else None)
     if not resuming:  # a resumed run keeps the ids its config.json recorded
         config = fit_to_trained_tokenizer(config, tokenizer)
     check_tokenizer(tokenizer, config)
-    folder = RunFolder(run_dir)
     if main and not resuming:
         write_text_atomic(folder.config, json.dumps(to_dict(config), indent=2))
         tokenizer.save(folder.tokenizer)
-
-    checkpoints_dir = folder.checkpoints
     found = folder.step_checkpoints() if resuming else []  # this process holds the folder: the list stays true
     if found:  # the folder's config: its shapes checked before allocating
         require_fitting_checkpoint(found, config.model)
+    state = build_state(config, device, initialise=not found)
+    position, resumed_stream = StreamPosition(settings.num_workers, info.world_size), None
+    if resuming:
+        position, resumed_stream = restore(state, config, folder, found, info)
+    trained = state.model
+    if info.world_size > 1:
+        trained = torch.nn.parallel.DistributedDataParallel(
+            state.model, device_ids=[device.index] if device.type == "cuda" else None)
+    if settings.compile:
+        trained = torch.compile(trained)
+    return Run(config, folder, info, tokenizer, state, trained, position,
+               user_stream=get_source(config.data.source).stream, resumed_stream=resumed_stream)
+
+
+def build_state(config: Config, device: torch.device, initialise: bool) -> TrainState:
+    """The model (from train.init_from when `initialise`), locked as train.lock_* say, with its optimiser, lr
+    schedule and (fp16) loss scaler, at step 0."""
+    settings = config.train
     model = CLIP(config.model).to(device)
-    if settings.init_from and not found:
+    if settings.init_from and initialise:
         from topoclip.training.init_from import load_initial_weights
 
         load_initial_weights(model, config)
@@ -168,124 +211,128 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
         model.set_gradient_checkpointing(True)
     apply_locks(model, settings)  # before the optimiser: locked weights are left out of it
     optimizer = build_optimizer(model, settings)
-    scheduler = build_scheduler(optimizer, settings)
     scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
+    return TrainState(model, optimizer, build_scheduler(optimizer, settings), scaler)
 
-    start_step, streams = 0, None
-    counter = BadSampleCounter()
-    user_stream = get_source(config.data.source).stream  # the scenes are a function of the step; streams keep a position
-    position = StreamPosition(settings.num_workers, info.world_size)
-    if resuming:
-        if found:
-            start_step, used, streams = resume_newest_good(found, model, optimizer, scheduler, scaler, counter, main)
-            streams = streams[min(info.rank, len(streams) - 1)] if streams else None  # this rank's
-        # (a stream split another way cannot continue: refused before config.json takes the resume's changes)
-        position = StreamPosition(settings.num_workers, info.world_size, streams)
-        if main:
-            print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
-            # Only now that the checkpoint has loaded does the saved config take the resume's changes.
-            text = json.dumps(to_dict(config), indent=2)
-            if folder.config.read_text(encoding="utf-8") != text:
-                write_text_atomic(folder.config, text)
 
-    trained = model
-    if info.world_size > 1:
-        trained = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    if settings.compile:
-        trained = torch.compile(trained)
+def restore(state: TrainState, config: Config, folder: RunFolder, found: list[Path],
+            info: DistributedInfo) -> tuple[StreamPosition, Optional[dict]]:
+    """A resumed run: `state` from the newest good checkpoint of `found` (if any), then config.json takes the
+    resume's changes; returns this rank's stream position, and as the checkpoint saved it (None: the scenes)."""
+    main, streams = info.rank == 0, None
+    if found:
+        used = state.restore(found, main)
+        streams = state.streams[min(info.rank, len(state.streams) - 1)] if state.streams else None  # this rank's
+    # (a stream split another way cannot continue: refused before config.json takes the resume's changes)
+    position = StreamPosition(config.train.num_workers, info.world_size, streams)
+    if main:
+        print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
+        # Only now that the checkpoint has loaded does the saved config take the resume's changes.
+        text = json.dumps(to_dict(config), indent=2)
+        if folder.config.read_text(encoding="utf-8") != text:
+            write_text_atomic(folder.config, text)
+    return position, streams
 
-    logger = MetricsLogger(run_dir, enabled=main, resume_step=start_step, report_to=settings.report_to,
-                           config=to_dict(config))
-    batches = prefetch_to_device(training_batches(config, start_step, info.rank, info.world_size, tokenizer=tokenizer,
-                                                  pin_memory=device.type == "cuda",
-                                                  stream=streams), device)
-    bar = tqdm(range(start_step, settings.steps), initial=start_step, total=settings.steps,
+
+def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
+    """From the state's step to train.steps: each step the batch, the loss and its gradient, the guards' verdict
+    and the update; the log, the validation and the checkpoint when due."""
+    config, state, device, main = run.config, run.state, run.device, run.main
+    settings, model = config.train, state.model
+    batches = prefetch_to_device(training_batches(config, state.step, run.info.rank, run.info.world_size,
+                                                  tokenizer=run.tokenizer, pin_memory=device.type == "cuda",
+                                                  stream=run.resumed_stream), device)
+    bar = tqdm(range(state.step, settings.steps), initial=state.step, total=settings.steps,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
-    guard = StepGuard(device, folder, config, main)
+    guard = StepGuard(device, run.folder, config, main)
     keywords = loss_keywords(config)  # the loss's margin and the topology's best similarity
     for step in bar:
         batch = next(batches)
-        position.advance(batch)
+        run.position.advance(batch)
         done = step + 1
         # Every rank judges (and rank 0 logs) the counts of all ranks, so all stop together.
-        counter += global_counts(batch, device)
-        check_bad_fraction(counter, config.data.max_bad_fraction, BAD_FRACTION_MIN_SEEN)
+        state.counter += global_counts(batch, device)
+        check_bad_fraction(state.counter, config.data.max_bad_fraction, BAD_FRACTION_MIN_SEEN)
         images = batch.images.to(device, non_blocking=True)
-        text = (batch.text if batch.text is not None else tokenizer(batch.captions)).to(device, non_blocking=True)
+        text = (batch.text if batch.text is not None else run.tokenizer(batch.captions)).to(device, non_blocking=True)
         model.train()
         loss_name = loss_at(settings, step)  # train.loss, or triplet during max-hinge's warm-up
-        loss = forward_backward_loss(trained, images, text, loss_name, accumulation_steps=settings.accumulation_steps,
-                                     precision=settings.precision, scaler=scaler, keywords=keywords)
-        nonfinite = guard.record(loss)  # decided over all ranks: their gradients are averaged
+        loss = forward_backward_loss(run.trained, images, text, loss_name, accumulation_steps=settings.accumulation_steps,
+                                     precision=settings.precision, scaler=state.scaler, keywords=keywords)
         checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
         evaluation_due = settings.eval_every and done % settings.eval_every == 0
-        if not guard.must_check(checkpoint_due or evaluation_due or done % settings.log_every == 0):
-            grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip, skip=nonfinite)
-            advance_schedule(scheduler)
-            window_images += settings.batch_size
-            barrier()
-            continue
-        loss_value, finite = guard.check(model, loss, done)
-        vouched = guard.vouched(finite)  # the checkpoint held at the last step: its weights gave a finite loss
-        if vouched is not None:
-            on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
-                                                           scheduler, scaler, **vouched))
-        if finite:
-            grad_norm = optimizer_step(model, optimizer, scaler, settings.grad_clip)
-            guard.check_update(model, done)
-        else:
-            optimizer.zero_grad(set_to_none=True)
-            grad_norm = float("nan")
-        advance_schedule(scheduler)
+        verdict = guard.judge(model, loss, done, reads_due=checkpoint_due or evaluation_due
+                              or done % settings.log_every == 0)
+        if verdict.vouched is not None:  # the checkpoint held at the last step: its weights gave a finite loss
+            on_main(main, lambda: state.save(run.folder.checkpoints, config, run.tokenizer, verdict.vouched,
+                                             settings.keep_checkpoints))
+        grad_norm = update(state, guard, verdict, settings.grad_clip, done)
+        advance_schedule(state.scheduler)
         window_images += settings.batch_size
-
         if done % settings.log_every == 0 or done == settings.steps:
             elapsed = time.perf_counter() - window_start
             scale = float(model.temperature.scale.detach())
-            loss_value = sum_across_ranks([loss_value], device)[0] / info.world_size  # the global batch's loss
+            loss_value = sum_across_ranks([verdict.loss], device)[0] / run.info.world_size  # the global batch's loss
             logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
-                        "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                        "images_per_s": window_images / max(elapsed, 1e-9), "data": counter.as_dict(),
+                        "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                        "images_per_s": window_images / max(elapsed, 1e-9), "data": state.counter.as_dict(),
                         **({"skipped_steps": guard.skipped} if guard.skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
         if evaluation_due and done < settings.steps:  # every rank embeds its share of the images
-            values = run_evaluation(model, tokenizer, config, "val", device)
+            values = run_evaluation(model, run.tokenizer, config, "val", device)
             if main:
                 logger.log({"step": done, "eval": values})
         if checkpoint_due:
-            checkpoint = {"step": done, "counter": BadSampleCounter(counter.kept, counter.bad), "rng": rng_states(),
-                          "keep": settings.keep_checkpoints,
-                          "streams": gather_objects(position.state()) if user_stream else None}
+            snapshot = state.snapshot(done, gather_objects(run.position.state()) if run.user_stream else None)
             if done < settings.steps:
-                guard.hold(checkpoint)
+                guard.hold(snapshot)
             else:
                 guard.vouch_last(batch_loss(model, images, text, loss_name, settings.precision, keywords), done)
-                on_main(main, lambda: save_checkpoint_and_prune(checkpoints_dir, model, config, tokenizer, optimizer,
-                                                               scheduler, scaler, **checkpoint))
+                on_main(main, lambda: state.save(run.folder.checkpoints, config, run.tokenizer, snapshot,
+                                                 settings.keep_checkpoints))
+        # Kept from the first trainer: every rank waits for the others at the end of each step. DDP's all-reduce
+        # and the guards' already synchronise the ranks, so this costs only time; removing it is left for a
+        # measurement on GPUs.
         barrier()
     bar.close()
 
-    records = final_evaluation(model, tokenizer, config, device, main)  # every rank embeds its share of the images
+
+def update(state: TrainState, guard: StepGuard, verdict, grad_clip: float, step: int) -> float:
+    """The optimiser step the guards' verdict allows; the gradient norm (nan for a skipped step the host saw)."""
+    if not verdict.checked:  # not read on the host: a non-finite loss skips the update on the device
+        return optimizer_step(state.model, state.optimizer, state.scaler, grad_clip, skip=verdict.nonfinite)
+    if not verdict.finite:
+        state.optimizer.zero_grad(set_to_none=True)
+        return float("nan")
+    grad_norm = optimizer_step(state.model, state.optimizer, state.scaler, grad_clip)
+    guard.check_update(state.model, step)
+    return grad_norm
+
+
+def finish(run: Run, logger: MetricsLogger) -> None:
+    """The final evaluation on every rank; rank 0 writes eval.json, the last metrics record, the plots and the
+    summary."""
+    config, model, main = run.config, run.state.model, run.main
+    records = final_evaluation(model, run.tokenizer, config, run.device, main)  # every rank embeds its share
     if main:
         from topoclip.evaluation.run import (headline, no_evaluation_sets, summary_table, table_rows,
                                              temperature_summary)
 
-        write_text_atomic(folder.evaluation, json.dumps(records, indent=2))
-        logger.log({"step": settings.steps, "eval": headline(records), "final": True})
-        logger.final_table(*table_rows(records), step=settings.steps)
+        steps = config.train.steps
+        write_text_atomic(run.folder.evaluation, json.dumps(records, indent=2))
+        logger.log({"step": steps, "eval": headline(records), "final": True})
+        logger.final_table(*table_rows(records), step=steps)
         logger.plot()
         print(summary_table(records) if records else no_evaluation_sets(config))
         print(f"\n{temperature_summary(model)}")
-        print(f"plots: {(run_dir / 'plots').resolve()}  (loss, temperature, learning rate, evaluation)")
-        print(f"run folder: {run_dir.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
+        print(f"plots: {run.folder.plots.resolve()}  (loss, temperature, learning rate, evaluation)")
+        print(f"run folder: {run.folder.path.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     # Every rank leaves together: a rank that destroys its gloo group while rank 0 still evaluates can abort
     # ("terminate called without an active exception"; seen in tests/test_train_distributed.py).
     barrier()
-    return run_dir
 
 
 def advance_schedule(scheduler) -> None:
