@@ -160,6 +160,12 @@ class Topology:
     # does, so that `flatten`'s vectors serve an inner-product index, CLIP_benchmark and OpenCLIP-style code.
     not_flat: str = ""
 
+    def half_range(self, m: int) -> float:
+        """(s_max − s_min) / 2 with m spheres: how far the logits τ·s reach either side of their middle per unit of τ,
+        and the unit of a relative margin (inf for an unbounded similarity)."""
+        low, high = self.similarity_range(m)
+        return (high - low) / 2
+
 
 TOPOLOGIES: dict[str, Topology] = {
     "sphere": Topology(normalize_whole, inner_product, lambda m: (-1.0, 1.0), chunked=False, product=False,

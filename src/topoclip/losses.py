@@ -24,6 +24,7 @@ A loss without τ leaves the model's τ unused: it keeps its initial value and g
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -152,15 +153,40 @@ def pairwise_contrastive_loss(similarity_image_text: torch.Tensor, similarity_te
 
 LossFunction = Callable[..., torch.Tensor]
 
-LOSSES: dict[str, LossFunction] = {"infonce": infonce_loss, "sigmoid": sigmoid_loss, "contrastive": pairwise_contrastive_loss,
-                                   "triplet": triplet_loss, "max-hinge": max_hinge_loss, "n-pair": n_pair_loss}
-# The losses that use τ (and β): for the others the model's temperature is unused.
-TEMPERATURE_LOSSES = frozenset({"infonce", "sigmoid"})
-# Losses that read only the image→text rows (every pair once): the text→image block is not computed for them.
-IMAGE_ROWS_ONLY_LOSSES = frozenset({"sigmoid", "contrastive"})
+
+@dataclass(frozen=True)
+class Loss:
+    """A loss of the registry: its function (the entry is called as the function is) and the facts about it that the
+    trainer and the config checks read.
+
+    temperature: it scales similarities by τ (the model's temperature is frozen for the others); bias: it adds a
+    learned β (SigLIP's); image_rows_only: it reads only the image→text rows, every pair once, so the text→image
+    block is not computed; margin: it takes train.margin (ε), in similarity units or, with train.margin_relative,
+    in half-widths of the topology's range (`loss_keywords`).
+    """
+
+    function: LossFunction
+    temperature: bool = False
+    bias: bool = False
+    image_rows_only: bool = False
+    margin: bool = False
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        return self.function(*args, **kwargs)
 
 
-def get_loss(name: str) -> LossFunction:
+LOSSES: dict[str, Loss] = {
+    "infonce": Loss(infonce_loss, temperature=True),
+    "sigmoid": Loss(sigmoid_loss, temperature=True, bias=True, image_rows_only=True),
+    "contrastive": Loss(pairwise_contrastive_loss, image_rows_only=True, margin=True),
+    "triplet": Loss(triplet_loss, margin=True),
+    "max-hinge": Loss(max_hinge_loss, margin=True),
+    "n-pair": Loss(n_pair_loss),
+}
+TEMPERATURE_LOSSES = frozenset(name for name, loss in LOSSES.items() if loss.temperature)
+
+
+def get_loss(name: str) -> Loss:
     """The registry entry for `name`, or a ValueError listing the known losses."""
     try:
         return LOSSES[name]
@@ -171,6 +197,6 @@ def get_loss(name: str) -> LossFunction:
 def loss_keywords(config) -> dict:
     """The keywords every loss takes, from a Config: margin (train.margin; with train.margin_relative, in units of
     the half-width of the topology's similarity range: ×m for ps-inner's [−m, m]) and best (the highest similarity)."""
-    low, high = get_topology(config.model.topology).similarity_range(config.model.sphere_count)
-    margin = config.train.margin * ((high - low) / 2 if config.train.margin_relative else 1.0)
-    return {"margin": margin, "best": high}
+    topology, m = get_topology(config.model.topology), config.model.sphere_count
+    margin = config.train.margin * (topology.half_range(m) if config.train.margin_relative else 1.0)
+    return {"margin": margin, "best": topology.similarity_range(m)[1]}

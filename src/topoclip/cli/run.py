@@ -9,6 +9,7 @@ from topoclip.cli.common import add_command, add_overrides, whole
 from topoclip.cli.openclip_flags import add_openclip_flags
 from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict
 from topoclip.errors import EvaluationSetError, UserError, resolve_device
+from topoclip.evaluation.zeroshot import TEMPLATE_MODES
 
 
 # --------------------------------------------------------------------------- train
@@ -164,7 +165,7 @@ def add_eval(commands) -> None:
     evaluate.add_argument("--json", help="also write every record (all template modes, topoclip's units) to this file")
     evaluate.add_argument("--output", metavar="DIR", help="also write CLIP_benchmark's result files (one per dataset "
                           "and task) to DIR, which `clip_benchmark build` reads")
-    evaluate.add_argument("--template-mode", choices=["distance", "embedding", "flat"], help="the template averaging "
+    evaluate.add_argument("--template-mode", choices=list(TEMPLATE_MODES), help="the template averaging "
                           "of --output's classification results (default: flat, CLIP_benchmark's own, where the "
                           "topology allows it; else distance)")
     evaluate.add_argument("--split", default="test", choices=["val", "test"], help="built-in data split")

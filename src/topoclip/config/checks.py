@@ -14,6 +14,8 @@ from topoclip.config.schema import Config, ConfigError, DataConfig, EvaluateConf
 from topoclip.data.sources import SOURCES, SourceError, get_source
 from topoclip.errors import file_name_problem
 from topoclip.geometry import TOPOLOGIES, get_topology
+from topoclip.evaluation.zeroshot import TEMPLATE_MODES
+from topoclip.losses import get_loss
 
 
 @dataclass(frozen=True)
@@ -325,9 +327,9 @@ def validate_source(config: Config) -> None:
 
 def validate_evaluate(config: EvaluateConfig, topology: str) -> None:
     for mode in config.template_modes:
-        if mode not in ("distance", "embedding", "flat"):
-            raise ConfigError(f"evaluate.template_modes has {mode!r}; use \"distance\" (the paper's), \"embedding\" "
-                              f"(CLIP's) and/or \"flat\" (CLIP_benchmark's)")
+        if mode not in TEMPLATE_MODES:
+            choices = ", ".join(f"\"{name}\" ({whose})" for name, whose in TEMPLATE_MODES.items())
+            raise ConfigError(f"evaluate.template_modes has {mode!r}; use one or more of {choices}")
     not_flat = get_topology(topology).not_flat
     if "flat" in config.template_modes and not_flat:
         raise ConfigError(f"evaluate.template_modes has \"flat\" (CLIP_benchmark's averaging of flat vectors), "
@@ -348,12 +350,12 @@ def validate(config: Config) -> None:
     if problem:
         raise ConfigError(f"name={config.name!r:.80} must be a plain folder name ({problem}): it names the run "
                           f"folder runs/NAME-TIMESTAMP; to train somewhere else give --out FOLDER")
-    if config.train.margin_relative and math.isinf(get_topology(config.model.topology).similarity_range(1)[0]):
+    if config.train.margin_relative and math.isinf(get_topology(config.model.topology).half_range(1)):
         raise ConfigError(f"train.margin_relative: {config.model.topology}'s similarity range is unbounded, so it has no "
                           f"half-width to measure the margin in; give train.margin in similarity units")
     if config.train.max_hinge_warmup_steps and config.train.loss != "max-hinge":
         raise ConfigError(f"train.max_hinge_warmup_steps is the max-hinge loss's warm-up; train.loss={config.train.loss} "
                           f"has none (set train.loss=max-hinge, or train.max_hinge_warmup_steps=0)")
-    if config.train.loss != "sigmoid" and config.model.temperature.bias_init is not None:
+    if not get_loss(config.train.loss).bias and config.model.temperature.bias_init is not None:
         raise ConfigError(f"model.temperature.bias_init is the sigmoid loss's β; train.loss={config.train.loss} has no "
                           f"bias (set train.loss=sigmoid, or model.temperature.bias_init=null)")

@@ -140,12 +140,13 @@ def temperature_summary(model) -> str:
     """One line: final τ and t, and the effective logit range τ·(s_max − s_min)/2 of the model's topology."""
     from topoclip.geometry import get_topology
 
-    low, high = get_topology(model.config.topology).similarity_range(model.config.sphere_count)
+    topology, m = get_topology(model.config.topology), model.config.sphere_count
+    low, high = topology.similarity_range(m)
     scale = float(model.temperature.scale.detach())
     text = f"τ = {scale:.2f} (t = {float(model.temperature.t.detach()):.3f}); {model.config.topology} similarity in "
     if math.isinf(low):
         return text + f"({low:g}, {high:g}]: logits τ·s are unbounded below"
-    return text + f"[{low:.2f}, {high:.2f}], so logits τ·s span ±{scale * (high - low) / 2:.1f} around their middle"
+    return text + f"[{low:.2f}, {high:.2f}], so logits τ·s span ±{scale * topology.half_range(m):.1f} around their middle"
 
 
 # The numbers each record of eval.json must have (what `headline` and `table_rows` read).

@@ -47,7 +47,9 @@ from topoclip.errors import UserError
 from topoclip.geometry import NORM_EPSILON, flatten, to_space
 from topoclip.workers import start_worker
 
-MODES = ("distance", "embedding", "flat")
+# The template modes (see the module docstring): whose averaging each is; "flat" needs a topology with a flat form.
+TEMPLATE_MODES = {"distance": "the paper's", "embedding": "CLIP's", "flat": "CLIP_benchmark's"}
+MODES = tuple(TEMPLATE_MODES)
 TASKS = ("zeroshot_classification", "zeroshot_retrieval")
 
 

@@ -131,10 +131,11 @@ def half_range(model: ModelConfig) -> float:
     """(s_max − s_min) / 2 of the model's similarity; refused for an unbounded one (euclidean)."""
     from topoclip.geometry import get_topology
 
-    low, high = get_topology(model.topology).similarity_range(model.sphere_count)
-    if not (math.isfinite(low) and math.isfinite(high)):
+    topology = get_topology(model.topology)
+    if not math.isfinite(topology.half_range(model.sphere_count)):
+        low, high = topology.similarity_range(model.sphere_count)
         raise ConfigError(f"logit_range_like needs a bounded similarity; {model.topology} has the range ({low}, {high})")
-    return (high - low) / 2
+    return topology.half_range(model.sphere_count)
 
 
 def cell_config(grid: Grid, levels: Sequence[Level], overrides: Sequence[str], seed: int,

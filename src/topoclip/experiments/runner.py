@@ -28,7 +28,7 @@ from topoclip.model import describe_model
 from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, load_grid, plan,
                                        saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
-from topoclip.losses import TEMPERATURE_LOSSES
+from topoclip.losses import get_loss
 from topoclip.run_folder import EVALUATION, RunFolder, claim_folder
 
 PROBE = "probe.json"
@@ -129,7 +129,7 @@ def run_record(spec: RunSpec) -> dict:
     probe = json.loads((run_dir / PROBE).read_text()) if (run_dir / PROBE).is_file() else {}
     config = load_config(values=spec.config)
     model = config.model
-    trains_tau = model.temperature.learnable and config.train.loss in TEMPERATURE_LOSSES  # a margin loss has no τ
+    trains_tau = model.temperature.learnable and get_loss(config.train.loss).temperature  # a margin loss has no τ
     reused = json.loads((run_dir / REUSED).read_text())["from"] if (run_dir / REUSED).is_file() else None
     out_dir = run_dir.resolve().parents[2]  # OUT/runs/CELL/seed-K: paths are recorded relative to OUT, not to this machine
     return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed,

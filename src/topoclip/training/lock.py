@@ -58,11 +58,11 @@ def lock_tower(tower: nn.Module, kind: str, unlocked_groups: int = 0) -> None:
 
 def apply_locks(model: nn.Module, settings: TrainConfig) -> None:
     """Lock the towers train.lock_image / train.lock_text name, and τ (and β) when the loss has no temperature
-    (topoclip.losses.TEMPERATURE_LOSSES): call before the optimiser and DDP are built, so that neither waits
+    (its registry entry, topoclip.losses.LOSSES): call before the optimiser and DDP are built, so that neither waits
     for a gradient that never comes."""
-    from topoclip.losses import TEMPERATURE_LOSSES
+    from topoclip.losses import get_loss
 
-    if settings.loss not in TEMPERATURE_LOSSES:
+    if not get_loss(settings.loss).temperature:
         model.temperature.requires_grad_(False)
     if settings.lock_image:
         lock_tower(model.visual, "image", settings.lock_image_unlocked_groups)

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from topoclip.distributed import gather_features, get_rank, is_initialized, unwrap
-from topoclip.losses import IMAGE_ROWS_ONLY_LOSSES, get_loss
+from topoclip.losses import get_loss
 from topoclip.tokenizer import TextBatch
 
 PRECISIONS: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,7 +62,7 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
                      distributed: bool, keywords: Optional[dict] = None) -> torch.Tensor:
     """The 0-d fp32 loss of the local rows against all columns.
 
-    Losses that read only the image→text rows (IMAGE_ROWS_ONLY_LOSSES) skip the text→image block: a second
+    Losses that read only the image→text rows (`Loss.image_rows_only`) skip the text→image block: a second
     gather and a second (b, B) score. keywords: `loss_keywords` (margin, best) for the losses that use them.
 
     image_embeds, text_embeds: (b, m, n) this process's embeddings on the model's space.
@@ -74,7 +74,7 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
     if distributed and is_initialized():
         all_text = gather_features(text_embeds)  # (world·b, m, n)
         similarity_image_text = core.similarity(image_embeds, all_text)  # (b, world·b) fp32
-        if loss_name in IMAGE_ROWS_ONLY_LOSSES:
+        if loss.image_rows_only:
             similarity_text_image = similarity_image_text  # placeholder: the loss does not read it
         else:
             all_images = gather_features(image_embeds)  # (world·b, m, n)
