@@ -50,9 +50,9 @@ def command_train(args) -> int:
             raise ConfigError("--out cannot be combined with --resume: a resumed run stays in its own folder")
         if args.init_from:
             raise ConfigError("--init-from starts a new run and --resume continues one; give one of them")
-        saved = resume_config(args.resume, overrides=args.overrides)
-        # Refused here, before anything is written, when an override changes what the checkpoint fixes.
-        config = resume_config(args.resume, load_config(values=to_dict(saved), overrides=args.overrides))
+        saved = resume_config(args.resume, overrides=args.overrides)  # the folder's: a command in it refused unless typed
+        # train() refuses, before anything is written, an override that changes what the checkpoint fixes.
+        config = load_config(values=to_dict(saved), overrides=args.overrides)
     elif args.init_from:
         from topoclip.training.init_from import starting_config
 
