@@ -161,15 +161,13 @@ class Loss:
 
     temperature: it scales similarities by τ (the model's temperature is frozen for the others); bias: it adds a
     learned β (SigLIP's); image_rows_only: it reads only the image→text rows, every pair once, so the text→image
-    block is not computed; margin: it takes train.margin (ε), in similarity units or, with train.margin_relative,
-    in half-widths of the topology's range (`loss_keywords`).
+    block is not computed. Which losses take a margin ε is the table above.
     """
 
     function: LossFunction
     temperature: bool = False
     bias: bool = False
     image_rows_only: bool = False
-    margin: bool = False
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         return self.function(*args, **kwargs)
@@ -178,9 +176,9 @@ class Loss:
 LOSSES: dict[str, Loss] = {
     "infonce": Loss(infonce_loss, temperature=True),
     "sigmoid": Loss(sigmoid_loss, temperature=True, bias=True, image_rows_only=True),
-    "contrastive": Loss(pairwise_contrastive_loss, image_rows_only=True, margin=True),
-    "triplet": Loss(triplet_loss, margin=True),
-    "max-hinge": Loss(max_hinge_loss, margin=True),
+    "contrastive": Loss(pairwise_contrastive_loss, image_rows_only=True),
+    "triplet": Loss(triplet_loss),
+    "max-hinge": Loss(max_hinge_loss),
     "n-pair": Loss(n_pair_loss),
 }
 TEMPERATURE_LOSSES = frozenset(name for name, loss in LOSSES.items() if loss.temperature)
