@@ -11,9 +11,14 @@ runs on a CPU) and are deselected, with a note, where torchvision is not install
 """
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The tests mirror src/topoclip/ in folders; their shared helpers (_tolerance, _reference, ...) live here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HAVE_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -12,7 +12,7 @@ MACHINE_PATH = re.compile(r"""["'](?:/work|/home|/Users|/mnt|/data|/srv)/""")
 
 def test_no_test_names_an_absolute_machine_path():
     """Failed on main: test_train_user_data.py read the vocabulary at /work/shared/reference/ (absolute)."""
-    offenders = [f"{path.name}:{number}" for path in sorted(TESTS.glob("*.py"))
+    offenders = [f"{path.name}:{number}" for path in sorted(TESTS.rglob("*.py"))
                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
                  if MACHINE_PATH.search(line)]
     assert offenders == []

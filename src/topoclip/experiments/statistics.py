@@ -12,7 +12,7 @@ confidence interval, the two-sided p-value, the degrees of freedom and the numbe
 interval, and "beyond the spread" (|Δ| > sd₁ + sd₂) is not a test at any n.
 
 Student's t distribution is computed here from the regularised incomplete beta function (Numerical
-Recipes §6.4, Lentz's continued fraction), so topoclip needs no SciPy; tests/test_statistics.py
+Recipes §6.4, Lentz's continued fraction), so topoclip needs no SciPy; tests/experiments/test_statistics.py
 checks it against the closed forms for 1 and 2 degrees of freedom and against SciPy's ttest_ind.
 """
 from __future__ import annotations

@@ -331,7 +331,7 @@ def finish(run: Run, logger: MetricsLogger) -> None:
         print(f"run folder: {run.folder.path.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     # Every rank leaves together: a rank that destroys its gloo group while rank 0 still evaluates can abort
-    # ("terminate called without an active exception"; seen in tests/test_train_distributed.py).
+    # ("terminate called without an active exception"; seen in tests/training/test_train_distributed.py).
     barrier()
 
 

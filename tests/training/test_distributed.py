@@ -26,7 +26,7 @@ from _tolerance import assert_fp32_close, model_roundings
 
 WORLD = 2
 GLOBAL_BATCH = 8
-WORKER = Path(__file__).with_name("_distributed_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "_distributed_worker.py"
 LAUNCH_TIMEOUT_S = 180
 
 CASES = {  # key: (loss, accumulation steps per rank, config overrides)

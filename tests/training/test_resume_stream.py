@@ -23,7 +23,7 @@ from topoclip.training.data import StreamPosition, training_batches
 
 from test_train_user_data import scene_samples
 
-RUNNER = Path(__file__).with_name("_stream_run.py")
+RUNNER = Path(__file__).resolve().parents[1] / "_stream_run.py"
 BATCH = 4
 ROWS = 30  # 7 batches an epoch (2 rows dropped): a few steps cross epochs
 

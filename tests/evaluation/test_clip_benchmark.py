@@ -122,7 +122,7 @@ def test_openclip_s_eval_pixels_equal_the_shortest_resize():
 
     preprocess = open_clip.image_transform(224, is_train=False)
     ours = eval_transform(224, resize="shortest")
-    cat = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cat.jpeg"
+    cat = Path(__file__).resolve().parents[3] / "shared" / "reference" / "cat.jpeg"
     generator = torch.Generator().manual_seed(0)
     images = [Image.open(cat).convert("RGB")] + [
         Image.fromarray(torch.randint(0, 256, (h, w, 3), generator=generator, dtype=torch.uint8).numpy())
