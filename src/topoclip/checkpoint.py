@@ -112,6 +112,11 @@ class _WholeWrites:
         self.handle.flush()
 
 
+def checkpoint_step(folder: Path) -> int:
+    """The step of a checkpoint folder `step-NNNNNN`."""
+    return int(Path(folder).name[len(STEP_PREFIX):])
+
+
 def step_checkpoints(folder: Path) -> list[Path]:
     """Complete step checkpoints under `folder`, oldest first."""
     folder = Path(folder)
@@ -119,7 +124,7 @@ def step_checkpoints(folder: Path) -> list[Path]:
         return []
     found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)
              and not p.name.endswith(".tmp") and (p / WEIGHTS).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+    return sorted(found, key=checkpoint_step)
 
 
 def transformers_folder(path: Path) -> bool:

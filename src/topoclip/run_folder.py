@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from topoclip.checkpoint import CHECKPOINTS, STEP_PREFIX, step_checkpoints
+from topoclip.checkpoint import CHECKPOINTS, checkpoint_step, step_checkpoints
 from topoclip.errors import RunFolderError
 from topoclip.workers import HELD_LOCKS
 
@@ -60,7 +60,7 @@ class RunFolder:
     def newest_step(self) -> Optional[int]:
         """The step of its newest complete checkpoint, or None."""
         found = self.step_checkpoints()
-        return int(found[-1].name[len(STEP_PREFIX):]) if found else None
+        return checkpoint_step(found[-1]) if found else None
 
     def finished(self, steps: int) -> bool:
         """It trained all `steps` and was evaluated."""

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from topoclip.checkpoint import (STEP_PREFIX, TRAINING_STATE, load_training_state, load_weights, prune_checkpoints,
+from topoclip.checkpoint import (STEP_PREFIX, TRAINING_STATE, checkpoint_step, load_training_state, load_weights, prune_checkpoints,
                                  save_checkpoint, step_checkpoints)
 from topoclip.data.quality import BadSampleCounter
 from topoclip.errors import CheckpointError, DiskFullError
@@ -22,11 +22,6 @@ from topoclip.training.guard import parameters_finite
 def rng_states() -> dict:
     """This process's torch RNG states (CPU and every CUDA device), as a checkpoint stores them."""
     return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def checkpoint_step(folder: Path) -> int:
-    """The step of a checkpoint folder `step-NNNNNN`."""
-    return int(Path(folder).name[len(STEP_PREFIX):])
 
 
 @dataclass
