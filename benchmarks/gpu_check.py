@@ -11,10 +11,12 @@ Steps, each in its own process with a time limit, each recorded as passed / fail
    (equal on a CPU, where the run is deterministic; on a GPU the largest difference is reported against a bound
    of 1e-2 relative, bf16's rounding of a loss summed over a few hundred steps of an order-one loss);
    a short run with a metric-learning loss (max-hinge); `topoclip embed` of the shards' images.
-3. The ViT-B/16 step (benchmarks/mfu.py), sphere and Multi(32, 16), batch 256, bf16, eager and compiled:
+3. The ViT-B/16 step (benchmarks/mfu.py), sphere and Multi(32, 16), batch 256, bf16, eager (then, last, compiled):
    images/s, FLOPs, MFU against a matmul peak measured in the same run, and OpenCLIP's own model when it imports.
 4. Shards against random tensors (benchmarks/shard_throughput.py) with the default workers.
 With --tiny every size is the tiny preset's and every count a few steps, so the whole path runs on a laptop.
+--budget bounds the whole check (a GPU is lent for minutes): each step's limit is cut to what is left, and a step
+with too little left is recorded as skipped. check.json and report.txt are rewritten after every step.
 """
 from __future__ import annotations
 
@@ -31,11 +33,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESUME_BOUND_GPU = 1e-2  # relative: bf16 (8 significant bits) over a few hundred steps; a CPU run must be equal
+MIN_STEP_SECONDS = 20  # a step given less than this is skipped: too short for even the CUDA context to start
+DEADLINE = [float("inf")]  # perf_counter() by which every step must end (--budget), shared by run()
 
 
 def run(command: list[str], limit: int, env: dict | None = None, cwd: Path = ROOT) -> dict:
-    """One step's process: status, seconds, the tail of its output and the JSON lines it printed."""
+    """One step's process: status, seconds, the tail of its output and the JSON lines it printed. Its limit is cut
+    to what is left of --budget; a step with less than MIN_STEP_SECONDS left is skipped and says so."""
     start = time.perf_counter()
+    limit = int(min(limit, DEADLINE[0] - start))
+    if limit < MIN_STEP_SECONDS:
+        return {"command": " ".join(command), "status": "skipped", "seconds": 0.0, "json": [],
+                "tail": "skipped: the --budget was spent by the steps before"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=limit, cwd=cwd,
                               env={**os.environ, **(env or {})})
@@ -90,18 +99,19 @@ def training(args, out: Path) -> dict:
     if tiny:
         settings += ["--set", "train.batch_size=32", "--set", "train.num_workers=1"]
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(out)}
-    result["uninterrupted"] = run(topoclip("train", *settings, "--out", str(out / "whole")), 600, env)
+    result["uninterrupted"] = run(topoclip("train", *settings, "--out", str(out / "whole")), 150, env)
     # The same run killed with SIGKILL once its first checkpoint is written, then resumed.
     killed = out / "killed"
-    process = subprocess.Popen(topoclip("train", *settings, "--out", str(killed)), cwd=ROOT, env={**os.environ, **env},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while time.time() < deadline and process.poll() is None and not list((killed / "checkpoints").glob("step-*")):
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    if DEADLINE[0] - time.perf_counter() >= MIN_STEP_SECONDS:
+        process = subprocess.Popen(topoclip("train", *settings, "--out", str(killed)), cwd=ROOT,
+                                   env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while (time.perf_counter() < DEADLINE[0] and process.poll() is None
+               and not list((killed / "checkpoints").glob("step-*"))):
+            time.sleep(0.2)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
     result["resumed"] = run(topoclip("train", "--resume", str(killed), "--quiet",
-                                     "--set", 'train.report_to=["tensorboard","wandb"]'), 600, env)
+                                     "--set", 'train.report_to=["tensorboard","wandb"]'), 150, env)
     if result["uninterrupted"]["status"] == result["resumed"]["status"] == "passed":
         whole, again = losses(out / "whole"), losses(killed)
         common = sorted(set(whole) & set(again))
@@ -111,9 +121,9 @@ def training(args, out: Path) -> dict:
                                    "bound": bound, "status": "passed" if common and worst <= bound else "failed"}
     metric = settings + ["--set", "train.loss=max-hinge", "--set", "train.margin=0.2", "--set", "train.lock_image=false",
                          "--set", "train.lock_image_unlocked_groups=0", "--set", f"train.steps={every}"]
-    result["metric_learning"] = run(topoclip("train", *metric, "--out", str(out / "max-hinge")), 600, env)
+    result["metric_learning"] = run(topoclip("train", *metric, "--out", str(out / "max-hinge")), 150, env)
     result["embed"] = run(topoclip("embed", str(out / "whole"), "--images", spec, "--out", str(out / "embeddings"),
-                                   "--device", device, "--quiet"), 300)
+                                   "--device", device, "--quiet"), 90)
     return result
 
 
@@ -122,50 +132,64 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the tiny preset and a few steps everywhere (rehearsal)")
     parser.add_argument("--out", required=True, help="a new folder for check.json, report.txt and the runs")
+    parser.add_argument("--budget", type=float, default=480.0,
+                        help="seconds for the whole check; steps in order, each cut to what is left, the rest skipped")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=False)
+    DEADLINE[0] = time.perf_counter() + args.budget
     import torch
 
     report = {"device": args.device, "tiny": args.tiny, "torch": torch.__version__, "python": platform.python_version(),
               "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "steps": {}}
     steps = report["steps"]
-    steps["gpu_tests"] = run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--run-gpu",
-                              "tests/test_gpu.py"], 420)
+    write_report(report, out)
+    steps["gpu_tests"] = run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--run-gpu",
+                              "--show-capture=no", "--tb=short", "tests/test_gpu.py"], 180)
+    write_report(report, out)
     steps["training"] = training(args, out)
+    write_report(report, out)
     presets = "tiny" if args.tiny else "sphere-vit-b16,multi-32x16-vit-b16"
     batch = "8" if args.tiny else "256"
     small = ["--rounds", "1", "--steps", "2", "--warmup", "1"] if args.tiny else ["--rounds", "3"]
     device = ["--device", args.device] + ([] if args.device == "cpu" else ["--precision", "bf16"])
-    for mode, extra in (("eager", []), ("compiled", ["--compile"])):
-        steps[f"step_{mode}"] = run([sys.executable, str(HERE / "mfu.py"), "--presets", presets, "--batch", batch,
-                                     *device, *small, *extra], 600)
     shard = ["--samples", "256", "--steps", "3", "--warmup", "1", "--rounds", "1", "--image-size", "64"] if args.tiny else []
-    steps["shards_vs_random"] = run([sys.executable, str(HERE / "shard_throughput.py"), "--preset",
-                                     "tiny" if args.tiny else "sphere-vit-b16", "--batch", batch, "--device", args.device,
-                                     *shard], 600)
+    mfu = [sys.executable, str(HERE / "mfu.py"), "--presets", presets, "--batch", batch, *device, *small]
+    shards = [sys.executable, str(HERE / "shard_throughput.py"), "--preset", "tiny" if args.tiny else "sphere-vit-b16",
+              "--batch", batch, "--device", args.device, *shard]
+    # The compiled step goes last: compiling two ViT-B/16 towers is the slowest step, and the least new.
+    for name, limit, command in (("step_eager", 150, mfu), ("shards_vs_random", 120, shards),
+                                 ("step_compiled", 600, [*mfu, "--compile"])):
+        steps[name] = run(command, limit)
+        write_report(report, out)
+    lines = write_report(report, out)
+    print("\n".join(lines))
+    return 0 if report["passed"] else 1
 
-    def statuses(node, prefix=""):
-        for key, value in node.items():
-            if isinstance(value, dict) and "status" in value:
-                yield prefix + key, value["status"]
-            elif isinstance(value, dict):
-                yield from statuses(value, prefix + key + ".")
 
-    found = dict(statuses(steps))
-    report["passed"] = all(status == "passed" for status in found.values())
+def statuses(node: dict, prefix: str = ""):
+    for key, value in node.items():
+        if isinstance(value, dict) and "status" in value:
+            yield prefix + key, value["status"]
+        elif isinstance(value, dict):
+            yield from statuses(value, prefix + key + ".")
+
+
+def write_report(report: dict, out: Path) -> list[str]:
+    """check.json and report.txt as they stand: written after every step, so a check cut short keeps what it ran."""
+    found = dict(statuses(report["steps"]))
+    report["passed"] = bool(found) and all(status == "passed" for status in found.values())
     (out / "check.json").write_text(json.dumps(report, indent=2))
-    lines = [f"GPU check on {report['gpu'] or args.device} (torch {report['torch']}, {report['date']}"
-             f"{', tiny rehearsal' if args.tiny else ''}): {'all passed' if report['passed'] else 'FAILED'}"]
+    lines = [f"GPU check on {report['gpu'] or report['device']} (torch {report['torch']}, {report['date']}"
+             f"{', tiny rehearsal' if report['tiny'] else ''}): {'all passed' if report['passed'] else 'FAILED'}"]
     lines += [f"  {name}: {status}" for name, status in found.items()]
     for name in ("step_eager", "step_compiled", "shards_vs_random"):
-        summaries = [line for line in steps[name]["json"] if "images_per_s" in json.dumps(line)]
+        summaries = [line for line in report["steps"].get(name, {}).get("json", []) if "images_per_s" in json.dumps(line)]
         if summaries:
             lines.append(f"  {name}: {json.dumps(summaries[-1])[:300]}")
     (out / "report.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if report["passed"] else 1
+    return lines
 
 
 if __name__ == "__main__":

@@ -500,12 +500,56 @@ def tau_late_rise_table(rows: list[dict]) -> str:
 # A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium,
 # equilibrium-train-19200 as equilibrium-train);
 # blocks named NAME-tests are comparison tables (comparison_table); any other name is an ablation.
+def tests_line(output: str) -> str:
+    """pytest's closing counts ("1 failed, 11 passed") from the tail of its output."""
+    counts = re.findall(r"((?:\d+ \w+, )*\d+ \w+) in [\d.]+s", output)[-1]
+    return re.sub(r", \d+ warnings?", "", counts)
+
+
+def gpu_check_table(result: dict) -> str:
+    """The GPU check (benchmarks/gpu_check.py) as the README shows it: what ran, the ViT-B/16 step, the data path."""
+    check = result["check"]
+    steps = check["steps"]
+    training = steps["training"]
+    passed = [name for name, step in training.items() if step.get("status") == "passed"]
+    summary = {(line["model"], line["preset"], name): line for name in ("step_eager", "step_compiled")
+               for line in steps[name]["json"] if line.get("benchmark") == "mfu"}
+    rows = ["| bf16, batch 256 | sphere-vit-b16 | multi-32x16-vit-b16 | Multi's cost |", "|---|---|---|---|"]
+    for name, label in (("step_eager", "eager"), ("step_compiled", "`torch.compile`")):
+        cells = []
+        for preset in ("sphere-vit-b16", "multi-32x16-vit-b16"):
+            ours, theirs = summary[("topoclip", preset, name)], summary[("open_clip ViT-B-16", preset, name)]
+            cells.append(f"{ours['median_images_per_s']:,.0f} img/s, MFU {100 * ours['mfu']:.1f} %, "
+                         f"{ours['ratio_to_open_clip']:.2f}× OpenCLIP ({theirs['median_images_per_s']:,.0f})")
+        sphere, multi = (summary[("topoclip", preset, name)]["median_images_per_s"]
+                         for preset in ("sphere-vit-b16", "multi-32x16-vit-b16"))
+        rows.append(f"| {label} | {cells[0]} | {cells[1]} | {100 * (1 - multi / sphere):.1f} % |")
+    resume = training["resume_losses"]
+    shards = [line for line in steps["shards_vs_random"]["json"] if line.get("benchmark") == "shard_throughput"]
+    shards += result["after"]["shards_vs_random"]
+    feeding = ", ".join(f"{line['num_workers']} workers {line['shard_to_random']:.2f}" for line in shards)
+    return "\n".join([
+        f"Measured: `benchmarks/gpu_check.py` on one {check['gpu']}, torch {check['torch']}, {check['date'][:10]}; "
+        f"MFU against the bf16 matmul peak measured in the same run "
+        f"({summary[('topoclip', 'sphere-vit-b16', 'step_eager')]['peak_tflop_per_s']:.0f} TFLOP/s).", "",
+        *rows, "",
+        f"- Training on the GPU ({', '.join(passed)}): passed. The run killed with SIGKILL and resumed matched the "
+        f"uninterrupted run's losses at {resume['steps_compared']} logged steps (largest relative difference "
+        f"{resume['largest_relative_difference']:g}; bound {resume['bound']:g}).",
+        f"- `gpu` tests: {tests_line(steps['gpu_tests']['tail'])} in the check; "
+        f"{result['after']['gpu_tests']['failed_first'].split(':')[0]} failed and passes after the fix "
+        f"({result['after']['gpu_tests']['fix']}).",
+        f"- The trainer's data path (256-px JPEG shards) against random tensors, shards/random: {feeding}.",
+    ])
+
+
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "claims": claims_table,
              "claims-summary": claims_summary_table, "headline": headline_table,
              "experts": experts_table, "equilibrium": equilibrium_table,
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
              "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
-             "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table}
+             "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table,
+             "gpu-check": gpu_check_table}
 
 
 def load_results(name: str):

@@ -6,11 +6,19 @@ from topoclip.config import load_config
 from topoclip.geometry import similarity, to_space
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
-from topoclip.training.step import forward_backward
+from topoclip.training.step import forward_backward, process_settings
 
 from _tolerance import TINY, fp32_pair, gamma, model_roundings
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def fp32_products():
+    """Each test's fp32 products in fp32: the bounds below are fp32's, and cuDNN runs fp32 convolutions in TF32
+    unless told not to (a test that trains asks for TF32 as the trainer does, inside its own process_settings)."""
+    with process_settings(0, tf32=False):
+        yield
 
 
 def batch_for(config, batch, device):

@@ -20,3 +20,14 @@ def test_the_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     resume = report["steps"]["training"]["resume_losses"]
     assert resume["steps_compared"] >= 5 and resume["largest_relative_difference"] == 0.0
     assert (out / "report.txt").read_text().startswith("GPU check on cpu")
+
+
+def test_a_spent_budget_skips_every_step_and_still_writes_the_report(tmp_path):
+    # A GPU is lent for minutes: the check must end inside --budget and keep a report of what it did not run.
+    out = tmp_path / "none"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                           "--budget", "0", "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    report = json.loads((out / "check.json").read_text())
+    assert done.returncode == 1 and not report["passed"]
+    assert report["steps"]["gpu_tests"]["status"] == report["steps"]["step_compiled"]["status"] == "skipped"
+    assert not (out / "killed").exists()  # the SIGKILL run is not started either

@@ -13,7 +13,8 @@ from topoclip.text import LENGTH_BUCKET, trimmed_length
 from topoclip.tokenizer import TextBatch, Tokenizer
 from topoclip.training.optim import build_optimizer
 from topoclip.training.guard import SkippedSteps
-from topoclip.training.step import forward_backward_loss, nonfinite_anywhere, optimizer_step
+from topoclip.training.step import forward_backward_loss, nonfinite_anywhere, optimizer_step, process_settings
+from topoclip.training.trainer import train
 
 from _tolerance import TINY, fp32_pair, model_roundings
 
@@ -140,3 +141,24 @@ def test_user_data_batches_arrive_tokenized_by_the_loader_workers(tmp_path):
         assert torch.equal(batch.text.input_ids, expected.input_ids)
         assert torch.equal(batch.text.attention_mask, expected.attention_mask)
         assert batch.text.input_ids.shape == (4, config.model.text.context_length)  # one shape: no recompile
+
+
+def test_process_settings_are_restored_after_the_block_and_after_an_error():
+    before = (torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    with pytest.raises(RuntimeError):
+        with process_settings(1, tf32=not before[1]):
+            assert torch.get_num_threads() == 1
+            assert torch.backends.cuda.matmul.allow_tf32 is torch.backends.cudnn.allow_tf32 is (not before[1])
+            raise RuntimeError
+    assert (torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_a_training_run_leaves_the_callers_threads_as_they_were(tmp_path):
+    # train.threads is the run's own: a notebook or test that trains keeps its thread count (and on a GPU its
+    # TF32 flags, which the same process_settings block restores; the GPU check found them leaking).
+    before = torch.get_num_threads()
+    threads = 1 if before != 1 else 2
+    settings = ["train.num_workers=0", "train.steps=1", "evaluate.size=48", "data.scenes.train_size=256",
+                "data.scenes.val_size=64", "data.scenes.test_size=64", f"train.threads={threads}"]
+    train(load_config("tiny", settings), out_dir=tmp_path / "run", progress=False)
+    assert torch.get_num_threads() == before

@@ -26,7 +26,7 @@ others see them detached), so it is counted once, not k times.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -225,6 +225,23 @@ def set_tf32(allowed: bool) -> None:
     """
     torch.backends.cuda.matmul.allow_tf32 = allowed
     torch.backends.cudnn.allow_tf32 = allowed
+
+
+@contextlib.contextmanager
+def process_settings(threads: int, tf32: Optional[bool]) -> Iterator[None]:
+    """Torch's process-wide CPU threads (0: leave them) and TF32 flags (None: leave them) for the block, restored
+    after it: `topoclip.train` in a notebook or a test must not change the precision of the caller's fp32 products
+    (the GPU check found a later fp32 comparison running in TF32 after a training run in the same process)."""
+    before = (torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        if tf32 is not None:
+            set_tf32(tf32)
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1:]
 
 
 def batch_loss(model, images, text, loss_name: str, precision: str, keywords: Optional[dict] = None) -> torch.Tensor:

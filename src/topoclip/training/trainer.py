@@ -51,7 +51,8 @@ from topoclip.run_folder import RunFolder, claim_run_folder
 from topoclip.training.guard import StepGuard
 from topoclip.training.lock import apply_locks
 from topoclip.losses import loss_keywords
-from topoclip.training.step import batch_loss, forward_backward_loss, loss_at, optimizer_step, set_tf32
+from topoclip.training.step import (batch_loss, forward_backward_loss, loss_at, optimizer_step,
+                                     process_settings)
 from topoclip.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
 
 # Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).
@@ -97,7 +98,8 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
     train_config = config.train
     info = init_distributed(train_config.device)
     try:
-        return _train(config, run_dir, resume is not None, info, progress)
+        with process_settings(train_config.threads, train_config.allow_tf32 if info.device.type == "cuda" else None):
+            return _train(config, run_dir, resume is not None, info, progress)
     finally:
         cleanup()
 
@@ -165,10 +167,6 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
     """The tokenizer, the model, its optimiser and schedule, restored from the newest good checkpoint when resuming;
     a fresh run's config.json and tokenizer.json written."""
     settings, main, device = config.train, info.rank == 0, info.device
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    if device.type == "cuda":
-        set_tf32(settings.allow_tf32)
     if main:
         print(f"run folder: {folder.path.resolve()}", flush=True)
     torch.manual_seed(settings.seed)
