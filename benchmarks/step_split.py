@@ -21,7 +21,7 @@ from topoclip.data.batch import derived_seed
 from topoclip.data.scenes import SceneDataset
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
-from topoclip.training.data import RenderedScenes
+from topoclip.data.scene_batches import RenderedScenes
 from topoclip.training.optim import build_optimizer
 from topoclip.training.step import forward_backward, optimizer_step
 from topoclip.transforms import RandomResizedCrop, resized_crops, train_transform

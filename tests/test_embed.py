@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 import topoclip
+from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
 from topoclip import embed as embedding
 from topoclip.checkpoint import save_checkpoint
 from topoclip.cli import main
@@ -23,7 +24,7 @@ TEXTS = ["a red circle", "", "a blue square", "a green triangle"]
 def checkpoint(tmp_path_factory):
     config = load_config("tiny")
     tokenizer = Tokenizer.train(TEXTS, vocab_size=60, context_length=config.model.text.context_length)
-    config.model.text.cls_token_id = tokenizer.cls_id
+    config = fit_to_trained_tokenizer(config, tokenizer)  # as the trainer does (a loaded Config is frozen)
     torch.manual_seed(0)
     return save_checkpoint(tmp_path_factory.mktemp("model") / "ckpt", CLIP(config.model), config, tokenizer)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import topoclip
+from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
 from topoclip.checkpoint import save_checkpoint
 from topoclip.cli import main
 from topoclip.config import load_config
@@ -29,7 +30,7 @@ def checkpoint(tmp_path_factory):
     """A tiny Multi(16, 4) model (random weights) with a small trained vocabulary."""
     config = load_config("tiny")
     tokenizer = Tokenizer.train(CAPTIONS, vocab_size=80, context_length=config.model.text.context_length)
-    config.model.text.cls_token_id = tokenizer.cls_id
+    config = fit_to_trained_tokenizer(config, tokenizer)  # as the trainer does (a loaded Config is frozen)
     torch.manual_seed(0)
     return save_checkpoint(tmp_path_factory.mktemp("model") / "ckpt", CLIP(config.model), config, tokenizer)
 

@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 
+from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
 from topoclip.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from topoclip.cli import main  # noqa: E402
 from topoclip.config import load_config  # noqa: E402
@@ -41,7 +42,7 @@ def test_exported_encoders_match_pytorch(tmp_path, overrides):
 def test_cli_export_writes_a_servable_folder(tmp_path, capsys):
     config = load_config("tiny")
     tokenizer = Tokenizer.train(["a red circle", "a blue square"], vocab_size=40, context_length=32)
-    config.model.text.cls_token_id = tokenizer.cls_id
+    config = fit_to_trained_tokenizer(config, tokenizer)  # as the trainer does (a loaded Config is frozen)
     checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer)
     assert main(["export", str(checkpoint), "--onnx", str(tmp_path / "served"), "--weights", str(tmp_path / "clean")]) == 0
     out = capsys.readouterr().out

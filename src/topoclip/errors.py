@@ -19,6 +19,10 @@ class UserError(Exception):
     """A problem the user can fix; its message is one line: what, where, and the fix."""
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration that cannot work; the message names the field and the fix (topoclip.config exports it)."""
+
+
 class RunFolderError(UserError):
     """A run folder that cannot be used: not empty for a fresh run, held by another process, unwritable."""
 

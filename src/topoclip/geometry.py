@@ -191,6 +191,12 @@ def get_topology(name: str) -> Topology:
         raise ValueError(f"unknown topology {name!r}; choose one of {sorted(TOPOLOGIES)}") from None
 
 
+def implied_topology(class_tokens: int, single: str = "sphere") -> str:
+    """The topology a model's shapes imply when nothing names it (an imported or upcycled checkpoint): several
+    class tokens are the paper's Multi, ps-inner (Eq. 5's sum of per-sphere inner products); one keeps `single`."""
+    return "ps-inner" if class_tokens > 1 else single
+
+
 # --------------------------------------------------------------------------- public API
 
 

@@ -11,7 +11,7 @@ from topoclip.convert.upcycle import shared_basis, upcycle
 from topoclip.model import CLIP
 from topoclip.tokenizer import TextBatch
 from topoclip.training.init_from import check_initial_checkpoint, starting_config
-from topoclip.training.tokenizer_setup import build_tokenizer
+from topoclip.training.tokenizer_setup import build_tokenizer, fit_to_trained_tokenizer
 
 from _tolerance import TINY, fp32_pair, model_roundings
 
@@ -46,7 +46,7 @@ def single_token_checkpoint(tmp_path_factory):
     """A tiny single-token sphere model (random weights) with a vocabulary of the built-in scenes."""
     config = load_config("tiny", SMALL + SINGLE)
     tokenizer = build_tokenizer(config)
-    config.model.text.cls_token_id = tokenizer.cls_id
+    config = fit_to_trained_tokenizer(config, tokenizer)  # as the trainer does (a loaded Config is frozen)
     torch.manual_seed(0)
     return save_checkpoint(tmp_path_factory.mktemp("single") / "ckpt", CLIP(config.model), config, tokenizer)
 

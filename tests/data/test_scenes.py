@@ -294,6 +294,6 @@ def test_bad_split_and_sizes_are_rejected():
     with pytest.raises(ValueError, match="size"):
         retrieval_set(small_config(), size=10_000)
     config = small_config()
-    config.noise = 2.0  # mutated after construction: caught when used
+    object.__setattr__(config, "noise", 2.0)  # changed after construction (around the freeze): caught when used
     with pytest.raises(ValueError, match="noise"):
         SceneDataset(config, "train")

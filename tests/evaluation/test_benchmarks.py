@@ -1,6 +1,7 @@
 """The field's benchmarks: named sets (ImageNet synsets, CIFAR), CLIP_benchmark's WebDataset layout and
 result files, the "flat" template mode and flat features (tests with CLIP_benchmark itself:
 test_clip_benchmark.py, where it imports)."""
+import dataclasses
 import io
 import json
 import math
@@ -11,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
 from topoclip.checkpoint import save_checkpoint
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config, validate
@@ -44,7 +46,7 @@ def checkpoint(tmp_path_factory):
     config = load_config("tiny", ["evaluate.size=16"])  # the built-in scenes' sets, kept small
     tokenizer = Tokenizer.train(list(get_benchmark("imagenet1k").classnames), vocab_size=300,
                                 context_length=config.model.text.context_length)
-    config.model.text.cls_token_id = tokenizer.cls_id
+    config = fit_to_trained_tokenizer(config, tokenizer)  # as the trainer does (a loaded Config is frozen)
     return save_checkpoint(tmp_path_factory.mktemp("model") / "ckpt", CLIP(config.model), config, tokenizer)
 
 
@@ -262,7 +264,7 @@ def test_topologies_without_a_flat_form_are_refused_in_one_line(topology):
     config = load_config("tiny", [f"model.topology={topology}"])
     with pytest.raises(UserError, match="CLIP_benchmark ranks by the inner product"):
         FlatFeatures(CLIP(config.model))
-    config.evaluate.template_modes = ["flat"]
+    config = dataclasses.replace(config, evaluate=dataclasses.replace(config.evaluate, template_modes=["flat"]))
     with pytest.raises(ConfigError, match=f"which {topology} cannot use"):
         validate(config)
 

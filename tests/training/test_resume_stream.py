@@ -19,7 +19,8 @@ import torch
 
 from topoclip.config import load_config
 from topoclip.data.shard_writer import shard_pattern, write_shards
-from topoclip.training.data import StreamPosition, training_batches
+from topoclip.data.streams import StreamPosition
+from topoclip.training.data import training_batches
 
 from test_train_user_data import scene_samples
 

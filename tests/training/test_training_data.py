@@ -3,7 +3,8 @@ import torch
 
 from topoclip.config import load_config
 from topoclip.data.scenes import SceneConfig, SceneDataset
-from topoclip.training.data import StepBatchSampler, training_batches
+from topoclip.data.scene_batches import StepBatchSampler
+from topoclip.training.data import training_batches
 from topoclip.transforms import Normalize, OPENAI_MEAN, OPENAI_STD, ToTensor, resized_crops
 
 from _tolerance import fp32_pair

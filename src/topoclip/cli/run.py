@@ -59,7 +59,7 @@ def command_train(args) -> int:
         config = starting_config(args.init_from, args.preset, args.overrides)
     else:
         config = load_config(args.preset or DEFAULT_PRESET, args.overrides)
-    with_imagenet_val(config, args.imagenet_val)
+    config = with_imagenet_val(config, args.imagenet_val)
     if args.print_config:
         print(json.dumps(to_dict(config), indent=2))
         return 0
@@ -91,11 +91,19 @@ def add_imagenet_val(parser) -> None:
                         "the same as adding imagenet1k=PATH to evaluate.classification")
 
 
-def with_imagenet_val(config, path) -> None:
-    """Adds "imagenet1k=PATH" to the config's classification sets (once) when --imagenet-val is given."""
+def with_imagenet_val(config, path):
+    """The config with "imagenet1k=PATH" added to its classification sets (once) when --imagenet-val is given."""
     entry = f"imagenet1k={path}"
     if path and entry not in config.evaluate.classification:
-        config.evaluate.classification = [*config.evaluate.classification, entry]
+        return with_evaluate(config, classification=[*config.evaluate.classification, entry])
+    return config
+
+
+def with_evaluate(config, **changes):
+    """The config with `changes` to its evaluate section (a Config is frozen once loaded)."""
+    from dataclasses import replace
+
+    return replace(config, evaluate=replace(config.evaluate, **changes))
 
 
 # --------------------------------------------------------------------------- pretrained
@@ -136,14 +144,14 @@ def command_eval(args) -> int:
     if args.overrides:  # e.g. evaluate on other sets: --set evaluate.classification='["folder"]'
         config = from_dict(Config, apply_overrides(to_dict(config), args.overrides))
         validate(config)
-    with_imagenet_val(config, args.imagenet_val)
+    config = with_imagenet_val(config, args.imagenet_val)
     if tokenizer is None:
         raise ConfigError(f"{args.checkpoint} has no tokenizer.json; it cannot encode prompts")
     name = args.name or config.name or "topoclip"
     if args.output:  # CLIP_benchmark's files hold one template mode: evaluate it too
         mode = args.template_mode or default_template_mode(config.model.topology)
         if mode not in config.evaluate.template_modes:
-            config.evaluate.template_modes = [*config.evaluate.template_modes, mode]
+            config = with_evaluate(config, template_modes=[*config.evaluate.template_modes, mode])
             validate(config)
     records = evaluate(model.to(device), tokenizer, config, args.split, device, model_name=name)
     if not records:

@@ -9,18 +9,14 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from topoclip.data.scenes.config import SceneConfig
-from topoclip.errors import UserError
+from topoclip.errors import ConfigError  # noqa: F401  (topoclip.config exports it)
 from topoclip.geometry import TOPOLOGIES
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration that cannot work; the message names the field and the fix."""
 
 
 # --------------------------------------------------------------------------- model
 
 
-@dataclass
+@dataclass(frozen=True)
 class VisionConfig:
     """ViT image tower (pre-norm by default, as the reference release)."""
 
@@ -41,7 +37,7 @@ class VisionConfig:
     eval_resize: Literal["crop-box", "shortest"] = "crop-box"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TextConfig:
     """BERT-style bidirectional text tower (post-norm with an embedding LayerNorm by default)."""
 
@@ -66,7 +62,7 @@ class TextConfig:
     end_token_id: Optional[int] = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TemperatureConfig:
     """τ = exp(t): init is t; max_scale clamps τ after each step; SigLIP's bias is optional."""
 
@@ -76,7 +72,7 @@ class TemperatureConfig:
     bias_init: Optional[float] = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """A CLIP with `class_tokens` class tokens per tower, each projected to `embed_dim`.
 
@@ -111,7 +107,7 @@ class ModelConfig:
 # --------------------------------------------------------------------------- training
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation recipe (paper Table 5) and run mechanics."""
 
@@ -167,7 +163,7 @@ class TrainConfig:
 # --------------------------------------------------------------------------- data
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     """Where training pairs come from: the built-in scenes, a CSV/TSV, or WebDataset shards."""
 
@@ -195,7 +191,7 @@ class DataConfig:
     augment_scale: tuple[float, float] = (0.8, 1.0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvaluateConfig:
     """What is evaluated during and after training (and by `topoclip eval`)."""
 
@@ -215,7 +211,7 @@ class EvaluateConfig:
 # --------------------------------------------------------------------------- top level
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     """Everything a run needs."""
 

@@ -15,6 +15,7 @@ import torch
 
 from topoclip.config import Config, apply_overrides, from_dict, validate
 from topoclip.errors import CheckpointError
+from topoclip.geometry import implied_topology
 from topoclip.model import CLIP
 
 HEAD_WIDTH = 64  # width per attention head in every released CLIP
@@ -96,7 +97,7 @@ def model_values(state: dict[str, torch.Tensor], activation: str, text_layout: d
     text = {"vocab_size": vocab_size, "context_length": text_positions - class_tokens + 1,
             **_tower(state, "text", text_width, activation), **text_layout}
     values = {"vision": vision, "text": text, "class_tokens": class_tokens, "embed_dim": embed_dim,
-              "topology": "ps-inner" if class_tokens > 1 else "sphere"}
+              "topology": implied_topology(class_tokens)}
     if "temperature.t" in state:
         t = float(state["temperature.t"])
         values["temperature"] = {"init": t, "max_scale": max(100.0, math.exp(t))}

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
+from topoclip.geometry import implied_topology
 from topoclip.model import CLIP
 
 DEFAULT_NOISE = 0.02  # relative to the copied row's RMS
@@ -85,7 +86,7 @@ def upcycle(model: CLIP, config: Config, class_tokens: int, embed_dim: Optional[
     values = to_dict(config)
     model_values = values["model"]
     model_values.update(class_tokens=m, embed_dim=embed_dim, spheres=0,
-                        topology=topology or ("ps-inner" if m > 1 else source.topology))
+                        topology=topology or implied_topology(m, single=source.topology))
     if m > 1:
         temperature = model_values["temperature"]
         temperature["max_scale"] = source.temperature.max_scale / m

@@ -5,9 +5,9 @@
     shards   WebDataset tar shards (img2dataset's layout), read as a stream
 
 An entry says what the rest of topoclip asks of a source: its config checks, whether it is a stream
-(a stream keeps a position that a checkpoint saves; the scenes are indexed by the step instead), how a
-stream's dataset is opened for one rank, up to N captions for a new vocabulary, the samples of one
-epoch (for τ's convergence window), and which parts of `data.train_data` would run a command.
+(a stream keeps a position that a checkpoint saves; the scenes are indexed by the step instead), the
+training batches of one rank, up to N captions for a new vocabulary, the samples of one epoch (for τ's
+convergence window), and which parts of `data.train_data` would run a command.
 Adding a source is one entry here (and its reader in topoclip/data/).
 
 Functions take the config sections they read (duck-typed: this module sits below topoclip.config).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 class SourceError(ValueError):
     """Settings a data source cannot use; topoclip.config turns it into a ConfigError."""
@@ -28,9 +28,9 @@ class DataSource:
     check: Callable[[Any], None]
     # A stream (True) is read in order and resumes from a saved position; False: indexed by the step.
     stream: bool
-    # A stream's dataset for one rank: open(data, transform=, batch_size=, seed=, rank=, world_size=,
-    # crop_generator=) -> an IterableDataset of RawBatch with set_epoch(); None for a source that is not a stream.
-    open: Optional[Callable[..., Any]]
+    # The training batches of one rank: batches(config, start_step, rank, world_size, loader_options, *,
+    # tokenizer=, pin_memory=, stream=) -> an endless iterator of RawBatch (topoclip.training.data calls it).
+    batches: Callable[..., Iterator[Any]]
     # Up to `count` clean captions of the training data (for training a new vocabulary).
     captions: Callable[[Any, int], list[str]]
     # Samples of one epoch, or None when the data has no fixed epoch.
@@ -83,12 +83,26 @@ def scene_captions(data, count: int) -> list[str]:
 # --------------------------------------------------------------------------- streams
 
 
+def scene_batches(config, *arguments, **options):
+    from topoclip.data.scene_batches import scene_batches
+
+    return scene_batches(config, *arguments, **options)
+
+
 def check_stream(config) -> None:
     if not config.data.train_data:
         raise SourceError(f"data.source={config.data.source!r} needs data.train_data (a CSV path or a shard pattern)")
 
 
+def csv_batches(config, *arguments, **options):
+    from topoclip.data.streams import stream_batches
+
+    return stream_batches(open_csv, config, *arguments, **options)
+
+
 def open_csv(data, **options):
+    """The CSV as one rank's IterableDataset of RawBatch (options: transform, batch_size, seed, rank, world_size,
+    crop_generator)."""
     from topoclip.data.csv import CsvDataset
 
     return CsvDataset(data.train_data, image_key=data.csv_image_key, caption_key=data.csv_caption_key,
@@ -122,7 +136,14 @@ def csv_rows(data) -> Optional[int]:
         return None
 
 
+def shard_batches(config, *arguments, **options):
+    from topoclip.data.streams import stream_batches
+
+    return stream_batches(open_shards, config, *arguments, **options)
+
+
 def open_shards(data, **options):
+    """The shards as one rank's IterableDataset of RawBatch (the options of open_csv)."""
     from topoclip.data.shards import ShardDataset
 
     return ShardDataset(data.train_data, weights=data.weights or None, resampled=data.resampled,
@@ -148,10 +169,10 @@ def shard_commands(data) -> list[str]:
 
 
 SOURCES: dict[str, DataSource] = {
-    "scenes": DataSource(check_scenes, stream=False, open=None, captions=scene_captions,
+    "scenes": DataSource(check_scenes, stream=False, batches=scene_batches, captions=scene_captions,
                          epoch_samples=lambda data: data.scenes.train_size, evaluation_sets=scene_evaluation_sets),
-    "csv": DataSource(check_stream, stream=True, open=open_csv, captions=csv_captions, epoch_samples=csv_rows),
-    "shards": DataSource(check_stream, stream=True, open=open_shards, captions=shard_captions,
+    "csv": DataSource(check_stream, stream=True, batches=csv_batches, captions=csv_captions, epoch_samples=csv_rows),
+    "shards": DataSource(check_stream, stream=True, batches=shard_batches, captions=shard_captions,
                          epoch_samples=lambda data: data.samples_per_epoch or None, commands=shard_commands),
 }
 

@@ -154,72 +154,77 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     records = read_metrics(metrics_path)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if isinstance(r.get("eval"), dict) and number(r.get("step"))]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-
-    def figure(name: str, series: dict[str, tuple[list, list]], ylabel: str) -> None:
-        many = len(series) > 1
-        fig, axis = plt.subplots(figsize=(9 if many else 6, 4), dpi=100)
-        for label, (x, y) in series.items():
-            axis.plot(x, y, label=label, marker="o" if len(x) < 20 else None)
-        axis.set_xlabel("step")
-        axis.set_ylabel(ylabel)
-        if many:  # beside the axes, where it hides no curve
-            axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        axis.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out_dir / f"{name}.png"
-        save_png_atomic(fig, path)
-        plt.close(fig)
-        written.append(path)
 
     def curve(key: str) -> tuple[list, list]:
         """(steps, values) of the training records that hold `key` as a number (a hand-edited line may not)."""
         kept = [r for r in steps if number(r.get("step")) and number(r.get(key))]
         return [r["step"] for r in kept], [r[key] for r in kept]
 
+    written = []
     if steps:
-        figure("loss", {"loss": curve("loss")}, "contrastive loss")
-        figure("temperature", {"τ = exp(t)": curve("scale")}, "τ")
-        figure("learning_rate", {"lr": curve("lr")}, "learning rate")
+        written += [plot_curves(out_dir / "loss.png", {"loss": curve("loss")}, "contrastive loss"),
+                    plot_curves(out_dir / "temperature.png", {"τ = exp(t)": curve("scale")}, "τ"),
+                    plot_curves(out_dir / "learning_rate.png", {"lr": curve("lr")}, "learning rate")]
     if evals:
-        from matplotlib.lines import Line2D
-
-        # Validation (periodic, evaluate.validation_size images per set) and test (final,
-        # evaluate.size images) are different sets: one colour per metric, a line for validation and
-        # a star for the final test value, never one line through both.
-        fig, axis = plt.subplots(figsize=(9, 4), dpi=100)
-        metric_handles = []
-        for index, (metric, splits) in enumerate(evaluation_series(evals).items()):
-            colour = f"C{index % 10}"
-            if "validation" in splits:
-                x, y = splits["validation"]
-                axis.plot(x, y, color=colour, marker="o" if len(x) < 20 else None, markersize=4)
-            if "test" in splits:
-                x, y = splits["test"]
-                axis.plot(x, y, color=colour, marker="*", markersize=12, linestyle="none")
-            metric_handles.append(Line2D([], [], color=colour, label=metric))
-        split_handles = [Line2D([], [], color="grey", marker="o", markersize=4, label="validation (during training)"),
-                         Line2D([], [], color="grey", marker="*", markersize=12, linestyle="none",
-                                label="test (final evaluation)")]
-        axis.set_xlabel("step")
-        axis.set_ylabel("percent")
-        splits_legend = axis.legend(handles=split_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        axis.add_artist(splits_legend)  # beside the axes, where they hide no curve
-        axis.legend(handles=metric_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 0.82))
-        axis.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out_dir / "evaluation.png"
-        save_png_atomic(fig, path)
-        plt.close(fig)
-        written.append(path)
+        written.append(plot_evaluation(out_dir / "evaluation.png", evaluation_series(evals)))
     return written
+
+
+def plot_curves(path: Path, series: dict[str, tuple[list, list]], ylabel: str) -> Path:
+    """PATH: one line per series against the step; a legend beside the axes when there are several."""
+    import matplotlib.pyplot as plt
+
+    many = len(series) > 1
+    fig, axis = plt.subplots(figsize=(9 if many else 6, 4), dpi=100)
+    for label, (x, y) in series.items():
+        axis.plot(x, y, label=label, marker="o" if len(x) < 20 else None)
+    axis.set_xlabel("step")
+    axis.set_ylabel(ylabel)
+    if many:  # beside the axes, where it hides no curve
+        axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axis.grid(alpha=0.3)
+    fig.tight_layout()
+    save_png_atomic(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_evaluation(path: Path, series: dict[str, dict[str, tuple[list, list]]]) -> Path:
+    """PATH: every evaluation metric against the step. Validation (periodic, evaluate.validation_size images per
+    set) and test (final, evaluate.size images) are different sets: one colour per metric, a line for validation
+    and a star for the final test value, never one line through both."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    fig, axis = plt.subplots(figsize=(9, 4), dpi=100)
+    metric_handles = []
+    for index, (metric, splits) in enumerate(series.items()):
+        colour = f"C{index % 10}"
+        if "validation" in splits:
+            x, y = splits["validation"]
+            axis.plot(x, y, color=colour, marker="o" if len(x) < 20 else None, markersize=4)
+        if "test" in splits:
+            x, y = splits["test"]
+            axis.plot(x, y, color=colour, marker="*", markersize=12, linestyle="none")
+        metric_handles.append(Line2D([], [], color=colour, label=metric))
+    split_handles = [Line2D([], [], color="grey", marker="o", markersize=4, label="validation (during training)"),
+                     Line2D([], [], color="grey", marker="*", markersize=12, linestyle="none",
+                            label="test (final evaluation)")]
+    axis.set_xlabel("step")
+    axis.set_ylabel("percent")
+    splits_legend = axis.legend(handles=split_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axis.add_artist(splits_legend)  # beside the axes, where they hide no curve
+    axis.legend(handles=metric_handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 0.82))
+    axis.grid(alpha=0.3)
+    fig.tight_layout()
+    save_png_atomic(fig, path)
+    plt.close(fig)
+    return path
 
 
 def evaluation_series(evals: list[dict]) -> dict[str, dict[str, tuple[list, list]]]:

@@ -15,7 +15,7 @@ from topoclip.checkpoint import (STEP_PREFIX, TRAINING_STATE, checkpoint_step, l
                                  save_checkpoint, step_checkpoints)
 from topoclip.data.quality import BadSampleCounter
 from topoclip.errors import CheckpointError, DiskFullError
-from topoclip.training.data import StreamPosition
+from topoclip.data.streams import StreamPosition
 from topoclip.training.guard import parameters_finite
 
 

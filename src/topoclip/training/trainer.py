@@ -41,7 +41,8 @@ from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cl
 from topoclip.errors import UserError, require_device
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
-from topoclip.training.data import StreamPosition, prefetch_to_device, training_batches
+from topoclip.data.streams import StreamPosition
+from topoclip.training.data import prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.resume import finish_leftovers, finished, require_fitting_checkpoint, resume_config

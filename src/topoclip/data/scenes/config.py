@@ -34,7 +34,7 @@ STYLES = ("in-domain", "out-of-domain")
 SPLITS = ("train", "val", "test")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SceneConfig:
     """Settings of the generated data; a split's sample i is a pure function of (these settings, split, i)."""
 

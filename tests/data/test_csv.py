@@ -1,0 +1,65 @@
+"""CSV/TSV caption tables: every bad kind skipped and counted, paths kept inside the folder, split over ranks
+and workers."""
+import pytest
+import torch
+
+from topoclip.data.csv import CsvDataset, read_caption_table
+from topoclip.data.quality import DataQualityError, check_bad_fraction
+
+from _user_data import TRANSFORM, collect, encode, noise, write_caption_table
+
+
+@pytest.mark.parametrize("separator", [b",", b"\t"])
+def test_csv_dataset_skips_and_counts_every_bad_kind(tmp_path, separator):
+    path, good, expected = write_caption_table(tmp_path, separator)
+    dataset = CsvDataset(path, transform=TRANSFORM, batch_size=4, shuffle=False)
+    captions, counter = collect(dataset)
+    assert sorted(captions) == sorted(good)
+    assert counter.bad == expected
+    assert counter.kept == len(good) and dataset.num_rows == len(good) + sum(expected.values())
+
+def test_csv_paths_outside_the_folder_are_kept_only_when_allowed(tmp_path):
+    path, good, expected = write_caption_table(tmp_path)
+    _, refused = collect(CsvDataset(path, transform=TRANSFORM, batch_size=4, shuffle=False))
+    assert refused.bad["path_outside_root"] == 2
+    with pytest.raises(DataQualityError, match="data.csv_allow_outside_paths=true"):  # the stop names the setting
+        check_bad_fraction(refused, 0.01)
+    dataset = CsvDataset(path, transform=TRANSFORM, batch_size=4, shuffle=False, allow_outside_paths=True)
+    captions, counter = collect(dataset)
+    assert sorted(captions) == sorted(good + ["outside relative", "outside absolute"])
+    assert "path_outside_root" not in counter.bad
+
+def test_csv_missing_column_error_names_columns_and_setting(tmp_path):
+    path = tmp_path / "table.csv"
+    path.write_text("path,caption\nx.jpg,hello\n")
+    with pytest.raises(ValueError) as caught:
+        CsvDataset(path, transform=TRANSFORM, batch_size=2)
+    assert "'filepath'" in str(caught.value) and "data.csv_image_key" in str(caught.value)
+    assert "['path', 'caption']" in str(caught.value)
+    with pytest.raises(ValueError, match="data.csv_caption_key"):
+        CsvDataset(path, transform=TRANSFORM, batch_size=2, image_key="path")
+    tabbed = tmp_path / "tabbed.csv"
+    tabbed.write_text("filepath\ttitle\nx.jpg\thello\n")
+    with pytest.raises(ValueError, match="data.csv_separator"):
+        read_caption_table(tabbed)
+    assert read_caption_table(tabbed, separator="\t") == [("x.jpg", "hello")]
+
+def test_csv_splits_over_ranks_and_workers_and_reshuffles_per_epoch(tmp_path):
+    (tmp_path / "img.png").write_bytes(encode(noise(8, 8), "PNG"))
+    path = tmp_path / "table.csv"
+    path.write_text("filepath,title\n" + "".join(f"img.png,caption {i}\n" for i in range(23)))
+    per_rank = []
+    for rank in range(2):
+        dataset = CsvDataset(path, transform=TRANSFORM, batch_size=5, rank=rank, world_size=2, seed=3)
+        per_rank.append(collect(dataset)[0])
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert sorted(per_rank[0] + per_rank[1]) == sorted(f"caption {i}" for i in range(23))
+    assert {len(per_rank[0]), len(per_rank[1])} == {11, 12}
+    dataset = CsvDataset(path, transform=TRANSFORM, batch_size=5, seed=3)
+    epoch0 = collect(dataset)[0]
+    assert collect(dataset)[0] == epoch0  # same epoch: same order
+    dataset.set_epoch(1)
+    epoch1 = collect(dataset)[0]
+    assert epoch1 != epoch0 and sorted(epoch1) == sorted(epoch0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    assert sorted(collect(loader)[0]) == sorted(epoch0)  # two workers: each row once
