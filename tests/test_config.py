@@ -235,3 +235,13 @@ def test_data_sources_are_a_registry(tmp_path, capsys):
         load_config("tiny", ["data.source=lmdb"])
     assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--set", "data.source=lmdb"]) == 2
     assert capsys.readouterr().err.count("\n") == 1  # one line, no traceback
+
+
+def test_a_loaded_config_is_frozen_in_every_section():
+    # The CLI used to edit a loaded config in place (--imagenet-val, eval's template mode); now nothing can.
+    config = load_config("tiny")
+    for section in (config, config.model, config.model.vision, config.model.text, config.model.temperature,
+                    config.train, config.data, config.data.scenes, config.evaluate):
+        field = dataclasses.fields(section)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(section, field, getattr(section, field))
