@@ -26,6 +26,7 @@ from topoclip.embed import embed
 from topoclip.inference import load
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
+from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
 
 
 def write_images(folder: Path, count: int, size: int, classes: int = 1) -> Path:
@@ -43,7 +44,7 @@ def random_model(folder: Path, preset: str) -> Path:
     """A checkpoint of `preset` with random weights and a tiny vocabulary."""
     config = load_config(preset)
     tokenizer = Tokenizer.train(["a photo"], vocab_size=64, context_length=config.model.text.context_length)
-    config.model.text.cls_token_id = tokenizer.cls_id
+    config = fit_to_trained_tokenizer(config, tokenizer)  # as the trainer does (a loaded Config is frozen)
     return save_checkpoint(folder, CLIP(config.model), config, tokenizer)
 
 

@@ -77,15 +77,16 @@ def losses(run_dir: Path) -> dict[int, float]:
     return found
 
 
-def training(args, out: Path) -> dict:
-    """Step 2: shards, an uninterrupted run, a killed and resumed run, a metric-learning run, embed."""
+def training(args, out: Path, result: dict, save) -> None:
+    """Step 2 into `result`: shards, an uninterrupted run, a killed and resumed run, a metric-learning run, embed;
+    `save()` after each."""
     device, tiny = args.device, args.tiny
     precision = "bf16" if device != "cpu" else "fp32"
     steps, every = (24, 8) if tiny else (300, 100)
     shards = out / "shards"
-    result = {"make_shards": run(topoclip("data", "make-shards", "--preset", "tiny" if tiny else "cpu-multi",
-                                          "--count", "512" if tiny else "20000", "--samples-per-shard", "128",
-                                          "--out", str(shards)), 300)}
+    result["make_shards"] = run(topoclip("data", "make-shards", "--preset", "tiny" if tiny else "cpu-multi",
+                                         "--count", "512" if tiny else "20000", "--samples-per-shard", "128",
+                                         "--out", str(shards)), 300)
     pattern = sorted(str(path) for path in shards.glob("*.tar"))
     spec = f"{shards}/{{{Path(pattern[0]).stem}..{Path(pattern[-1]).stem}}}.tar" if pattern else str(shards / "x.tar")
     settings = ["--preset", "tiny" if tiny else "cpu-multi", "--quiet",
@@ -99,7 +100,9 @@ def training(args, out: Path) -> dict:
     if tiny:
         settings += ["--set", "train.batch_size=32", "--set", "train.num_workers=1"]
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(out)}
+    save()
     result["uninterrupted"] = run(topoclip("train", *settings, "--out", str(out / "whole")), 150, env)
+    save()
     # The same run killed with SIGKILL once its first checkpoint is written, then resumed.
     killed = out / "killed"
     if DEADLINE[0] - time.perf_counter() >= MIN_STEP_SECONDS:
@@ -119,12 +122,14 @@ def training(args, out: Path) -> dict:
         bound = 0.0 if device == "cpu" else RESUME_BOUND_GPU
         result["resume_losses"] = {"steps_compared": len(common), "largest_relative_difference": worst,
                                    "bound": bound, "status": "passed" if common and worst <= bound else "failed"}
+    save()
     metric = settings + ["--set", "train.loss=max-hinge", "--set", "train.margin=0.2", "--set", "train.lock_image=false",
                          "--set", "train.lock_image_unlocked_groups=0", "--set", f"train.steps={every}"]
     result["metric_learning"] = run(topoclip("train", *metric, "--out", str(out / "max-hinge")), 150, env)
+    save()
     result["embed"] = run(topoclip("embed", str(out / "whole"), "--images", spec, "--out", str(out / "embeddings"),
                                    "--device", device, "--quiet"), 90)
-    return result
+    save()
 
 
 def main() -> int:
@@ -148,8 +153,8 @@ def main() -> int:
     steps["gpu_tests"] = run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--run-gpu",
                               "--show-capture=no", "--tb=short", "tests/test_gpu.py"], 180)
     write_report(report, out)
-    steps["training"] = training(args, out)
-    write_report(report, out)
+    steps["training"] = {}
+    training(args, out, steps["training"], lambda: write_report(report, out))
     presets = "tiny" if args.tiny else "sphere-vit-b16,multi-32x16-vit-b16"
     batch = "8" if args.tiny else "256"
     small = ["--rounds", "1", "--steps", "2", "--warmup", "1"] if args.tiny else ["--rounds", "3"]

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from topoclip.training.data import prefetch_factor
 from train_step import synchronize, topoclip_step
 
 WORDS = ("a red cube on the left of a small blue ball under green light near two yellow stars and a "
@@ -124,9 +125,10 @@ def main() -> None:
         step, sources, config = feeds(args, pattern)
         for feed in sources.values():
             timed(step, feed, args.device, args.warmup, 0)  # compilation, worker start-up, caches
+        workers = config.train.num_workers
         # Alternating windows, so machine noise hits both; each window first drains what the loader
         # buffered while the other ran (workers × prefetch factor + 2 batches), untimed.
-        drain = max(config.train.num_workers, 1) * 4 + 2
+        drain = max(workers, 1) * (prefetch_factor(workers) if workers else 1) + 2
         rates = {name: [] for name in sources}
         for round_index in range(args.rounds):
             for name, feed in sources.items():

@@ -511,7 +511,7 @@ def gpu_check_table(result: dict) -> str:
     check = result["check"]
     steps = check["steps"]
     training = steps["training"]
-    passed = [name for name, step in training.items() if step.get("status") == "passed"]
+    statuses = ", ".join(f"{name} {step['status']}" for name, step in training.items())
     summary = {(line["model"], line["preset"], name): line for name in ("step_eager", "step_compiled")
                for line in steps[name]["json"] if line.get("benchmark") == "mfu"}
     rows = ["| bf16, batch 256 | sphere-vit-b16 | multi-32x16-vit-b16 | Multi's cost |", "|---|---|---|---|"]
@@ -524,7 +524,11 @@ def gpu_check_table(result: dict) -> str:
         sphere, multi = (summary[("topoclip", preset, name)]["median_images_per_s"]
                          for preset in ("sphere-vit-b16", "multi-32x16-vit-b16"))
         rows.append(f"| {label} | {cells[0]} | {cells[1]} | {100 * (1 - multi / sphere):.1f} % |")
-    resume = training["resume_losses"]
+    resume = training.get("resume_losses")
+    resumed = (f"The run killed with SIGKILL and resumed matched the uninterrupted run's losses at "
+               f"{resume['steps_compared']} logged steps (largest relative difference "
+               f"{resume['largest_relative_difference']:g}; bound {resume['bound']:g})." if resume else
+               "The losses of the killed and resumed run were not compared (a run did not finish).")
     shards = [line for line in steps["shards_vs_random"]["json"] if line.get("benchmark") == "shard_throughput"]
     shards += result["after"]["shards_vs_random"]
     feeding = ", ".join(f"{line['num_workers']} workers {line['shard_to_random']:.2f}" for line in shards)
@@ -533,9 +537,7 @@ def gpu_check_table(result: dict) -> str:
         f"MFU against the bf16 matmul peak measured in the same run "
         f"({summary[('topoclip', 'sphere-vit-b16', 'step_eager')]['peak_tflop_per_s']:.0f} TFLOP/s).", "",
         *rows, "",
-        f"- Training on the GPU ({', '.join(passed)}): passed. The run killed with SIGKILL and resumed matched the "
-        f"uninterrupted run's losses at {resume['steps_compared']} logged steps (largest relative difference "
-        f"{resume['largest_relative_difference']:g}; bound {resume['bound']:g}).",
+        f"- Training on the GPU: {statuses}. {resumed}",
         f"- `gpu` tests: {tests_line(steps['gpu_tests']['tail'])} in the check; "
         f"{result['after']['gpu_tests']['failed_first'].split(':')[0]} failed and passes after the fix "
         f"({result['after']['gpu_tests']['fix']}).",

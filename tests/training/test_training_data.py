@@ -4,7 +4,7 @@ import torch
 from topoclip.config import load_config
 from topoclip.data.scenes import SceneConfig, SceneDataset
 from topoclip.data.scene_batches import StepBatchSampler
-from topoclip.training.data import training_batches
+from topoclip.training.data import LOADER_BATCHES_IN_FLIGHT, prefetch_factor, training_batches
 from topoclip.transforms import Normalize, OPENAI_MEAN, OPENAI_STD, ToTensor, resized_crops
 
 from _tolerance import fp32_pair
@@ -45,3 +45,12 @@ def test_resuming_the_stream_gives_the_same_batches():
         batch = next(resumed)
         torch.testing.assert_close(batch.images, expected.images, atol=0, rtol=0)  # the same crops: exact
         assert batch.captions == expected.captions
+
+
+def test_more_loader_workers_queue_no_more_batches():
+    # Each queued item is a whole local batch (GBs at the paper's batch): 8 workers must not hold 4x what 2 did,
+    # and the CPU presets' 2 workers keep their prefetch of 4.
+    assert prefetch_factor(2) == 4
+    for workers in range(1, 33):
+        queued = workers * prefetch_factor(workers)
+        assert prefetch_factor(workers) >= 1 and LOADER_BATCHES_IN_FLIGHT <= queued < LOADER_BATCHES_IN_FLIGHT + workers

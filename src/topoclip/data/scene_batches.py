@@ -8,7 +8,7 @@ the fly by the workers instead.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -22,10 +22,11 @@ from topoclip.workers import start_worker
 SCENES_IN_MEMORY_BYTES = 2 * 1024**3
 
 
-def scene_batches(config, start_step: int, rank: int, world_size: int, loader_options: dict,
-                  **stream_options) -> Iterator[RawBatch]:
-    """This rank's RawBatches of the built-in scenes from `start_step` on (a scene batch carries its captions as
-    text: the trainer tokenizes them; `stream_options` are a stream's and do not apply)."""
+def scene_batches(config, start_step: int, rank: int, world_size: int, loader_options: dict, *, tokenizer=None,
+                  pin_memory: bool = False, stream: Optional[dict] = None) -> Iterator[RawBatch]:
+    """This rank's RawBatches of the built-in scenes from `start_step` on. The keywords are a stream's and do not
+    apply: a scene batch carries its captions as text (the trainer tokenizes them), sits in memory already and is
+    found again from the step."""
     data, train, vision = config.data, config.train, config.model.vision
     workers = train.num_workers
     scenes = SceneDataset(data.scenes, "train")
