@@ -545,13 +545,33 @@ def gpu_check_table(result: dict) -> str:
     ])
 
 
+def fsdp_memory_table(result: dict) -> str:
+    """benchmarks/fsdp_memory.py's launches: per-rank bytes of DDP and FSDP and the largest model a budget holds."""
+    gib, budget = 1024**3, result["budget_gib"]
+    first = result["launches"][0]
+    rows = [f"Measured: `{result['command']}` ({first['preset']}, {first['parameter_count'] / 1e6:.1f} M parameters, "
+            f"fp32 AdamW, one step of batch {first['batch']}) on {result['machine']}, torch {result['torch']}. GiB on "
+            "the rank that holds the most; the largest model counts parameters, gradients and AdamW state only "
+            "(activations and FSDP's gathered block come on top):", "",
+            f"| | processes | parameters | gradients | AdamW state | together | peak RSS | largest model in "
+            f"{budget:g} GiB per rank |", "|---|---|---|---|---|---|---|---|"]
+    for launch in result["launches"]:
+        held = max(launch["per_rank"], key=lambda rank: rank["parameters"] + rank["gradients"] + rank["optimizer"])
+        total = held["parameters"] + held["gradients"] + held["optimizer"]
+        largest = budget * gib / (total / launch["parameter_count"])
+        rows.append(f"| {launch['parallelism']} | {launch['world']} | {held['parameters'] / gib:.3f} | "
+                    f"{held['gradients'] / gib:.3f} | {held['optimizer'] / gib:.3f} | {total / gib:.3f} | "
+                    f"{held['peak_rss'] / gib:.2f} | {largest / 1e9:.1f} B parameters |")
+    return "\n".join(rows)
+
+
 RENDERERS = {"default-run": default_run_table, "compare": compare_table, "claims": claims_table,
              "claims-summary": claims_summary_table, "headline": headline_table,
              "experts": experts_table, "equilibrium": equilibrium_table,
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
              "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
              "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table,
-             "gpu-check": gpu_check_table}
+             "gpu-check": gpu_check_table, "fsdp-memory": fsdp_memory_table}
 
 
 def load_results(name: str):

@@ -1,11 +1,12 @@
 """Worker for tests/test_distributed.py, started by `python -m torch.distributed.run --nproc-per-node 2`.
 
-usage: _distributed_worker.py INPUTS.pt OUT_DIR
+usage: _distributed_worker.py INPUTS.pt OUT_DIR [ddp|fsdp]
 
 Each rank joins the gloo group through topoclip.distributed.init_distributed (torchrun's env),
-checks the collectives, then for every case in INPUTS wraps the same CLIP in DDP, takes its half of
-the global batch, runs forward_backward (twice) and writes the mean loss and its gradients (after
-DDP's all-reduce) to OUT_DIR/rank{r}.pt for the test to compare with a one-process run; and evaluates
+checks the collectives, then for every case in INPUTS wraps the same CLIP in DDP (or shards it with FSDP2, as
+train.parallelism=fsdp does), takes its half of the global batch, runs forward_backward (twice) and writes the
+mean loss, its gradients (after DDP's all-reduce; FSDP's shards put together), their global norm and whether the
+weights read as finite to OUT_DIR/rank{r}.pt for the test to compare with a one-process run; and evaluates
 zero-shot classification and retrieval, each rank embedding its share of an odd number of images.
 """
 import sys
@@ -25,7 +26,14 @@ from topoclip.model import CLIP  # noqa: E402
 from topoclip.tokenizer import TextBatch  # noqa: E402
 from topoclip.training.lock import apply_locks  # noqa: E402
 from topoclip.losses import loss_keywords  # noqa: E402
+from topoclip.training.guard import parameters_finite  # noqa: E402
+from topoclip.training.sharding import shard  # noqa: E402
 from topoclip.training.step import forward_backward  # noqa: E402
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A gradient as one process holds it: an FSDP shard's full tensor, else itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def check_collectives(rank: int, world: int) -> dict:
@@ -43,7 +51,7 @@ def check_collectives(rank: int, world: int) -> dict:
     }
 
 
-def main(inputs_path: str, out_dir: str) -> None:
+def main(inputs_path: str, out_dir: str, parallelism: str = "ddp") -> None:
     info = init_distributed("cpu")
     result = {"rank": info.rank, "local_rank": info.local_rank, "world_size": info.world_size,
               "device": str(info.device), "backend": dist.get_backend()}
@@ -59,7 +67,10 @@ def main(inputs_path: str, out_dir: str) -> None:
         model = CLIP(config.model)
         model.load_state_dict(case["state"])
         apply_locks(model, config.train)  # as the trainer: τ frozen for the losses without one
-        ddp = DistributedDataParallel(model)
+        if parallelism == "fsdp":
+            ddp = shard(model, "fp32")
+        else:
+            ddp = DistributedDataParallel(model)
         assert unwrap(ddp) is model
         # Two steps (no optimiser step between, so the same numbers): DDP raises on the second one
         # if the first left its reducer waiting for a gradient (e.g. τ's under no_sync).
@@ -69,24 +80,31 @@ def main(inputs_path: str, out_dir: str) -> None:
                                     accumulation_steps=case["accumulation_steps"], keywords=loss_keywords(config))
         mean_loss = torch.tensor(loss)
         dist.all_reduce(mean_loss)
+        trained = [p for p in model.parameters() if p.requires_grad]
         result["cases"][key] = {
             "loss": mean_loss.item() / info.world_size,
-            "grads": {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad},
+            "grads": {name: whole(p.grad).clone() for name, p in model.named_parameters() if p.requires_grad},
+            # the norm the trainer clips by: over every rank's gradients (FSDP: every shard), not this rank's
+            "grad_norm": float(whole(torch.nn.utils.clip_grad_norm_(trained, float("inf")))),
+            "finite": parameters_finite(model),
         }
-    result["evaluation"] = evaluation(inputs["evaluation"])
+    result["evaluation"] = evaluation(inputs["evaluation"], parallelism)
     torch.save(result, Path(out_dir) / f"rank{info.rank}.pt")
     barrier()
     cleanup()
 
 
-def evaluation(case: dict) -> dict:
-    """Zero-shot classification and retrieval, each rank embedding its share of the images in a decoding worker."""
+def evaluation(case: dict, parallelism: str) -> dict:
+    """Zero-shot classification and retrieval, each rank embedding its share of the images in a decoding worker
+    (a sharded model: every rank runs as many forwards, its share or not)."""
     from topoclip.evaluation.retrieval import evaluate_retrieval
     from topoclip.evaluation.zeroshot import evaluate_classification_modes
 
     from topoclip.evaluation.zeroshot import embed_images
 
     classification, retrieval, model, tokenizer, transform = evaluation_inputs(case)
+    if parallelism == "fsdp":
+        shard(model, "fp32")
     return {"classification": evaluate_classification_modes(model, tokenizer, classification, transform,
                                                              ["distance", "embedding"], batch_size=1, workers=1),
             "retrieval": evaluate_retrieval(model, tokenizer, retrieval, transform, batch_size=1, workers=1),
@@ -113,4 +131,4 @@ def evaluation_inputs(case: dict):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

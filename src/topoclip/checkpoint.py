@@ -51,15 +51,17 @@ def config_file(folder) -> Path:
 
 
 def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
-                    training_state: Optional[dict] = None) -> Path:
+                    training_state: Optional[dict] = None, weights: Optional[dict] = None) -> Path:
     """Write a checkpoint folder atomically (temporary folder + rename). Returns `path`.
 
+    weights: the model's state dict when `model.state_dict()` is not it (a sharded model's, gathered).
     Raises NonFiniteError (nothing written) when a weight holds inf/NaN, and DiskFullError (the
     temporary folder removed, any earlier checkpoint untouched) when the disk fills up.
     """
     path = Path(path)
     # safetensors refuses shared storage; clone to contiguous, independent tensors.
-    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    weights = model.state_dict() if weights is None else weights
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in weights.items()}
     broken = [name for name, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if broken:
         raise NonFiniteError(f"not writing checkpoint {path}: {len(broken)} of {len(state)} tensors hold inf/NaN "
@@ -205,11 +207,15 @@ def load_weights(model: CLIP, folder: Path) -> None:
 
     CheckpointError when the file cannot be read or does not fit the model (see check_weights_fit).
     """
-    check_weights_fit(folder, model.config)
+    model.load_state_dict(read_weights(folder, model.config, str(next(model.parameters()).device)))
+
+
+def read_weights(folder: Path, model_config, device: str = "cpu") -> dict:
+    """A checkpoint folder's safetensors weights, checked to fit a model of `model_config` (check_weights_fit)."""
+    check_weights_fit(folder, model_config)
     file = Path(folder) / WEIGHTS
     with _damaged_as_checkpoint_error(file):
-        weights = load_file(file, device=str(next(model.parameters()).device))
-    model.load_state_dict(weights)
+        return load_file(file, device=device)
 
 
 def load_tokenizer_from(folder: Path, text_config=None):

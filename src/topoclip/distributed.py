@@ -121,13 +121,13 @@ def launch_world_size() -> int:
     return _launch_counts()[2]
 
 
-def init_distributed(device: str = "auto") -> DistributedInfo:
+def init_distributed(device: str = "auto", group_of_one: bool = False) -> DistributedInfo:
     """Read the launcher's environment, pick the device, and join the process group.
 
     Backend nccl on CUDA, gloo otherwise. On CUDA the current device is set to this process's GPU
     (cuda:local_rank unless `device` names an index). With no launcher (WORLD_SIZE unset, no
-    multi-task srun) or a world of 1 no process group is created. Calling it again returns the
-    same answer without re-initialising.
+    multi-task srun) or a world of 1 no process group is created, unless `group_of_one` (FSDP shards over a
+    group, of one process too). Calling it again returns the same answer without re-initialising.
     """
     rank, local_rank, world_size = _launch_env()
     resolved = resolve_device(device, "train.device", local_rank)
@@ -137,6 +137,9 @@ def init_distributed(device: str = "auto") -> DistributedInfo:
         backend = "nccl" if resolved.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
                                 timeout=COLLECTIVE_TIMEOUT)
+    elif group_of_one and not is_initialized():  # a store in this process: no address, no port
+        backend = "nccl" if resolved.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     if is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistributedInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=resolved)
@@ -206,6 +209,14 @@ def gather_features(x: torch.Tensor) -> torch.Tensor:
         warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
         blocks = all_gather(x)  # world tensors (b, ...), differentiable
     return torch.cat(blocks, dim=0)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model`'s parameters are FSDP shards (DTensors: train.parallelism=fsdp). Every rank must then run
+    the model as many times as the others: each run gathers the shards from all of them."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
 def unwrap(model: nn.Module) -> nn.Module:

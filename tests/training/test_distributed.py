@@ -5,7 +5,6 @@ test compares each rank's mean loss and post-all-reduce gradients with a one-pro
 """
 import copy
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from topoclip.training.lock import apply_locks
 from topoclip.losses import loss_keywords
 from topoclip.training.step import forward_backward
 
+from _launch import free_port, launch_env
 from _tolerance import assert_fp32_close, model_roundings
 
 WORLD = 2
@@ -52,12 +52,6 @@ EVALUATION = {"images": torch.randint(0, 256, (7, 40, 48, 3), generator=_pixels,
               "state": CLIP(load_config("tiny").model).state_dict()}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def global_batch(config):
     generator = torch.Generator().manual_seed(1)
     size, length = config.vision.image_size, config.text.context_length
@@ -68,11 +62,11 @@ def global_batch(config):
     return images, TextBatch(ids.masked_fill(~mask, 0), mask)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """(models, images, text, results per rank) of one 2-process launch over every case."""
+@pytest.fixture(scope="module", params=["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def run(tmp_path_factory, request):
+    """(models, images, text, results per rank) of one 2-process launch over every case, under DDP or FSDP."""
     torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("ddp")
+    folder = tmp_path_factory.mktemp(request.param)
     models = {key: CLIP(load_config("tiny", overrides).model) for key, (_, _, overrides) in CASES.items()}
     images, text = global_batch(next(iter(models.values())).config)
     torch.save({
@@ -83,13 +77,10 @@ def run(tmp_path_factory):
         "evaluation": EVALUATION,
     }, folder / "inputs.pt")
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
-    env["OMP_NUM_THREADS"] = "1"
-    # gloo binds to the interface of the host name; pin loopback so a sandbox without DNS works.
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    env = launch_env()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORLD),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               str(WORKER), str(folder / "inputs.pt"), str(folder)]
+               str(WORKER), str(folder / "inputs.pt"), str(folder), request.param]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     results = [torch.load(folder / f"rank{r}.pt") for r in range(WORLD)]
@@ -139,6 +130,11 @@ def test_two_ranks_equal_one_process_on_the_global_batch(run, key):
         for name, grad in expected.items():
             assert grad.abs().max() > 0, f"{name}: zero gradient, the comparison would be vacuous"
             assert_fp32_close(case["grads"][name], grad, roundings, f"rank {rank}: {name}")
+        # The norm clipping uses: of the whole gradient (every rank's, every shard's). It is a sum of the squares
+        # the assertions above bound elementwise, so within the same fp32 bound of the float64 norm.
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()]))
+        assert_fp32_close(torch.tensor(case["grad_norm"]), norm, roundings, f"rank {rank}: gradient norm")
+        assert case["finite"] is True
 
 
 def test_two_ranks_evaluate_as_one_process(run):

@@ -5,10 +5,6 @@ local loss against the batch gathered from all ranks, two ranks take exactly the
 one process on the global batch: τ and the gradient norm logged by rank 0 equal a one-process run's.
 """
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -16,32 +12,14 @@ from topoclip.config import load_config
 from topoclip.training.logger import read_metrics
 from topoclip.training.trainer import train
 
+from _launch import torchrun
 from _tolerance import TINY, gamma, model_roundings
 
 WORLD = 2
-LAUNCH_TIMEOUT_S = 120
 SETTINGS = ["train.threads=1", "train.num_workers=0", "train.batch_size=8", "train.log_every=1",
             "train.checkpoint_every=1", "train.keep_checkpoints=10", "train.warmup_steps=1",
             "data.scenes.train_size=256", "data.scenes.val_size=16", "data.scenes.test_size=16",
             "evaluate.size=16", 'evaluate.template_modes=["distance"]', "evaluate.captions_per_image=2"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(cwd, *arguments: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
-    env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORLD),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "topoclip", "train",
-               *arguments, "--quiet"]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    return done
 
 
 def step_records(run_dir) -> list[dict]:

@@ -135,6 +135,9 @@ class TrainConfig:
     accumulation_steps: int = 1  # exact contrastive gradient accumulation (micro-batches per step)
     gradient_checkpointing: bool = False
     compile: bool = False
+    # How the processes torchrun starts share the model: "ddp" keeps a whole copy on each; "fsdp" shards weights,
+    # gradients and AdamW moments over them (PyTorch's FSDP2, per transformer block; topoclip.training.sharding).
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
     # fp32 matrix products on CUDA in TF32 (OpenCLIP's trainer does the same); false: bit-level fp32.
     allow_tf32: bool = True
     # torch's fused AdamW kernel where it exists (CUDA): one kernel for all weights, and a step skipped

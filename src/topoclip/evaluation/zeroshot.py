@@ -42,6 +42,7 @@ import torch.utils.data
 from tqdm.auto import tqdm
 
 from topoclip.data.types import ClassificationSet
+from topoclip.distributed import is_sharded
 from topoclip.evaluation.metrics import ClassificationAccumulator
 from topoclip.errors import UserError
 from topoclip.geometry import NORM_EPSILON, flatten, to_space
@@ -124,6 +125,10 @@ def image_embedding_batches(
         for pixels in _pixel_batches(images, image_transform, batch_size, start, stop, workers):
             blocks.append(model.encode_image(pixels.to(device)))
             progress.update(len(pixels))
+    if world > 1 and is_sharded(model):  # each forward gathers the shards from every rank: all run as many
+        size = model.config.vision.image_size
+        for _ in range(-(-per // batch_size) - len(blocks)):
+            model.encode_image(torch.zeros(1, 3, size, size, device=device))
     embeddings = torch.cat(blocks) if blocks else torch.zeros(0, *model.embedding_shape, device=device)  # (n_r, m, n)
     if world > 1:  # every rank's share, padded to `per` rows for the gather, in rank order
         padded = torch.cat([embeddings, embeddings.new_zeros(per - len(embeddings), *embeddings.shape[1:])])

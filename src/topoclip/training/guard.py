@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from topoclip.config import Config
+from topoclip.distributed import is_sharded
 from topoclip.errors import NonFiniteError
 from topoclip.run_folder import RunFolder
 from topoclip.training.step import nonfinite_anywhere
@@ -175,5 +176,14 @@ def parameters_finite(model: torch.nn.Module) -> bool:
     anyway, would also count as non-finite.
     """
     with torch.no_grad():
-        sums = torch.stack([p.sum(dtype=torch.float32) for p in model.parameters()])
-        return bool(torch.isfinite(sums.sum()))
+        # A sharded model's parameters (FSDP) are summed shard by shard on each rank, then across ranks: every
+        # rank gives the same answer.
+        sums = torch.stack([local(p).sum(dtype=torch.float32) for p in model.parameters()]).sum()
+        if is_sharded(model):
+            torch.distributed.all_reduce(sums)
+        return bool(torch.isfinite(sums))
+
+
+def local(parameter: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter: its shard when FSDP shards it, else the whole."""
+    return parameter.to_local() if hasattr(parameter, "to_local") else parameter

@@ -11,12 +11,14 @@ from typing import Optional
 
 import torch
 
-from topoclip.checkpoint import (STEP_PREFIX, TRAINING_STATE, checkpoint_step, load_training_state, load_weights, prune_checkpoints,
-                                 save_checkpoint, step_checkpoints)
+from topoclip.checkpoint import (STEP_PREFIX, TRAINING_STATE, checkpoint_step, load_training_state, load_weights,
+                                 prune_checkpoints, read_weights, save_checkpoint, step_checkpoints)
 from topoclip.data.quality import BadSampleCounter
-from topoclip.errors import CheckpointError, DiskFullError
 from topoclip.data.streams import StreamPosition
+from topoclip.distributed import is_sharded
+from topoclip.errors import CheckpointError, DiskFullError
 from topoclip.training.guard import parameters_finite
+from topoclip.training.sharding import full_state, load_full_optimizer, load_full_weights
 
 
 def rng_states() -> dict:
@@ -46,14 +48,23 @@ class TrainState:
         return {"step": step, "counter": BadSampleCounter(self.counter.kept, self.counter.bad), "rng": rng_states(),
                 "streams": streams}
 
-    def save(self, folder: Path, config, tokenizer, snapshot: dict, keep: int) -> None:
-        """Write checkpoint `snapshot["step"]` under `folder` (RUN/checkpoints), then delete all but the newest
-        `keep` (only once the new one is complete). A full disk is a DiskFullError that says what is intact."""
+    def gathered(self) -> tuple[dict, dict]:
+        """(weights, optimiser state) as one process's state_dict()s: what a checkpoint saves. A sharded model's are
+        gathered to rank 0 (a collective: every rank calls this)."""
+        if is_sharded(self.model):
+            return full_state(self.model, self.optimizer)
+        return self.model.state_dict(), self.optimizer.state_dict()
+
+    def save(self, folder: Path, config, tokenizer, snapshot: dict, keep: int, gathered: tuple[dict, dict]) -> None:
+        """Write checkpoint `snapshot["step"]` of the `gathered()` weights and optimiser state under `folder`
+        (RUN/checkpoints), then delete all but the newest `keep` (only once the new one is complete). A full disk
+        is a DiskFullError that says what is intact."""
         step = snapshot["step"]
         counter, streams = snapshot["counter"], snapshot["streams"]
+        weights, optimizer = gathered
         state = {
             "step": step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "rng": snapshot["rng"],
@@ -61,7 +72,7 @@ class TrainState:
             "data": {"step": step, **counter.as_dict(), **({"streams": streams} if streams is not None else {})},
         }
         try:
-            save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", self.model, config, tokenizer, state)
+            save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", self.model, config, tokenizer, state, weights)
         except DiskFullError as error:
             earlier = [path for path in step_checkpoints(folder) if checkpoint_step(path) < step]
             intact = (f"the previous checkpoint step {checkpoint_step(earlier[-1])} ({earlier[-1]}) is intact"
@@ -88,7 +99,10 @@ class TrainState:
     def restore_from(self, folder: Path) -> None:
         """Load weights and training state from one checkpoint folder. CheckpointError when the weights or the state
         cannot be read, or the weights are not finite."""
-        load_weights(self.model, folder)
+        if is_sharded(self.model):  # every rank reads the whole file and keeps its shards
+            load_full_weights(self.model, read_weights(folder, self.model.config))
+        else:
+            load_weights(self.model, folder)
         if not parameters_finite(self.model):
             raise CheckpointError(f"{folder} holds inf/NaN weights")
         state = load_training_state(folder)
@@ -104,7 +118,10 @@ class TrainState:
         # The hyperparameters follow the *current* config (a resume may change train.lr, weight decay,
         # steps): keep the ones the optimizer was just built with, and recompute this step's lr.
         current = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
-        optimizer.load_state_dict(state["optimizer"])
+        if is_sharded(self.model):
+            load_full_optimizer(self.model, optimizer, state["optimizer"])
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         for group, settings in zip(optimizer.param_groups, current):
             group.update(settings)
         scheduler.load_state_dict(state["scheduler"])

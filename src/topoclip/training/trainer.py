@@ -46,6 +46,7 @@ from topoclip.training.data import prefetch_to_device, training_batches
 from topoclip.training.logger import MetricsLogger
 from topoclip.training.optim import build_optimizer, build_scheduler
 from topoclip.training.resume import finish_leftovers, finished, require_fitting_checkpoint, resume_config
+from topoclip.training.sharding import shard
 from topoclip.training.state import TrainState
 from topoclip.atomic import write_text_atomic
 from topoclip.run_folder import RunFolder, claim_run_folder
@@ -97,7 +98,7 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
                 print(note)
             return run_dir
     train_config = config.train
-    info = init_distributed(train_config.device)
+    info = init_distributed(train_config.device, group_of_one=train_config.parallelism == "fsdp")
     try:
         with process_settings(train_config.threads, train_config.allow_tf32 if info.device.type == "cuda" else None):
             return _train(config, run_dir, resume is not None, info, progress)
@@ -188,7 +189,7 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
     if resuming:
         position, resumed_stream = restore(state, config, folder, found, info)
     trained = state.model
-    if info.world_size > 1:
+    if info.world_size > 1 and settings.parallelism == "ddp":
         trained = torch.nn.parallel.DistributedDataParallel(
             state.model, device_ids=[device.index] if device.type == "cuda" else None)
     if settings.compile:
@@ -209,6 +210,8 @@ def build_state(config: Config, device: torch.device, initialise: bool) -> Train
     if settings.gradient_checkpointing:
         model.set_gradient_checkpointing(True)
     apply_locks(model, settings)  # before the optimiser: locked weights are left out of it
+    if settings.parallelism == "fsdp":  # before the optimiser too: it holds the shards
+        shard(model, settings.precision)
     optimizer = build_optimizer(model, settings)
     scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
     return TrainState(model, optimizer, build_scheduler(optimizer, settings), scaler)
@@ -264,8 +267,7 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
         verdict = guard.judge(model, loss, done, reads_due=checkpoint_due or evaluation_due
                               or done % settings.log_every == 0)
         if verdict.vouched is not None:  # the checkpoint held at the last step: its weights gave a finite loss
-            on_main(main, lambda: state.save(run.folder.checkpoints, config, run.tokenizer, verdict.vouched,
-                                             settings.keep_checkpoints))
+            save(run, verdict.vouched)
         grad_norm = update(state, guard, verdict, settings.grad_clip, done)
         advance_schedule(state.scheduler)
         window_images += settings.batch_size
@@ -289,13 +291,19 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
                 guard.hold(snapshot)
             else:
                 guard.vouch_last(batch_loss(model, images, text, loss_name, settings.precision, keywords), done)
-                on_main(main, lambda: state.save(run.folder.checkpoints, config, run.tokenizer, snapshot,
-                                                 settings.keep_checkpoints))
+                save(run, snapshot)
         # Kept from the first trainer: every rank waits for the others at the end of each step. DDP's all-reduce
         # and the guards' already synchronise the ranks, so this costs only time; removing it is left for a
         # measurement on GPUs.
         barrier()
     bar.close()
+
+
+def save(run: Run, snapshot: dict) -> None:
+    """Checkpoint `snapshot` of the run's state: gathered on every rank (FSDP's shards), written by rank 0."""
+    gathered = run.state.gathered()
+    on_main(run.main, lambda: run.state.save(run.folder.checkpoints, run.config, run.tokenizer, snapshot,
+                                             run.config.train.keep_checkpoints, gathered))
 
 
 def update(state: TrainState, guard: StepGuard, verdict, grad_clip: float, step: int) -> float:

@@ -1,0 +1,33 @@
+"""Starting `topoclip train` under torchrun from a test: 2 (or N) gloo processes on the CPU, on loopback."""
+import os
+import socket
+import subprocess
+import sys
+
+LAUNCH_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env() -> dict:
+    """This process's environment without a launcher's variables; one thread; gloo on loopback (a sandbox without
+    DNS cannot resolve the host name gloo binds to otherwise)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    return env
+
+
+def torchrun(cwd, *arguments: str, world: int = 2) -> subprocess.CompletedProcess:
+    """`topoclip train ARGUMENTS --quiet` in `world` processes; fails the test with the output when it fails."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "topoclip", "train",
+               *arguments, "--quiet"]
+    done = subprocess.run(command, cwd=cwd, env=launch_env(), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return done
