@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -77,13 +76,11 @@ def worker(args) -> None:
 
 def launch(args, parallelism: str, world: int) -> dict:
     """One torchrun launch of `world` worker processes; their figures."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))}
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
-               "--master-addr", "127.0.0.1", "--master-port", str(port), __file__, "--worker",
+    # --standalone: a rendezvous on a port the launcher picks itself (no race with another launch for a free port)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), __file__,
+               "--worker",
                "--parallelism", parallelism, "--preset", args.preset, "--batch", str(args.batch),
                *[part for setting in args.set for part in ("--set", setting)]]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)

@@ -38,6 +38,7 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 TOKENIZER = SAVED_FILE_NAME
 TRAINING_STATE = "training_state.pt"
+OPTIMIZER_SHARDS = "optimizer"  # a sharded run's optimiser state: one safetensors file a rank (training.sharding)
 # A run keeps its step checkpoints in RUN/CHECKPOINTS/STEP_PREFIX + the step in six digits (topoclip.run_folder).
 CHECKPOINTS = "checkpoints"
 STEP_PREFIX = "step-"
@@ -51,10 +52,13 @@ def config_file(folder) -> Path:
 
 
 def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
-                    training_state: Optional[dict] = None, weights: Optional[dict] = None) -> Path:
+                    training_state: Optional[dict] = None, weights: Optional[dict] = None,
+                    folders: Optional[dict[str, Path]] = None) -> Path:
     """Write a checkpoint folder atomically (temporary folder + rename). Returns `path`.
 
     weights: the model's state dict when `model.state_dict()` is not it (a sharded model's, gathered).
+    folders: {name: folder} moved into the checkpoint before the rename (written by every rank: the optimiser's
+        shards); removed with the rest when the save fails.
     Raises NonFiniteError (nothing written) when a weight holds inf/NaN, and DiskFullError (the
     temporary folder removed, any earlier checkpoint untouched) when the disk fills up.
     """
@@ -64,6 +68,8 @@ def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in weights.items()}
     broken = [name for name, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if broken:
+        for folder in (folders or {}).values():
+            shutil.rmtree(folder, ignore_errors=True)
         raise NonFiniteError(f"not writing checkpoint {path}: {len(broken)} of {len(state)} tensors hold inf/NaN "
                              f"({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''})")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,8 +83,12 @@ def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
         if training_state is not None:
             with open(temporary / TRAINING_STATE, "wb", buffering=0) as handle:
                 torch.save(training_state, _WholeWrites(handle))
+        for name, folder in (folders or {}).items():
+            os.replace(folder, temporary / name)
     except (OSError, RuntimeError, SafetensorError) as error:
         shutil.rmtree(temporary, ignore_errors=True)  # frees the space the partial files took
+        for folder in (folders or {}).values():
+            shutil.rmtree(folder, ignore_errors=True)
         if is_disk_full(error):
             raise DiskFullError(f"no space left on {path.parent} while writing checkpoint {path.name}",
                                 path.parent) from error

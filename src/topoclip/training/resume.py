@@ -21,6 +21,7 @@ RESUMABLE_SETTINGS = ("name", "train.steps", "train.lr", "train.warmup_steps", "
                       "train.grad_clip", "train.log_every", "train.eval_every", "train.checkpoint_every",
                       "train.keep_checkpoints", "train.device", "train.threads", "train.num_workers",
                       "train.precision", "train.compile", "train.gradient_checkpointing", "train.accumulation_steps",
+                      "train.parallelism",
                       "train.allow_tf32", "train.fused_optimizer", "train.report_to",
                       "model.temperature.max_scale", "data.max_bad_fraction", "evaluate.*")
 

@@ -9,16 +9,23 @@ The temperature's scalars (t, and the sigmoid loss's bias) stay whole on every r
 refuses 0-d parameters. Their gradients are averaged across ranks by a hook, as FSDP's reduce-scatter averages the
 rest (and DDP's all-reduce everything).
 
-Checkpoints stay one process's files (model.safetensors, and training_state.pt with the optimiser state keyed by
-parameter index, as torch's own state_dict): `full_state` gathers them to rank 0, `load_full_state` shards them
-again on any number of ranks, so a run resumes on another world size, or under DDP, unchanged.
+A checkpoint keeps the model as one process's file (model.safetensors, gathered to rank 0 by `full_weights`), so
+`load`, `eval`, `export` and `push` read it as any other; the optimiser state, twice the weights, stays sharded:
+every rank writes its shards with torch.distributed.checkpoint as safetensors (`save_optimizer_shards`; their
+offsets in the files' headers, so reading them unpickles nothing), and `load_optimizer_shards` reshards them for
+the ranks of the resumed run, however many, or whole for an unsharded one. A checkpoint of an unsharded run (the
+optimiser state whole in training_state.pt) loads into a sharded one too (`load_full_weights`,
+`load_full_optimizer`).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from topoclip.errors import CheckpointError
 from topoclip.transformer import Block
 
 # Low-precision training gathers bf16/fp16 weights (half the traffic) and reduces gradients in fp32; the loss and
@@ -53,23 +60,68 @@ def shard(model: nn.Module, precision: str) -> nn.Module:
     return model
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """(model state, optimiser state) of a sharded model as one process's `state_dict()`s, on the CPU of rank 0
-    (other ranks get empty dicts). A collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+def full_weights(model: nn.Module) -> dict:
+    """A sharded model's weights as one process's `state_dict()`, on the CPU of rank 0 (other ranks get an empty
+    dict). A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=options)
-    by_name = get_optimizer_state_dict(model, optimizer, options=options)
-    if not by_name:
-        return weights, {}
-    # torch numbers an optimiser's parameters in group order; the sharded state names them instead.
-    index = {name: number for number, name in enumerate(name for group in by_name["param_groups"]
-                                                          for name in group["params"])}
-    return weights, {"state": {index[name]: values for name, values in by_name["state"].items()},
-                     "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
-                                      for group in by_name["param_groups"]]}
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_entries(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, list]:
+    """({"<parameter>.<moment>": this rank's shard, ...}, the parameter groups, which name their parameters) of
+    the optimiser's state; zeros where it has taken no step yet (torch initialises them)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    by_name = get_optimizer_state_dict(model, optimizer)
+    entries = {f"{name}.{key}": value for name, values in by_name["state"].items() for key, value in values.items()}
+    return entries, by_name["param_groups"]
+
+
+def save_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> list:
+    """Every rank writes its shards of the optimiser state into `folder`, one safetensors file a rank (a
+    collective); returns the parameter groups, which training_state.pt keeps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    entries, groups = optimizer_entries(model, optimizer)
+    dcp.save(entries, storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True))
+    return groups
+
+
+def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, groups: list) -> None:
+    """The optimiser state of `folder` (save_optimizer_shards, any number of ranks) into `optimizer`, cut to this
+    run's shards (whole for an unsharded model). CheckpointError when the files do not hold this model's moments,
+    or hold inf/NaN."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    entries, _ = optimizer_entries(model, optimizer)
+    try:
+        dcp.load(entries, storage_reader=HuggingFaceStorageReader(str(folder)))
+    except (Exception, CheckpointException) as error:  # on every rank; CheckpointException is a BaseException
+        raise CheckpointError(f"{folder}: the optimiser's shards do not fit this model ({type(error).__name__}: "
+                              f"{str(error).strip().splitlines()[-1][:160] if str(error).strip() else ''})") from None
+    state: dict[str, dict] = {}
+    for key, value in entries.items():
+        name, _, moment = key.rpartition(".")
+        state.setdefault(name, {})[moment] = value
+    if not all_finite(entries.values()):
+        raise CheckpointError(f"{folder}: the optimiser's shards hold inf/NaN")
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=StateDictOptions())
+
+
+def all_finite(tensors) -> bool:
+    """Whether every tensor is finite on every rank (each checks its shards; one all-reduce)."""
+    flags = [torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in tensors
+             if t.is_floating_point()]
+    bad = torch.tensor(float(not all(bool(flag) for flag in flags)))
+    if dist.is_initialized():
+        dist.all_reduce(bad)
+    return not bool(bad)
 
 
 def load_full_weights(model: nn.Module, weights: dict) -> None:

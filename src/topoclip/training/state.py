@@ -1,7 +1,8 @@
 """A run's training state as one object (`TrainState`): the model, its optimiser, lr schedule and loss scaler, the
 data counts, the step and this rank's stream position. A step checkpoint saves it (weights as safetensors, the
 rest in training_state.pt) and a resume restores it from the newest checkpoint that loads, checked before use.
-Only rank 0 writes; every rank restores from the same checkpoint."""
+Rank 0 writes, except a sharded run's optimiser state, which every rank writes its shards of (training.sharding);
+every rank restores from the same checkpoint."""
 from __future__ import annotations
 
 import sys
@@ -11,14 +12,16 @@ from typing import Optional
 
 import torch
 
-from topoclip.checkpoint import (STEP_PREFIX, TRAINING_STATE, checkpoint_step, load_training_state, load_weights,
-                                 prune_checkpoints, read_weights, save_checkpoint, step_checkpoints)
+from topoclip.atomic import scratch_name
+from topoclip.checkpoint import (OPTIMIZER_SHARDS, STEP_PREFIX, TRAINING_STATE, checkpoint_step, load_training_state,
+                                 load_weights, prune_checkpoints, read_weights, save_checkpoint, step_checkpoints)
 from topoclip.data.quality import BadSampleCounter
 from topoclip.data.streams import StreamPosition
-from topoclip.distributed import is_sharded
+from topoclip.distributed import broadcast_object, is_sharded
 from topoclip.errors import CheckpointError, DiskFullError
 from topoclip.training.guard import parameters_finite
-from topoclip.training.sharding import full_state, load_full_optimizer, load_full_weights
+from topoclip.training.sharding import (full_weights, load_full_optimizer, load_full_weights, load_optimizer_shards,
+                                        save_optimizer_shards)
 
 
 def rng_states() -> dict:
@@ -48,20 +51,29 @@ class TrainState:
         return {"step": step, "counter": BadSampleCounter(self.counter.kept, self.counter.bad), "rng": rng_states(),
                 "streams": streams}
 
-    def gathered(self) -> tuple[dict, dict]:
-        """(weights, optimiser state) as one process's state_dict()s: what a checkpoint saves. A sharded model's are
-        gathered to rank 0 (a collective: every rank calls this)."""
-        if is_sharded(self.model):
-            return full_state(self.model, self.optimizer)
-        return self.model.state_dict(), self.optimizer.state_dict()
+    def gathered(self, folder: Path, step: int, main: bool) -> tuple[dict, dict, Optional[Path]]:
+        """(weights, optimiser state, its shards' folder or None) of a checkpoint of `step` under `folder`, made on
+        every rank. An unsharded run's are its state_dict()s. A sharded run's weights are gathered to rank 0 and
+        every rank writes its shards of the optimiser state into a new scratch folder (collectives: every rank calls
+        this); the optimiser state is then the parameter groups and where the shards are."""
+        if not is_sharded(self.model):
+            return self.model.state_dict(), self.optimizer.state_dict(), None
+        weights = full_weights(self.model)
+        shards = scratch_name(folder / f"{STEP_PREFIX}{step:06d}") if main else None
+        if main:
+            shards.mkdir(parents=True)
+        shards = Path(broadcast_object(str(shards) if main else None))
+        groups = save_optimizer_shards(self.model, self.optimizer, shards)
+        return weights, {"param_groups": groups, "shards": OPTIMIZER_SHARDS}, shards
 
-    def save(self, folder: Path, config, tokenizer, snapshot: dict, keep: int, gathered: tuple[dict, dict]) -> None:
+    def save(self, folder: Path, config, tokenizer, snapshot: dict, keep: int,
+             gathered: tuple[dict, dict, Optional[Path]]) -> None:
         """Write checkpoint `snapshot["step"]` of the `gathered()` weights and optimiser state under `folder`
         (RUN/checkpoints), then delete all but the newest `keep` (only once the new one is complete). A full disk
         is a DiskFullError that says what is intact."""
         step = snapshot["step"]
         counter, streams = snapshot["counter"], snapshot["streams"]
-        weights, optimizer = gathered
+        weights, optimizer, shards = gathered
         state = {
             "step": step,
             "optimizer": optimizer,
@@ -72,7 +84,8 @@ class TrainState:
             "data": {"step": step, **counter.as_dict(), **({"streams": streams} if streams is not None else {})},
         }
         try:
-            save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", self.model, config, tokenizer, state, weights)
+            save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", self.model, config, tokenizer, state, weights,
+                            {OPTIMIZER_SHARDS: shards} if shards is not None else None)
         except DiskFullError as error:
             earlier = [path for path in step_checkpoints(folder) if checkpoint_step(path) < step]
             intact = (f"the previous checkpoint step {checkpoint_step(earlier[-1])} ({earlier[-1]}) is intact"
@@ -108,17 +121,22 @@ class TrainState:
         state = load_training_state(folder)
         check_training_state(state, self.optimizer, folder)
         try:
-            self._apply(state)
+            self._apply(state, folder)
+        except CheckpointError:
+            raise
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as error:  # unforeseen
             raise CheckpointError(f"{folder / TRAINING_STATE} does not fit this run ({type(error).__name__}: "
                                   f"{str(error)[:120]})") from None
 
-    def _apply(self, state: dict) -> None:
+    def _apply(self, state: dict, folder: Path) -> None:
         optimizer, scheduler = self.optimizer, self.scheduler
         # The hyperparameters follow the *current* config (a resume may change train.lr, weight decay,
         # steps): keep the ones the optimizer was just built with, and recompute this step's lr.
         current = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
-        if is_sharded(self.model):
+        if "shards" in state["optimizer"]:  # a sharded run's: every rank reads what its own shards need
+            load_optimizer_shards(self.model, optimizer, folder / OPTIMIZER_SHARDS,
+                                  state["optimizer"]["param_groups"])
+        elif is_sharded(self.model):
             load_full_optimizer(self.model, optimizer, state["optimizer"])
         else:
             optimizer.load_state_dict(state["optimizer"])
@@ -157,6 +175,11 @@ def check_training_state(state, optimizer, folder: Path) -> None:
             isinstance(group, dict) and isinstance(group.get("params"), list) and len(group["params"]) == len(current["params"])
             for group, current in zip(saved, groups)):
         raise bad(f"its optimizer has other parameter groups than this model's {len(groups)}")
+    if state["optimizer"].get("shards") == OPTIMIZER_SHARDS:  # the moments are checked as they load from the shards
+        if not (folder / OPTIMIZER_SHARDS).is_dir():
+            raise bad(f"its optimizer state is sharded but {folder / OPTIMIZER_SHARDS} is missing")
+        check_rest(state, folder)
+        return
     parameters = {index: parameter for group, current in zip(saved, groups)
                   for index, parameter in zip(group["params"], current["params"])}
     moments = state["optimizer"].get("state")
@@ -170,6 +193,14 @@ def check_training_state(state, optimizer, folder: Path) -> None:
                 raise bad(f"its optimizer's {name} of parameter {index} does not have the parameter's shape")
             if value.is_floating_point() and not torch.isfinite(value).all():  # bit rot: zip CRCs are not checked
                 raise bad(f"its optimizer's {name} of parameter {index} holds inf/NaN")
+    check_rest(state, folder)
+
+
+def check_rest(state: dict, folder: Path) -> None:
+    """check_training_state's checks of the RNG states, the data counts and the stream positions."""
+    def bad(what: str):
+        return CheckpointError(f"{folder / TRAINING_STATE}: {what}; the file is damaged or from another run")
+
     rng, data = state["rng"], state["data"]
     if not isinstance(rng.get("torch"), torch.Tensor) or rng["torch"].dtype != torch.uint8 or not isinstance(
             rng.get("cuda"), list):

@@ -300,8 +300,9 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
 
 
 def save(run: Run, snapshot: dict) -> None:
-    """Checkpoint `snapshot` of the run's state: gathered on every rank (FSDP's shards), written by rank 0."""
-    gathered = run.state.gathered()
+    """Checkpoint `snapshot` of the run's state: made on every rank (FSDP gathers the weights and writes the
+    optimiser's shards), the rest written by rank 0."""
+    gathered = run.state.gathered(run.folder.checkpoints, snapshot["step"], run.main)
     on_main(run.main, lambda: run.state.save(run.folder.checkpoints, run.config, run.tokenizer, snapshot,
                                              run.config.train.keep_checkpoints, gathered))
 
