@@ -35,7 +35,7 @@ def worker(args) -> None:
     import torch
 
     from topoclip.config import load_config
-    from topoclip.distributed import cleanup, gather_objects, init_distributed
+    from topoclip.distributed import barrier, cleanup, gather_objects, init_distributed
     from topoclip.training.step import forward_backward_loss, optimizer_step
     from topoclip.training.trainer import build_state
     from topoclip.tokenizer import TextBatch
@@ -71,6 +71,7 @@ def worker(args) -> None:
         print(json.dumps({"benchmark": "fsdp_memory", "preset": args.preset, "parallelism": args.parallelism,
                           "world": info.world_size, "batch": args.batch, "parameter_count": count,
                           "per_rank": everyone}), flush=True)
+    barrier()  # every rank leaves together: a gloo group destroyed under a rank still printing can abort it
     cleanup()
 
 

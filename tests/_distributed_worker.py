@@ -68,7 +68,7 @@ def main(inputs_path: str, out_dir: str, parallelism: str = "ddp") -> None:
         model.load_state_dict(case["state"])
         apply_locks(model, config.train)  # as the trainer: τ frozen for the losses without one
         if parallelism == "fsdp":
-            ddp = shard(model, "fp32")
+            ddp = shard(model)
         else:
             ddp = DistributedDataParallel(model)
         assert unwrap(ddp) is model
@@ -104,7 +104,7 @@ def evaluation(case: dict, parallelism: str) -> dict:
 
     classification, retrieval, model, tokenizer, transform = evaluation_inputs(case)
     if parallelism == "fsdp":
-        shard(model, "fp32")
+        shard(model)
     return {"classification": evaluate_classification_modes(model, tokenizer, classification, transform,
                                                              ["distance", "embedding"], batch_size=1, workers=1),
             "retrieval": evaluate_retrieval(model, tokenizer, retrieval, transform, batch_size=1, workers=1),

@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 
 # Descriptors of the run-folder locks this process holds (topoclip.run_folder adds and removes them).
 HELD_LOCKS: set[int] = set()
@@ -33,3 +34,15 @@ def start_worker(*_) -> None:
             return
         if os.getppid() != parent:  # the parent ended before prctl took effect
             os._exit(0)
+
+
+def settle_before_fork(timeout: float = 0.05) -> None:
+    """Before a new DataLoader forks its workers: let the queue feeder threads of the last one end first.
+
+    On CPython before the fix of gh-112275 (3.11.7 here and in CI) a fork while another thread is ending can leave
+    the child waiting forever on the runtime's head lock, copied held. A DataLoader's feeder threads end just after
+    it shuts down, so the next one's fork raced them: seen as a hung final evaluation, which runs one DataLoader
+    per set. Joining them (each at most `timeout` s; a live queue's feeder costs that wait) closes that window."""
+    for thread in threading.enumerate():
+        if thread.name == "QueueFeederThread" and thread is not threading.current_thread():
+            thread.join(timeout)

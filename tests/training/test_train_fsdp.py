@@ -158,3 +158,18 @@ def test_twenty_sharded_steps_equal_ddps_and_a_killed_run_continues_them_on_one_
     resumed = {r["step"]: r["loss"] for r in step_records(killed)}
     for step in range(11, 21):
         assert resumed[step] == pytest.approx(fsdp[step], rel=step * bound), step
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_before_the_first_update_resumes(tmp_path):
+    # fp16's loss scaler skips the first steps (overflow at scale 2^16), so their checkpoints hold an optimiser that
+    # has taken no step: nothing to shard. Resuming from one must work, as under DDP, and not step the optimiser.
+    run = tmp_path / "run"
+    one_process(tmp_path, "--preset", "tiny", *flags(FSDP + ["train.steps=4", "train.precision=fp16"]), "--out", str(run))
+    assert not (run / "checkpoints" / "step-000001" / "optimizer").exists()
+    for late in ("step-000002", "step-000003", "step-000004"):
+        subprocess.run(["rm", "-r", str(run / "checkpoints" / late)], check=True)
+    (run / "eval.json").unlink()
+    done = subprocess.run([sys.executable, "-m", "topoclip", "train", "--resume", str(run)], cwd=tmp_path,
+                          env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "resuming from step-000001" in done.stdout, done.stderr[-3000:]

@@ -15,6 +15,7 @@ from topoclip.data.batch import RawBatch
 from topoclip.data.quality import DataQualityError
 from topoclip.errors import ConfigError
 from topoclip.transforms import train_transform
+from topoclip.workers import settle_before_fork
 
 
 def stream_batches(open_stream: Callable, config, start_step: int, rank: int, world_size: int, loader_options: dict,
@@ -38,6 +39,7 @@ def stream_batches(open_stream: Callable, config, start_step: int, rank: int, wo
     carried = RawBatch(torch.empty(0, 3, 0, 0), [], {})
     while True:
         dataset.set_epoch(epoch, resumed, first)
+        settle_before_fork()  # the last epoch's loader just shut down
         loader = DataLoader(dataset, batch_size=None, pin_memory=pin_memory,
                             **{**loader_options, "persistent_workers": False})
         produced = False

@@ -46,7 +46,7 @@ from topoclip.distributed import is_sharded
 from topoclip.evaluation.metrics import ClassificationAccumulator
 from topoclip.errors import UserError
 from topoclip.geometry import NORM_EPSILON, flatten, to_space
-from topoclip.workers import start_worker
+from topoclip.workers import settle_before_fork, start_worker
 
 # The template modes (see the module docstring): whose averaging each is; "flat" needs a topology with a flat form.
 TEMPLATE_MODES = {"distance": "the paper's", "embedding": "CLIP's", "flat": "CLIP_benchmark's"}
@@ -87,6 +87,7 @@ def _pixel_batches(images: Sequence, image_transform, batch_size: int, first: in
     """(B, 3, H, W) batches of images[first:stop] in order."""
     pixels = _Transformed(images, image_transform, first, stop)
     if workers and not isinstance(images, np.ndarray):
+        settle_before_fork()
         yield from torch.utils.data.DataLoader(pixels, batch_size=batch_size, num_workers=workers,
                                                worker_init_fn=start_worker)
         return

@@ -28,24 +28,23 @@ from torch import nn
 from topoclip.errors import CheckpointError
 from topoclip.transformer import Block
 
-# Low-precision training gathers bf16/fp16 weights (half the traffic) and reduces gradients in fp32; the loss and
-# the similarities are fp32 whatever the weights (topoclip.losses), as under autocast.
-PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def shard(model: nn.Module, precision: str) -> nn.Module:
+def shard(model: nn.Module) -> nn.Module:
     """`model` (a CLIP) sharded in place over the default process group; returns it. Apply before the optimiser is
     built (it must see the sharded parameters) and after locking (locked weights are sharded too, and have no
-    optimiser state)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    optimiser state).
 
-    policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES.get(precision), reduce_dtype=torch.float32)
+    The gathered weights are fp32, as the master weights: under bf16/fp16 the trainer's autocast casts them op by op
+    exactly as under DDP (LayerNorm, embeddings and the residual stream stay fp32; similarities and the loss are
+    fp32). FSDP2's bf16 gathers would halve the traffic but round those too (measured: fp16 then skips twice as
+    many steps), so they are not used."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
     for block in [module for module in model.modules() if isinstance(module, Block)]:
-        fully_shard(block, mp_policy=policy)
+        fully_shard(block)
     for tower in (model.visual, model.text):
-        fully_shard(tower, mp_policy=policy)
+        fully_shard(tower)
     whole = {parameter for parameter in model.parameters() if parameter.dim() == 0}
-    fully_shard(model, mp_policy=policy, ignored_params=whole)
+    fully_shard(model, ignored_params=whole)
     for method in ("encode_image", "encode_text"):  # evaluation calls these, not forward: gather for them too
         register_fsdp_forward_method(model, method)
     world = dist.get_world_size()
@@ -109,16 +108,17 @@ def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, fo
     for key, value in entries.items():
         name, _, moment = key.rpartition(".")
         state.setdefault(name, {})[moment] = value
-    if not all_finite(entries.values()):
+    if not all_finite(entries.values(), next(model.parameters()).device):
         raise CheckpointError(f"{folder}: the optimiser's shards hold inf/NaN")
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=StateDictOptions())
 
 
-def all_finite(tensors) -> bool:
-    """Whether every tensor is finite on every rank (each checks its shards; one all-reduce)."""
-    flags = [torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in tensors
+def all_finite(tensors, device: torch.device) -> bool:
+    """Whether every tensor is finite on every rank (each checks its shards; one all-reduce, on `device`: nccl
+    reduces CUDA tensors only)."""
+    flags = [torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device) for t in tensors
              if t.is_floating_point()]
-    bad = torch.tensor(float(not all(bool(flag) for flag in flags)))
+    bad = (~torch.stack(flags).all()).float() if flags else torch.zeros((), device=device)
     if dist.is_initialized():
         dist.all_reduce(bad)
     return not bool(bad)

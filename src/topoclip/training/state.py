@@ -5,6 +5,7 @@ Rank 0 writes, except a sharded run's optimiser state, which every rank writes i
 every rank restores from the same checkpoint."""
 from __future__ import annotations
 
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,12 +60,29 @@ class TrainState:
         if not is_sharded(self.model):
             return self.model.state_dict(), self.optimizer.state_dict(), None
         weights = full_weights(self.model)
-        shards = scratch_name(folder / f"{STEP_PREFIX}{step:06d}") if main else None
+        if not self.optimizer.state:  # before the first update: nothing to shard (torch would take a step to make it)
+            return weights, self.optimizer.state_dict(), None
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        shards, failure = None, None
         if main:
-            shards.mkdir(parents=True)
-        shards = Path(broadcast_object(str(shards) if main else None))
-        groups = save_optimizer_shards(self.model, self.optimizer, shards)
-        return weights, {"param_groups": groups, "shards": OPTIMIZER_SHARDS}, shards
+            shards = scratch_name(folder / f"{STEP_PREFIX}{step:06d}")
+            try:
+                shards.mkdir(parents=True)
+            except OSError as error:
+                failure = f"{shards}: {error.strerror or error}"
+        shards, failure = broadcast_object((str(shards) if main else None, failure))  # every rank stops, or none
+        try:
+            if failure:
+                raise CheckpointError(failure)
+            groups = save_optimizer_shards(self.model, self.optimizer, Path(shards))
+        except (Exception, CheckpointException) as error:  # torch.distributed.checkpoint raises on every rank
+            if main and shards:
+                shutil.rmtree(shards, ignore_errors=True)
+            last = str(error).strip().splitlines()[-1][:200] if str(error).strip() else type(error).__name__
+            raise CheckpointError(f"cannot write the optimiser's shards of checkpoint step {step} ({last}); the "
+                                  f"checkpoints before it are intact; free space or fix {folder} and resume") from None
+        return weights, {"param_groups": groups, "shards": OPTIMIZER_SHARDS}, Path(shards)
 
     def save(self, folder: Path, config, tokenizer, snapshot: dict, keep: int,
              gathered: tuple[dict, dict, Optional[Path]]) -> None:
@@ -136,6 +154,8 @@ class TrainState:
         if "shards" in state["optimizer"]:  # a sharded run's: every rank reads what its own shards need
             load_optimizer_shards(self.model, optimizer, folder / OPTIMIZER_SHARDS,
                                   state["optimizer"]["param_groups"])
+        elif not state["optimizer"]["state"]:
+            pass  # saved before the first update: the fresh optimiser is that state
         elif is_sharded(self.model):
             load_full_optimizer(self.model, optimizer, state["optimizer"])
         else:

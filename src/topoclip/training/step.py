@@ -145,14 +145,13 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
     cached_text = torch.cat([out.text_embeds for out in cached])
     del cached
 
-    # Pass 2: micro-batch j live, the rest cached; DDP all-reduces (FSDP reduce-scatters) only on the last backward.
+    # Pass 2: micro-batch j live, the rest cached; DDP all-reduces only on the last backward. FSDP reduce-scatters
+    # every micro-batch's gradient: the sum of the averages is the average of the sums, and the gradient stays
+    # sharded (skipping the sync would hold the whole gradient on every rank between micro-batches).
     no_sync = getattr(model, "no_sync", None)  # DDP (also reached through a torch.compile wrapper)
-    gradient_sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
     loss = None
     for j, (lo, hi) in enumerate(bounds):
         last = j == accumulation_steps - 1
-        if gradient_sync is not None:
-            gradient_sync(last)
         with (no_sync() if no_sync is not None and not last else contextlib.nullcontext()):
             with autocast_context(precision, device_type):
                 out = model(images[lo:hi], text[lo:hi])

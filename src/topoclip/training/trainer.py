@@ -38,7 +38,7 @@ from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_
 from topoclip.data.sources import get_source
 from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects,
                                   init_distributed, sum_across_ranks)
-from topoclip.errors import UserError, require_device
+from topoclip.errors import CheckpointError, UserError, require_device
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 from topoclip.data.streams import StreamPosition
@@ -211,7 +211,7 @@ def build_state(config: Config, device: torch.device, initialise: bool) -> Train
         model.set_gradient_checkpointing(True)
     apply_locks(model, settings)  # before the optimiser: locked weights are left out of it
     if settings.parallelism == "fsdp":  # before the optimiser too: it holds the shards
-        shard(model, settings.precision)
+        shard(model)
     optimizer = build_optimizer(model, settings)
     scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
     return TrainState(model, optimizer, build_scheduler(optimizer, settings), scaler)
@@ -224,6 +224,11 @@ def restore(state: TrainState, config: Config, folder: RunFolder, found: list[Pa
     main, streams = info.rank == 0, None
     if found:
         used = state.restore(found, main)
+        chosen = sorted(set(gather_objects(used.name)))
+        if len(chosen) > 1:  # a file one rank could read and another not: the shards would be of different steps
+            raise CheckpointError(f"the ranks resumed from different checkpoints ({', '.join(chosen)}) of "
+                                  f"{folder.checkpoints}: a file there reads on some ranks only; check the "
+                                  f"filesystem every rank sees and resume again")
         streams = state.streams[min(info.rank, len(state.streams) - 1)] if state.streams else None  # this rank's
     # (a stream split another way cannot continue: refused before config.json takes the resume's changes)
     position = StreamPosition(config.train.num_workers, info.world_size, streams)
