@@ -151,7 +151,13 @@ def test_twenty_sharded_steps_equal_ddps_and_a_killed_run_continues_them_on_one_
     deadline = time.monotonic() + 120
     while not (killed / "checkpoints" / "step-000010").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    os.killpg(launcher.pid, signal.SIGKILL)
+    ranks = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+    os.killpg(launcher.pid, signal.SIGKILL)  # torchrun, and each rank: torchrun starts them in sessions of their own
+    for rank in ranks:
+        try:
+            os.kill(int(rank), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     launcher.wait()
     assert sorted(path.name for path in (killed / "checkpoints").iterdir())[-1] == "step-000010"  # steps left
     one_process(tmp_path, "--resume", str(killed))
