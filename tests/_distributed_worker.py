@@ -88,10 +88,21 @@ def main(inputs_path: str, out_dir: str, parallelism: str = "ddp") -> None:
             "grad_norm": float(whole(torch.nn.utils.clip_grad_norm_(trained, float("inf")))),
             "finite": parameters_finite(model),
         }
+    result["nan_on_rank_1_seen"] = nan_on_rank_1_seen(model, info.rank)
     result["evaluation"] = evaluation(inputs["evaluation"], parallelism)
     torch.save(result, Path(out_dir) / f"rank{info.rank}.pt")
     barrier()
     cleanup()
+
+
+def nan_on_rank_1_seen(model, rank: int) -> bool:
+    """Whether this rank's guard reads the weights as non-finite once rank 1 alone holds a NaN (its shard of the
+    first parameter under FSDP; its replica under DDP, where a rank checks its own)."""
+    with torch.no_grad():
+        first = next(model.parameters())
+        if rank == 1:
+            (first.to_local() if hasattr(first, "to_local") else first).view(-1)[0] = float("nan")
+    return not parameters_finite(model)
 
 
 def evaluation(case: dict, parallelism: str) -> dict:

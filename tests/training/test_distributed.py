@@ -137,6 +137,14 @@ def test_two_ranks_equal_one_process_on_the_global_batch(run, key):
         assert case["finite"] is True
 
 
+def test_a_non_finite_weight_on_one_rank_is_seen(run, request):
+    # The guards read the weights every so often; under FSDP each rank holds other shards, so a NaN in rank 1's must
+    # stop every rank (the check is all-reduced), else rank 0 would save a checkpoint holding it.
+    *_, results = run
+    seen = [result["nan_on_rank_1_seen"] for result in results]
+    assert seen == ([True, True] if request.node.callspec.params["run"] == "fsdp" else [False, True])
+
+
 def test_two_ranks_evaluate_as_one_process(run):
     """Each rank embeds its share of the images (4 and 3, in a decoding worker) and gathers the features: every
     rank gets the one-process records. Each image is embedded alone (batch 1) in both runs, the same fp32

@@ -179,3 +179,21 @@ def test_a_checkpoint_saved_before_the_first_update_resumes(tmp_path):
     done = subprocess.run([sys.executable, "-m", "topoclip", "train", "--resume", str(run)], cwd=tmp_path,
                           env=launch_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "resuming from step-000001" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_compiled_sharded_run_starts_from_a_checkpoint_as_an_unsharded_one(tmp_path):
+    # --init-from loads the weights before they are sharded; torch.compile then runs over the sharded model. Its
+    # steps are the eager unsharded run's within the bound used above (inductor reorders the same fp32 sums).
+    start = tmp_path / "start"
+    one_process(tmp_path, "--preset", "tiny", *flags(SETTINGS + ["train.steps=1"]), "--out", str(start))
+    checkpoint = str(start / "checkpoints" / "step-000001")
+    for name, extra in (("plain", []), ("sharded", ["train.parallelism=fsdp", "train.compile=true"])):
+        one_process(tmp_path, "--init-from", checkpoint, *flags(SETTINGS + ["train.steps=2"] + extra),
+                    "--out", str(tmp_path / name))
+    plain, sharded = ({r["step"]: r for r in step_records(tmp_path / name)} for name in ("plain", "sharded"))
+    bound = 2 * gamma(model_roundings(TINY, 8))
+    assert sorted(plain) == sorted(sharded) == [1, 2]
+    for step in (1, 2):
+        assert sharded[step]["loss"] == pytest.approx(plain[step]["loss"], rel=step * bound), step
+        assert sharded[step]["grad_norm"] == pytest.approx(plain[step]["grad_norm"], rel=step * bound), step
