@@ -23,11 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def local_bytes(tensors) -> int:
     """Bytes of this rank's part of `tensors` (an FSDP DTensor's local shard)."""
-    total = 0
-    for tensor in tensors:
-        tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        total += tensor.numel() * tensor.element_size()
-    return total
+    from topoclip.distributed import local_part
+
+    return sum(local_part(tensor).numel() * local_part(tensor).element_size() for tensor in tensors)
 
 
 def worker(args) -> None:

@@ -531,7 +531,9 @@ def gpu_check_table(result: dict) -> str:
                "The losses of the killed and resumed run were not compared (a run did not finish).")
     shards = [line for line in steps["shards_vs_random"]["json"] if line.get("benchmark") == "shard_throughput"]
     shards += result["after"]["shards_vs_random"]
-    feeding = ", ".join(f"{line['num_workers']} workers {line['shard_to_random']:.2f}" for line in shards)
+    feeding = ", ".join(f"{line['num_workers']} workers {line['shard_to_random']:.2f} "
+                        f"({line['shards_images_per_s'] / line['num_workers']:,.0f} images/s per worker)"
+                        for line in shards)
     return "\n".join([
         f"Measured: `benchmarks/gpu_check.py` on one {check['gpu']}, torch {check['torch']}, {check['date'][:10]}; "
         f"MFU against the bf16 matmul peak measured in the same run "

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from topoclip.config import load_config  # noqa: E402
 from topoclip.distributed import (  # noqa: E402
-    barrier, broadcast_object, cleanup, gather_features, init_distributed, is_main, unwrap)
+    barrier, broadcast_object, cleanup, gather_features, init_distributed, is_main, local_part, unwrap)
 from topoclip.model import CLIP  # noqa: E402
 from topoclip.tokenizer import TextBatch  # noqa: E402
 from topoclip.training.lock import apply_locks  # noqa: E402
@@ -101,7 +101,7 @@ def nan_on_rank_1_seen(model, rank: int) -> bool:
     with torch.no_grad():
         first = next(model.parameters())
         if rank == 1:
-            (first.to_local() if hasattr(first, "to_local") else first).view(-1)[0] = float("nan")
+            local_part(first).view(-1)[0] = float("nan")
     return not parameters_finite(model)
 
 

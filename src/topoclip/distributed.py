@@ -219,6 +219,11 @@ def is_sharded(model: nn.Module) -> bool:
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: its shard when FSDP shards it (a DTensor), else the whole."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside DDP / DataParallel (`.module`) and torch.compile (`._orig_mod`) wrappers,
     in any nesting: unwrap(compile(DDP(clip))) is clip."""

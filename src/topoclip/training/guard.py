@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from topoclip.config import Config
-from topoclip.distributed import is_sharded
+from topoclip.distributed import is_sharded, local_part
 from topoclip.errors import NonFiniteError
 from topoclip.run_folder import RunFolder
 from topoclip.training.step import nonfinite_anywhere
@@ -178,12 +178,7 @@ def parameters_finite(model: torch.nn.Module) -> bool:
     with torch.no_grad():
         # A sharded model's parameters (FSDP) are summed shard by shard on each rank, then across ranks: every
         # rank gives the same answer.
-        sums = torch.stack([local(p).sum(dtype=torch.float32) for p in model.parameters()]).sum()
+        sums = torch.stack([local_part(p).sum(dtype=torch.float32) for p in model.parameters()]).sum()
         if is_sharded(model):
             torch.distributed.all_reduce(sums)
         return bool(torch.isfinite(sums))
-
-
-def local(parameter: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a parameter: its shard when FSDP shards it, else the whole."""
-    return parameter.to_local() if hasattr(parameter, "to_local") else parameter

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from topoclip.distributed import local_part
 from topoclip.errors import CheckpointError
 from topoclip.transformer import Block
 
@@ -36,8 +37,7 @@ def shard(model: nn.Module) -> nn.Module:
 
     The gathered weights are fp32, as the master weights: under bf16/fp16 the trainer's autocast casts them op by op
     exactly as under DDP (LayerNorm, embeddings and the residual stream stay fp32; similarities and the loss are
-    fp32). FSDP2's bf16 gathers would halve the traffic but round those too (in a 12-step fp16 check they skipped 6
-    steps against DDP's 3), so they are not used."""
+    fp32). FSDP2's bf16 gathers would halve the traffic but round those weights too, so they are not used."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     for block in [module for module in model.modules() if isinstance(module, Block)]:
@@ -116,8 +116,7 @@ def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, fo
 def all_finite(tensors, device: torch.device) -> bool:
     """Whether every tensor is finite on every rank (each checks its shards; one all-reduce, on `device`: nccl
     reduces CUDA tensors only)."""
-    flags = [torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device) for t in tensors
-             if t.is_floating_point()]
+    flags = [torch.isfinite(local_part(t)).all().to(device) for t in tensors if t.is_floating_point()]
     bad = (~torch.stack(flags).all()).float() if flags else torch.zeros((), device=device)
     if dist.is_initialized():
         dist.all_reduce(bad)

@@ -73,15 +73,15 @@ class TrainState:
                 failure = f"{shards}: {error.strerror or error}"
         shards, failure = broadcast_object((str(shards) if main else None, failure))  # every rank stops, or none
         try:
-            if failure:
-                raise CheckpointError(failure)
-            groups = save_optimizer_shards(self.model, self.optimizer, Path(shards))
+            if failure is None:
+                groups = save_optimizer_shards(self.model, self.optimizer, Path(shards))
         except (Exception, CheckpointException) as error:  # torch.distributed.checkpoint raises on every rank
-            if main and shards:
+            if main:
                 shutil.rmtree(shards, ignore_errors=True)
-            last = str(error).strip().splitlines()[-1][:200] if str(error).strip() else type(error).__name__
-            raise CheckpointError(f"cannot write the optimiser's shards of checkpoint step {step} ({last}); the "
-                                  f"checkpoints before it are intact; free space or fix {folder} and resume") from None
+            failure = str(error).strip().splitlines()[-1][:200] if str(error).strip() else type(error).__name__
+        if failure is not None:
+            raise CheckpointError(f"cannot write the optimiser's shards of checkpoint step {step} ({failure}); the "
+                                  f"checkpoints before it are intact; free space or fix {folder} and resume")
         return weights, {"param_groups": groups, "shards": OPTIMIZER_SHARDS}, Path(shards)
 
     def save(self, folder: Path, config, tokenizer, snapshot: dict, keep: int,
