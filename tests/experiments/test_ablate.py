@@ -102,6 +102,15 @@ def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
     # Nothing to reuse for a cell with another config; a folder without runs is refused.
     assert main([*args, "--reuse", str(tmp_path / "nothing")]) == 2
     assert "no finished run" in capsys.readouterr().err
+    # More seeds of a grid in a folder of their own: --first-seed 1 --seeds 1 plans seed 1 alone, with the config
+    # of the source's seed 1 (so it is copied, not trained).
+    more = tmp_path / "more"
+    assert main(["ablate", "--grid", "compare", *FAST, "--seeds", "1", "--first-seed", "1", "--out", str(more),
+                 "--reuse", str(source)]) == 0
+    result = json.loads((more / "ablation.json").read_text())
+    assert result["first_seed"] == 1 and result["trained_now"] == 0 and result["reused_now"] == 2
+    assert sorted(p.name for p in (more / "runs" / "multi").iterdir()) == ["seed-1"]
+    assert {run["seed"] for run in result["runs"]} == {1}
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ def command_ablate(args) -> int:
     out = Path(args.out or Path("ablations") / Path(args.grid).stem)
     ablate(args.grid, out, seeds=args.seeds, steps=args.steps, overrides=args.overrides, jobs=args.jobs,
            preset=args.preset, probe_size=args.probe_size, cells=args.cells, reuse=args.reuse or (),
-           command=recorded_command())
+           command=recorded_command(), first_seed=args.first_seed)
     return 0
 
 
@@ -36,6 +36,8 @@ def add_ablate(commands) -> None:
                          "(resumable) and tabulate it like the paper's Table 6")
     ablate.add_argument("--grid", required=True, help=f"{', '.join(grid_names())}, or a grid JSON file")
     ablate.add_argument("--seeds", type=whole(1), default=3, help="seeds per cell (default 3)")
+    ablate.add_argument("--first-seed", type=whole(0), default=0, help="the first seed (default 0): --seeds 5 "
+                        "--first-seed 5 trains seeds 5-9, five more seeds for a grid whose folder has 0-4")
     ablate.add_argument("--steps", type=whole(1), help="train.steps of every run (default: the presets')")
     ablate.add_argument("--jobs", type=whole(1), default=1, help="runs trained at once, each in its own process")
     ablate.add_argument("--preset", help="replace every cell's base preset (e.g. tiny for a smoke test)")

@@ -190,8 +190,9 @@ def select_cells(grid: Grid, patterns: Optional[Sequence[str]] = None) -> list[t
 
 
 def plan(grid: Grid, out_dir, seeds: int, overrides: Sequence[str] = (), preset: Optional[str] = None,
-         probe_size: int = 1000, cells: Optional[Sequence[str]] = None) -> list[RunSpec]:
-    """Every (cell, seed) run of the grid (or of the cells matching `cells`) with its resolved config.
+         probe_size: int = 1000, cells: Optional[Sequence[str]] = None, first_seed: int = 0) -> list[RunSpec]:
+    """Every (cell, seed) run of the grid (or of the cells matching `cells`) with its resolved config; the seeds
+    are first_seed, ..., first_seed + seeds − 1 (more seeds of a finished grid, in a folder of their own).
 
     Refuses a run folder that was made with other settings.
     """
@@ -199,7 +200,7 @@ def plan(grid: Grid, out_dir, seeds: int, overrides: Sequence[str] = (), preset:
     specs = []
     for levels in select_cells(grid, cells):
         columns = {lv.axis: lv.label for lv, axis in zip(levels, grid.axes) if axis.show}
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             config = cell_config(grid, levels, overrides, seed, preset)
             run_dir = out_dir / RUNS / cell_name(levels) / f"seed-{seed}"
             spec = RunSpec(cell_name(levels), cell_label(levels), columns, seed, str(run_dir),

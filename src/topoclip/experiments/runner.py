@@ -156,28 +156,30 @@ def relative_run_dir(spec: RunSpec) -> str:
 
 def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (),
            jobs: int = 1, preset: Optional[str] = None, probe_size: int = 1000, cells: Optional[Sequence[str]] = None,
-           reuse: Sequence = (), command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+           reuse: Sequence = (), command: Optional[str] = None, first_seed: int = 0,
+           log: Callable[[str], None] = print) -> dict:
     """Train every missing run of the grid (J at a time), probe them, write the report; returns ablation.json's data.
 
     cells: shell patterns of cell names to run and tabulate (a reduced grid); None for every cell.
     reuse: other ablation folders whose finished runs with the same config are copied instead of trained.
+    first_seed: the seeds are first_seed, ..., first_seed + seeds − 1.
     command: the command line to record with the results (the CLI passes its own).
     """
-    if seeds < 1 or jobs < 1 or probe_size < 0:
-        raise ConfigError("--seeds and --jobs must be ≥ 1 and --probe-size ≥ 0")
+    if seeds < 1 or jobs < 1 or probe_size < 0 or first_seed < 0:
+        raise ConfigError("--seeds and --jobs must be ≥ 1, --probe-size and --first-seed ≥ 0")
     grid = load_grid(grid_name)
     out_dir = Path(out_dir)
     overrides = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     # One owner per ablation folder: a second ablate on the same --out would delete "new" run folders the
     # first is about to train, and write one's settings beside the other's results.
     with claim_folder(out_dir, "ablation folder"):
-        specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells)
+        specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells, first_seed)
         started = time.perf_counter()
         reused = reuse_runs(specs, reuse, log)
         log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds); "
             f"logs in {out_dir / 'logs'}")
         records, trained = finish_runs(specs, jobs, probe_size, log)
-        meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds,
+        meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "first_seed": first_seed,
                 "preset": preset or grid.preset, "steps": load_config(values=specs[0].config).train.steps,
                 "command": command or f"ablate({grid_name!r}, seeds={seeds}, steps={steps}, jobs={jobs}, preset={preset!r})",
                 "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": trained, "reused_now": reused,
