@@ -27,7 +27,7 @@ from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
 from topoclip.experiments.grid import load_grid
 from topoclip.experiments.report import markdown_table
-from topoclip.experiments.statistics import format_p, holm, mean_std, prediction, welch
+from topoclip.experiments.statistics import format_p, holm, mean_std, prediction, tost, welch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -257,6 +257,25 @@ def comparison_table(spec: dict) -> str:
     return "\n".join(line for line in lines if line is not None).lstrip("\n")
 
 
+def equivalence_table(spec: dict) -> str:
+    """Markdown: a pre-registered comparison (docs/results/NAME-equivalence.json: {"about", "margin", "rows": [{"label",
+    "metric", "digits"?, "a": [[source, cell], ...], "b": [...]}]}; each side's seeds pooled over its sources):
+    Welch's t of a − b, then, where it finds no difference, TOST against ±margin, as the pre-registration says."""
+    margin = spec["margin"]
+    lines = [spec["about"], "", f"| endpoint | n (a, b) | a − b: 95 % CI, Welch's t | TOST at ±{margin:g}: 90 % CI, p | "
+             "verdict |", "|---|---|---|---|---|"]
+    for row in spec["rows"]:
+        a, b = ([v for source, cell in refs for v in cell_values(source, cell, row["metric"])] for refs in (row["a"], row["b"]))
+        d, e, digits = welch(a, b), tost(a, b, margin), row.get("digits", 1)
+        verdict = ("a > b" if d.effect > 0 else "a < b") if d.significant else (
+            f"equivalent within ±{margin:g}" if e.equivalent else "undecided: no difference shown, nor equivalence")
+        lines.append(f"| {row['label']} | {len(a)}, {len(b)} | {d.effect:+.{digits}f} ({d.low:+.{digits}f} to "
+                     f"{d.high:+.{digits}f}), {format_p(d.p)} | {e.low:+.{digits}f} to {e.high:+.{digits}f}, "
+                     f"{format_p(e.p)} | **{verdict}** |")
+    return "\n".join(lines + ["", "Welch's t, two-sided at 5 %; where its interval holds 0, two one-sided Welch tests "
+                                   f"at 5 % (TOST): equivalent when the 90 % interval lies inside ±{margin:g}."])
+
+
 def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
     """Markdown: for each cell, where one more seed lands on each metric (mean and 95 % prediction interval, cut
     to the metric's "bounds" where it has them)."""
@@ -436,6 +455,46 @@ def pilot_table(files: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# The pre-registered rule (docs/results/preregistration-hard-task.md): a family's best lr is the cell whose runs
+# have the highest mean validation mean recall at the last validation evaluation of the schedule.
+CHOICE_METRIC = "scenes-val/mean_recall"
+LR_CHOICE = "lr-choice-"  # a block "lr-choice-GRID": lr_choice_table of GRID
+
+
+def lr_choice(results: dict) -> dict[str, str]:
+    """{family: the cell the pre-registered rule picks} of an lr grid whose cells are FAMILY_lr-LR."""
+    scores = {}
+    for run in results["runs"]:
+        scores.setdefault(run["cell"], []).append(run["evaluations"][-1][CHOICE_METRIC])
+    best = {}
+    for cell, values in scores.items():
+        family = cell.split("_")[0]
+        if family not in best or mean_std(values)[0] > mean_std(scores[best[family]])[0]:
+            best[family] = cell
+    return best
+
+
+def lr_choice_table(results: dict) -> str:
+    """Markdown: each cell of an lr grid on the rule's validation metric and the test metrics, the picked cells bold."""
+    chosen = set(lr_choice(results).values())
+    lines = ["| family | lr | n | validation mean recall (rule) | test mean recall | out-of-domain mean recall | "
+             "shape top-1 |", "|---|---|---|---|---|---|---|"]
+    for cell in dict.fromkeys(r["cell"] for r in results["runs"]):
+        runs = [r for r in results["runs"] if r["cell"] == cell]
+        columns = [[r["evaluations"][-1][CHOICE_METRIC] for r in runs],
+                   [r["headline"]["scenes-test/mean_recall"] for r in runs],
+                   [r["headline"]["scenes-test-ood/mean_recall"] for r in runs], [r["zero_shot_top1"] for r in runs]]
+        family, lr = cell.split("_lr-")
+        bold = "**" if cell in chosen else ""
+        lines.append(f"| {family} | {bold}{lr}{bold} | {len(runs)} | "
+                     + " | ".join("{:.1f} ± {:.1f}".format(*mean_std(values)) for values in columns) + " |")
+    steps = sorted({r["evaluations"][-1]["step"] for r in results["runs"]})
+    return "\n".join(lines + ["", f"Each cell: mean ± sd over the seeds. Bold: the lr the pre-registered rule picks for "
+                                   f"the family, the highest mean validation mean recall at the last validation "
+                                   f"evaluation (step {', '.join(f'{s:,}' for s in steps)} of {results['steps']:,}); "
+                                   "the test columns played no part in the choice."])
+
+
 def run_origin(grids: dict[str, dict], grid: str, run: dict) -> str:
     """"GRID/runs/CELL/seed-K" of the run a record copies (`--reuse`, followed through copies of copies), or of the
     record itself: two records with one origin are one run."""
@@ -583,6 +642,8 @@ def load_results(name: str):
         return tau_late_rise()
     if name == "headline":  # computed from the grids of HEADLINE
         return headline_points()
+    if name.startswith(LR_CHOICE):  # the pre-registered choice of each family's lr, from the grid after the prefix
+        return load_results(name.removeprefix(LR_CHOICE))
     if name == "claims-summary":
         return json.loads((RESULTS / "claims.json").read_text())
     if (RESULTS / f"{name}.json").is_file():
@@ -600,8 +661,8 @@ def render_blocks(readme: str) -> str:
     def replace(match: re.Match) -> str:
         name = match.group(1)
         results = load_results(name)
-        renderer = RENDERERS.get(re.sub(r"-\d+$", "", name),
-                                 comparison_table if name.endswith("-tests") else ablation_table)
+        renderer = (lr_choice_table if name.startswith(LR_CHOICE) else equivalence_table if name.endswith("-equivalence")
+                    else RENDERERS.get(re.sub(r"-\d+$", "", name), comparison_table if name.endswith("-tests") else ablation_table))
         return f"<!-- results:{name} -->\n{renderer(results)}\n<!-- /results:{name} -->"
 
     return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, readme, flags=re.S)

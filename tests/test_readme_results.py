@@ -112,6 +112,40 @@ def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_
     assert "| t | 1e-3 | 0 % | 9,600 | 3, 3 | +2.0 (" in readme_results.headline_table([point])
 
 
+def test_the_lr_choice_is_the_highest_mean_validation_recall_whatever_the_test_says():
+    """The pre-registered rule of preregistration-hard-task.md: the last validation evaluation decides; a cell that is
+    better on the test split, or at an earlier evaluation, is not picked."""
+    def run(cell, early, last, test):
+        return {"cell": cell, "zero_shot_top1": 50.0,
+                "evaluations": [{"step": 800, readme_results.CHOICE_METRIC: early}, {"step": 8800, readme_results.CHOICE_METRIC: last}],
+                "headline": {"scenes-test/mean_recall": test, "scenes-test-ood/mean_recall": test / 2}}
+    results = {"steps": 9600, "runs": [run("multi_lr-1e-3", 10, 70, 40), run("multi_lr-1e-3", 10, 72, 40),
+                                       run("multi_lr-2e-3", 90, 73, 60), run("multi_lr-2e-3", 90, 68, 60),
+                                       run("sphere_lr-5e-4", 10, 50, 30)]}
+    assert readme_results.lr_choice(results) == {"multi": "multi_lr-1e-3", "sphere": "sphere_lr-5e-4"}
+    table = readme_results.lr_choice_table(results)
+    assert "| multi | **1e-3** | 2 | 71.0 ± 1.4 | 40.0 ± 0.0 | 20.0 ± 0.0 | 50.0 ± 0.0 |" in table
+    assert "| multi | 2e-3 | 2 | 70.5 ± 3.5 | 60.0 ± 0.0 |" in table and "(step 8,800 of 9,600)" in table
+
+
+def test_an_equivalence_row_pools_each_sides_seeds_and_tests_equivalence_only_without_a_difference(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    for grid, values in (("old", {"m": [45.0, 46.0], "s": [45.5, 44.5], "far": [40.0, 41.0]}),
+                         ("new", {"m": [45.5, 46.5, 44.5], "s": [45.0, 46.0, 45.0], "far": [40.5, 41.5, 39.5]})):
+        (tmp_path / grid).mkdir()
+        runs = [{"cell": cell, "headline": {"x": v}} for cell, vs in values.items() for v in vs]
+        (tmp_path / grid / "ablation.json").write_text(json.dumps({"runs": runs}))
+    def row(b):
+        return {"label": "x", "metric": "headline:x", "a": [["old", "m"], ["new", "m"]], "b": [["old", b], ["new", b]]}
+    table = readme_results.equivalence_table({"about": "A.", "margin": 2.0, "rows": [row("s"), row("far")]})
+    same, differ = table.splitlines()[4:6]
+    a, s = [45.0, 46.0, 45.5, 46.5, 44.5], [45.5, 44.5, 45.0, 46.0, 45.0]
+    e = readme_results.tost(a, s, 2.0)
+    assert same.startswith("| x | 5, 5 | +0.3 (") and f"{e.low:+.1f} to {e.high:+.1f}" in same
+    assert e.equivalent and same.endswith("**equivalent within ±2** |")
+    assert differ.endswith("**a > b** |")
+
+
 BLOCKS = sorted({name for document in readme_results.DOCUMENTS
                  for name in re.findall(r"<!-- results:([\w-]+) -->", document.read_text())})
 

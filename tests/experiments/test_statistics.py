@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from topoclip.experiments.statistics import holm, incomplete_beta, paired, prediction, t_cdf, t_quantile, welch
+from topoclip.experiments.statistics import holm, incomplete_beta, paired, prediction, t_cdf, t_quantile, tost, welch
 
 CDF_BOUND = 1e-12
 QUANTILE_BOUND = 1e-9
@@ -57,6 +57,35 @@ def test_welch_against_scipy():
     assert result.significant and (result.n_a, result.n_b) == (5, 4)
     assert result.describe() == "+1.7 (95 % CI +0.5 to +2.9; Welch's t, p = 0.018; n = 5 and 4)"
     assert result.describe(holm_p=0.0537) == "+1.7 (95 % CI +0.5 to +2.9; Welch's t, p = 0.018, Holm p = 0.054; n = 5 and 4)"
+
+
+@pytest.mark.parametrize("a, b, margin, p", [
+    ([61.2, 84.9, 79.6], [95.9, 94.6, 97.1], 25.0, 0.3028076048044525),
+    ([45.1, 44.3, 46.0, 44.8, 45.5], [44.9, 45.6, 44.0, 45.2, 44.7], 2.0, 0.0011549224881004948),
+    ([0.5, 1.5, 2.0, 2.5, 3.1], [0.1, 0.2, 0.25, 0.3], 2.0, 0.27322987031417906)])
+def test_tost_against_scipy(a, b, margin, p):
+    # SciPy: the larger of ttest_ind(a + margin, b, equal_var=False, alternative="greater") and
+    # ttest_ind(a − margin, b, equal_var=False, alternative="less"); shifting a leaves its variance alone.
+    result = tost(a, b, margin)
+    assert result.p == pytest.approx(p, abs=CDF_BOUND)
+    assert result.equivalent == (p < 0.05)
+
+
+def test_tost_agrees_with_the_90_percent_interval():
+    # Equivalent at 5 % exactly when the 90 % Welch interval lies inside (−margin, margin) (both from one t and df).
+    rng = random.Random(1)
+    for _ in range(200):
+        a = [rng.gauss(0.3, 1) for _ in range(rng.randint(2, 8))]
+        b = [rng.gauss(0, 1) for _ in range(rng.randint(2, 8))]
+        result = tost(a, b, 1.5)
+        assert result.equivalent == (-1.5 < result.low and result.high < 1.5)
+        assert (result.low, result.high) == pytest.approx((welch(a, b, 0.9).low, welch(a, b, 0.9).high), rel=1e-15)
+    assert tost([1.0, 1.0], [1.5, 1.5], 1.0).equivalent and not tost([1.0, 1.0], [2.5, 2.5], 1.0).equivalent
+    assert tost([1.0, 2.0, 3.0], [2.0, 2.0, 2.5], 2.0).describe() == \
+        "equivalent within ±2.0: -0.2 (90 % CI -1.8 to +1.4; TOST, p = 0.038; n = 3 and 3)"
+    assert tost([1.0, 2.0, 3.0], [2.0, 2.0, 2.5], 1.0).describe().startswith("not shown equivalent within ±1.0: -0.2")
+    with pytest.raises(ValueError, match="margin"):
+        tost([1.0, 2.0], [1.0, 2.0], 0.0)
 
 
 def test_paired_against_scipy():

@@ -2,6 +2,8 @@
 
     welch(a, b)            two groups of runs (two cells), unequal variances: Welch's t
     paired(after, before)  the same runs at two points (e.g. a curve's last evaluation against an earlier one)
+    tost(a, b, margin)     is |mean(a) − mean(b)| below a margin stated in advance? Two one-sided Welch tests:
+                           "no difference found" is not "equivalent"; this asks the second question
     prediction(values)     where one more run of the same cell lands: the interval a re-run is checked against
     holm(p_values)         the p-values of a family of tests, adjusted so that any false "significant" among them
                            has probability ≤ 5 % (Holm–Bonferroni)
@@ -148,6 +150,49 @@ def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Differ
     va, vb = sd_a ** 2 / len(a), sd_b ** 2 / len(b)
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if va + vb else None  # no variance
     return _from_t("Welch's t", mean_a - mean_b, math.sqrt(va + vb), df, len(a), len(b), level)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Two one-sided tests (Schuirmann 1987) of −margin < mean(a) − mean(b) < margin, on Welch's t."""
+
+    effect: float
+    low: float  # the (1 − 2α) Welch interval: equivalent at α exactly when it lies inside (−margin, margin)
+    high: float
+    p: float  # the larger of the two one-sided p-values
+    margin: float
+    n_a: int
+    n_b: int
+    alpha: float = 0.05
+
+    @property
+    def equivalent(self) -> bool:
+        return self.p < self.alpha
+
+    def describe(self, digits: int = 1) -> str:
+        """"equivalent within ±2.0: +0.4 (90 % CI −0.9 to +1.7; TOST, p = 0.012; n = 5 and 5)"."""
+        verdict = "equivalent" if self.equivalent else "not shown equivalent"
+        return (f"{verdict} within ±{self.margin:.{digits}f}: {self.effect:+.{digits}f} ({(1 - 2 * self.alpha) * 100:.0f} % "
+                f"CI {self.low:+.{digits}f} to {self.high:+.{digits}f}; TOST, {format_p(self.p)}; n = {self.n_a} and {self.n_b})")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def tost(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = 0.05) -> Equivalence:
+    """TOST of mean(a) − mean(b) against ±margin: p = max of P(T ≥ (δ + margin)/se) (H0: δ ≤ −margin) and
+    P(T ≤ (δ − margin)/se) (H0: δ ≥ margin), Welch's standard error and degrees of freedom."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be > 0, got {margin}")
+    interval = welch(a, b, level=1 - 2 * alpha)
+    (_, sd_a), (_, sd_b) = mean_std(a), mean_std(b)
+    standard_error = math.sqrt(sd_a ** 2 / len(a) + sd_b ** 2 / len(b))
+    effect = interval.effect
+    if standard_error == 0.0:  # no spread: the difference is what it is
+        p = 0.0 if abs(effect) < margin else 1.0
+    else:
+        p = max(t_cdf(-(effect + margin) / standard_error, interval.df), t_cdf((effect - margin) / standard_error, interval.df))
+    return Equivalence(effect, interval.low, interval.high, p, margin, len(a), len(b), alpha)
 
 
 def paired(after: Sequence[float], before: Sequence[float], level: float = 0.95) -> Difference:
