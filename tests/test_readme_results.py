@@ -146,6 +146,15 @@ def test_an_equivalence_row_pools_each_sides_seeds_and_tests_equivalence_only_wi
     assert differ.endswith("**a > b** |")
 
 
+def test_the_papers_table_10_stands_beside_our_k_with_the_same_share_of_sub_spheres():
+    """Issue #44: the paper's k = 8 is half of its 16 sub-spheres, so it stands under our k = 4 of 8, not k = 8."""
+    runs = [{"draws": 1, "size": 10, "mode": "distance",
+             "sets": {"shape": {"classes": 8, "subsets": [{"k": k, "mean": 10.0 * k} for k in (1, 2, 4, 8)]}}}]
+    header, _, shape, paper = readme_results.experts_table(runs).splitlines()[2:6]
+    assert header.split(" | ")[2:] == ["k = 1 of 8", "k = 2 of 8", "k = 4 of 8", "k = 8 of 8 |"]
+    assert paper.split(" | ")[2:] == ["*21.5 ± 14.3*", "*27.7 ± 20.4*", "*62.1 ± 4.4*", "*76.4 (Table 2)* |"]
+
+
 BLOCKS = sorted({name for document in readme_results.DOCUMENTS
                  for name in re.findall(r"<!-- results:([\w-]+) -->", document.read_text())})
 
