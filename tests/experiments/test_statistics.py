@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from topoclip.experiments.statistics import holm, incomplete_beta, paired, prediction, t_cdf, t_quantile, tost, welch
+from topoclip.experiments.statistics import (holm, incomplete_beta, paired, permutation, prediction, t_cdf, t_quantile, tost,
+                                             welch)
 
 CDF_BOUND = 1e-12
 QUANTILE_BOUND = 1e-9
@@ -86,6 +87,17 @@ def test_tost_agrees_with_the_90_percent_interval():
     assert tost([1.0, 2.0, 3.0], [2.0, 2.0, 2.5], 1.0).describe().startswith("not shown equivalent within ±1.0: -0.2")
     with pytest.raises(ValueError, match="margin"):
         tost([1.0, 2.0], [1.0, 2.0], 0.0)
+
+
+def test_permutation_against_scipy_and_by_hand():
+    # scipy.stats.permutation_test(..., permutation_type="independent", n_resamples=inf), two-sided: 22/252 for the
+    # bimodal held-out values below; for 1, 2, 3 against 4–7 only the observed split and its mirror are as extreme
+    # (2 of the C(7, 3) = 35). Both are ratios of small integers, exact in any float arithmetic to 1 ulp.
+    assert permutation([91.1, 0.0, 88.0, 2.0, 90.5], [0.0, 1.0, 85.0, 0.5, 0.0]) == pytest.approx(22 / 252, rel=1e-15)
+    assert permutation([1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]) == pytest.approx(2 / 35, rel=1e-15)
+    assert permutation([0.1, 0.2, 0.3], [0.3, 0.2, 0.1]) == 1.0  # a tie in exact arithmetic counts, whatever the rounding
+    with pytest.raises(ValueError, match="permutation"):
+        permutation([], [1.0])
 
 
 def test_paired_against_scipy():
