@@ -185,8 +185,8 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
     """Each seed's value of one metric of one cell of the results in docs/results/SOURCE.
 
     An ablation: metric is a Table 6 column of its runs (final_t, i2t_r1, t2i_r1, zero_shot_top1,
-    linear_probe_top1, convergence_step), "tau" (exp of each run's final t), or "headline:KEY" (a metric of
-    each run's final evaluation). A compare: cell is "multi" or "sphere", metric a row of its table.
+    linear_probe_top1, convergence_step), "tau" (exp of each run's final t), "headline:KEY" (a metric of
+    each run's final evaluation) or "retrieval:SET/KEY" (any retrieval metric of it, mAP@R and R-Precision too). A compare: cell is "multi" or "sphere", metric a row of its table.
     The experts: cell is k, set_name the zero-shot set.
     """
     results = load_results(source)
@@ -201,6 +201,9 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
         return [math.exp(r["final_t"]) for r in runs]
     if metric.startswith("headline:"):
         return [r["headline"][metric.split(":", 1)[1]] for r in runs]
+    if metric.startswith("retrieval:"):  # retrieval:SET/KEY, any metric of the final retrieval evaluation
+        set_name, key = metric.split(":", 1)[1].split("/", 1)
+        return [r["retrieval"][set_name][key] for r in runs]
     return [r[metric] for r in runs]
 
 
@@ -433,19 +436,39 @@ def claims_table(claims: dict) -> str:
     return "\n".join(lines)
 
 
+CEILING_ROWS = (("text → image R@1", "image_retrieval_recall@1"), ("text → image R@5", "image_retrieval_recall@5"),
+                ("text → image R@10", "image_retrieval_recall@10"), ("image → text R@1", "text_retrieval_recall@1"),
+                ("image → text R@5", "text_retrieval_recall@5"), ("image → text R@10", "text_retrieval_recall@10"),
+                ("mean recall", "mean_recall"))
+# mAP@R and R-Precision count every caption true of an image, not only the paired one; their ceiling is not computed.
+RANK_ROWS = (("image → text mAP@R", "image_to_text_mAP@R"), ("text → image mAP@R", "text_to_image_mAP@R"),
+             ("image → text R-Precision", "image_to_text_R-Precision"), ("text → image R-Precision", "text_to_image_R-Precision"))
+
+
 def ceiling_table(result: dict) -> str:
     """The Bayes-optimal ranking's recall on the built-in retrieval set (`topoclip data ceiling`)."""
     expected, this_set = result["ceiling"]["expected"], result["ceiling"]["this_set"]
-    rows = [("text → image R@1", "image_retrieval_recall@1"), ("text → image R@5", "image_retrieval_recall@5"),
-            ("text → image R@10", "image_retrieval_recall@10"), ("image → text R@1", "text_retrieval_recall@1"),
-            ("image → text R@5", "text_retrieval_recall@5"), ("image → text R@10", "text_retrieval_recall@10"),
-            ("mean recall", "mean_recall")]
     settings = "".join(f" --set {item}" for item in result.get("overrides", []))
     lines = [f"Measured: `topoclip data ceiling --preset {result['preset']}{settings}` ({result['split']} split, "
              f"{result['size']:,} images, {result['captions_per_image']} captions each).", "",
              "| metric | ceiling on this set | ceiling expected over the generator |", "|---|---|---|"]
-    lines += [f"| {label} | {this_set[key]:.1f} | {expected[key]:.1f} |" for label, key in rows]
+    lines += [f"| {label} | {this_set[key]:.1f} | {expected[key]:.1f} |" for label, key in CEILING_ROWS]
     return "\n".join(lines)
+
+
+def retrieval_table(spec: dict) -> str:
+    """Markdown: every retrieval metric of some cells (mean ± sd over seeds) beside the ceiling of each
+    (docs/results/NAME-retrieval.json: {"about", "ceiling": results name, "set", "cells": [{"label", "source", "cell"}]})."""
+    ceiling = load_results(spec["ceiling"])["ceiling"]["this_set"]
+    lines = [spec["about"], "", "| metric | ceiling | " + " | ".join(c["label"] for c in spec["cells"]) + " |",
+             "|---|---|" + "---|" * len(spec["cells"])]
+    for label, key in CEILING_ROWS + RANK_ROWS:
+        values = [mean_std(cell_values(c["source"], c["cell"], f"retrieval:{spec['set']}/{key}")) for c in spec["cells"]]
+        bound = f"{ceiling[key]:.1f}" if key in ceiling else "—"
+        lines.append(f"| {label} | {bound} | " + " | ".join(f"{m:.1f} ± {sd:.1f}" for m, sd in values) + " |")
+    return "\n".join(lines + ["", "Each cell: mean ± sd over its seeds, on the test split. The ceiling is the Bayes-optimal "
+                                   "ranking's on the same set (`topoclip data ceiling`); mAP@R and R-Precision count every "
+                                   "true caption, so the paired-caption ceiling does not bound them and none is given."])
 
 
 def pilot_table(files: list[dict]) -> str:
@@ -668,7 +691,8 @@ def render_blocks(readme: str) -> str:
         name = match.group(1)
         results = load_results(name)
         renderer = (lr_choice_table if name.startswith(LR_CHOICE) else equivalence_table if name.endswith("-equivalence")
-                    else RENDERERS.get(re.sub(r"-\d+$", "", name), comparison_table if name.endswith("-tests") else ablation_table))
+                    else retrieval_table if name.endswith("-retrieval") else RENDERERS.get(
+                        re.sub(r"-\d+$", "", name), comparison_table if name.endswith("-tests") else ablation_table))
         return f"<!-- results:{name} -->\n{renderer(results)}\n<!-- /results:{name} -->"
 
     return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, readme, flags=re.S)

@@ -155,6 +155,20 @@ def test_the_papers_table_10_stands_beside_our_k_with_the_same_share_of_sub_sphe
     assert paper.split(" | ")[2:] == ["*21.5 ± 14.3*", "*27.7 ± 20.4*", "*62.1 ± 4.4*", "*76.4 (Table 2)* |"]
 
 
+def test_a_retrieval_table_shows_every_metric_beside_its_ceiling(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    keys = [key for _, key in readme_results.CEILING_ROWS + readme_results.RANK_ROWS]
+    runs = [{"cell": "c", "retrieval": {"t": {key: value + i for i, key in enumerate(keys)}}} for value in (10.0, 12.0)]
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "ablation.json").write_text(json.dumps({"runs": runs}))
+    ceiling = {key: 50.0 + i for i, key in enumerate(keys[:len(readme_results.CEILING_ROWS)])}
+    (tmp_path / "roof.json").write_text(json.dumps({"ceiling": {"this_set": ceiling}}))
+    table = readme_results.retrieval_table({"about": "A.", "ceiling": "roof", "set": "t",
+                                            "cells": [{"label": "C", "source": "g", "cell": "c"}]})
+    assert "| text → image R@1 | 50.0 | 11.0 ± 1.4 |" in table and "| mean recall | 56.0 | 17.0 ± 1.4 |" in table
+    assert "| text → image R-Precision | — | 21.0 ± 1.4 |" in table
+
+
 BLOCKS = sorted({name for document in readme_results.DOCUMENTS
                  for name in re.findall(r"<!-- results:([\w-]+) -->", document.read_text())})
 

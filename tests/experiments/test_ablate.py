@@ -129,6 +129,27 @@ def test_runs_saved_before_a_setting_existed_still_match_their_cell(tmp_path, ca
     assert "made with other settings (train.lr differ)" in capsys.readouterr().err
 
 
+def test_the_full_scenes_grid_reuses_the_lr_grids_runs_at_each_familys_lr():
+    """tau-range-full-scenes' cells at their own range and 9,600 steps are the pre-registered lr grid's runs at the
+    lr the family's preset carries (hard-lr-9600: `--grid lr` with the settings below), so `--reuse` copies them;
+    the cells at the other's range start at the other's logit range."""
+    full, lr_grid = grids.load_grid("tau-range-full-scenes"), grids.load_grid("lr")
+    cells = {grids.cell_name(levels): levels for grid in (full, lr_grid) for levels in grid.cells()}
+    lr_settings = ["data.scenes.max_objects=3", "data.scenes.object_scale=1.0", "train.eval_every=800", "train.steps=9600"]
+    for family in ("multi", "sphere"):
+        own = grids.cell_config(full, cells[f"{family}-default-t"], [], seed=1)
+        lr = format(own.train.lr, ".0e").replace("e-0", "e-")  # 1e-3, as the lr grid names its cells
+        trained = grids.cell_config(lr_grid, cells[f"{family}_lr-{lr}"], lr_settings, seed=1)
+        assert grids.config_differences(to_dict(own), to_dict(trained)) == []
+        assert (own.data.scenes.max_objects, own.data.scenes.object_scale, own.train.steps) == (3, 1.0, 9600)
+    configs = {name: grids.cell_config(full, levels, [], seed=0) for name, levels in cells.items() if "-" in name
+               and "_" not in name}
+    for matched, reference in [("multi-sphere-s-range", "sphere-default-t"), ("sphere-multi-s-range", "multi-default-t")]:
+        ranges = [math.exp(configs[c].model.temperature.init) * grids.half_range(configs[c].model) for c in (matched, reference)]
+        assert ranges[0] == pytest.approx(ranges[1])
+        assert configs[matched].train.lr == configs[matched.split("-")[0] + "-default-t"].train.lr  # the family's lr
+
+
 def test_unknown_grid_and_cells_are_user_errors(tmp_path, capsys):
     with pytest.raises(ConfigError):
         grids.load_grid("no-such-grid")
@@ -177,6 +198,12 @@ def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     assert result["trained_now"] == 4 and len(result["rows"]) == 2
     first = read_runs(out)
     assert all(r["i2t_r1"] is not None and r["linear_probe_top1"] is not None for r in first.values())
+    # every retrieval metric of eval.json, per set: R@K beside mAP@R and R-Precision, which count every true caption
+    for run in first.values():
+        retrieval = run["retrieval"]["scenes-test"]
+        assert retrieval["text_retrieval_recall@1"] == run["i2t_r1"]
+        assert {"image_to_text_mAP@R", "text_to_image_R-Precision", "mean_recall"} <= set(retrieval)
+        assert run["retrieval"]["scenes-test-ood"]["mean_recall"] == run["headline"]["scenes-test-ood/mean_recall"]
 
     # A run killed after its last checkpoint (no eval.json) and one never started (no folder):
     # re-running trains exactly those two; the finished runs are untouched.

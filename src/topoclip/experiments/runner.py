@@ -139,6 +139,8 @@ def run_record(spec: RunSpec) -> dict:
             "i2t_r1": retrieval.get("text_retrieval_recall@1"), "t2i_r1": retrieval.get("image_retrieval_recall@1"),
             "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),
             "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale},
+            # every retrieval metric of the final evaluation (R@K, mean recall, mAP@R, R-Precision) per set
+            "retrieval": {r["dataset"]: r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"},
             "evaluations": evaluations,  # the periodic validation evaluations (train.eval_every), headline keys
             # wall time from the first start (config.json is written once, not on resume) to the final evaluation:
             # a run stopped and resumed later counts the pause
