@@ -285,6 +285,33 @@ def equivalence_table(spec: dict) -> str:
                                    f"at 5 % (TOST): equivalent when the 90 % interval lies inside ±{margin:g}."])
 
 
+def convergence_table(spec: dict) -> str:
+    """Markdown: the pre-registered convergence rule for each cell of a schedule pair (docs/results/NAME-convergence.json:
+    {"about", "short": grid, "long": grid, "cells": [...]}): "converged" only where, in the long grid, validation mean
+    recall and τ do not change over the last quarter (paired t, not significant at 5 %) and the long schedule's test
+    mean recall is not better than the short one's (Welch's t); otherwise "at the end of the schedule"."""
+    from topoclip.experiments.report import late_rise
+
+    long = load_results(spec["long"])
+    lines = [spec["about"], "", "| cell | validation mean recall, last quarter | τ, last quarter | test mean recall, "
+             f"{long['steps']:,} − {load_results(spec['short'])['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
+    for cell in spec["cells"]:
+        runs = [r for r in long["runs"] if r["cell"] == cell]
+        recall = late_rise(runs, CHOICE_METRIC, long["steps"])
+        tau = tau_last_quarter(runs)[2]
+        longer = welch(cell_values(spec["long"], cell, "headline:scenes-test/mean_recall"),
+                       cell_values(spec["short"], cell, "headline:scenes-test/mean_recall"))
+        flat = not (recall["low"] > 0 or recall["high"] < 0) and not tau.significant
+        converged = flat and not (longer.significant and longer.effect > 0)
+        lines.append(f"| {cell} | {recall['effect']:+.1f} ({recall['low']:+.1f} to {recall['high']:+.1f}), {format_p(recall['p'])} | "
+                     f"{tau.effect:+.2f} ({tau.low:+.2f} to {tau.high:+.2f}), {format_p(tau.p)} | {longer.effect:+.1f} "
+                     f"({longer.low:+.1f} to {longer.high:+.1f}), {format_p(longer.p)} | "
+                     f"**{'converged' if converged else 'at the end of the schedule'}** |")
+    return "\n".join(lines + ["", "Each change: mean and 95 % interval over the seeds. Converged: neither last-quarter change "
+                                   "is significant and the longer schedule is not significantly better "
+                                   "(preregistration-hard-task.md)."])
+
+
 def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
     """Markdown: for each cell, where one more seed lands on each metric (mean and 95 % prediction interval, cut
     to the metric's "bounds" where it has them)."""
@@ -539,12 +566,23 @@ def run_origin(grids: dict[str, dict], grid: str, run: dict) -> str:
     return f"{grid}/{run['run_dir']}"
 
 
+def tau_last_quarter(runs: list[dict]):
+    """Each run's τ at three quarters of its schedule and at its end (from its curve), and the paired t of the change."""
+    from topoclip.experiments.statistics import paired
+
+    starts, ends = [], []
+    for run in runs:
+        steps, scale = run["curve"]["steps"], run["curve"]["scale"]
+        quarter = min(range(len(steps)), key=lambda k: abs(steps[k] - 0.75 * steps[-1]))
+        starts.append(scale[quarter])
+        ends.append(scale[-1])
+    return starts, ends, paired(ends, starts)
+
+
 def tau_late_rise() -> list[dict]:
     """Every learnable-τ cell of the committed grids at ≥ 9,600 steps, each run once (a cell another grid copied with
     `--reuse`, whole or in part, is counted where it was trained): τ at three quarters of the schedule and at its end (the
     seeds' curves), and the paired t of the change."""
-    from topoclip.experiments.statistics import paired
-
     grids = {file.parent.name: json.loads(file.read_text()) for file in sorted(RESULTS.glob("*/ablation.json"))}
     cells: dict[tuple[str, str], list[dict]] = {}
     for name, grid in grids.items():
@@ -561,16 +599,10 @@ def tau_late_rise() -> list[dict]:
         if len(runs) < 2 or any(origins <= seen for seen in counted):
             continue
         counted.append(origins)
-        pairs = []
-        for run in runs:
-            steps, scale = run["curve"]["steps"], run["curve"]["scale"]
-            quarter = min(range(len(steps)), key=lambda k: abs(steps[k] - 0.75 * steps[-1]))
-            pairs.append((scale[quarter], scale[-1]))
-        change = paired([end for _, end in pairs], [start for start, _ in pairs])
-        found.append({"grid": name, "cell": cell, "n": len(pairs),
-                      "tau_three_quarters": sum(start for start, _ in pairs) / len(pairs),
-                      "tau_end": sum(end for _, end in pairs) / len(pairs), "change": change.effect,
-                      "low": change.low, "high": change.high, "p": change.p})
+        starts, ends, change = tau_last_quarter(runs)
+        found.append({"grid": name, "cell": cell, "n": len(runs), "tau_three_quarters": sum(starts) / len(starts),
+                      "tau_end": sum(ends) / len(ends), "change": change.effect, "low": change.low, "high": change.high,
+                      "p": change.p})
     return sorted(found, key=lambda row: (row["grid"], row["cell"]))
 
 
@@ -685,15 +717,26 @@ def load_results(name: str):
     return [{**json.loads(path.read_text()), "file": path.stem} for path in runs]
 
 
+# A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.
+SUFFIX_RENDERERS = {"-tests": comparison_table, "-equivalence": equivalence_table, "-retrieval": retrieval_table,
+                    "-convergence": convergence_table}
+
+
+def renderer_for(name: str):
+    """The function that draws block NAME: the lr rule's table for lr-choice-GRID, a spec file's kind by its suffix,
+    a named table (a grid's steps suffix aside), else the grid's own table."""
+    if name.startswith(LR_CHOICE):
+        return lr_choice_table
+    suffix = next((s for s in SUFFIX_RENDERERS if name.endswith(s)), None)
+    return SUFFIX_RENDERERS[suffix] if suffix else RENDERERS.get(re.sub(r"-\d+$", "", name), ablation_table)
+
+
 def render_blocks(readme: str) -> str:
     """The document with every generated block rewritten from its results file."""
     def replace(match: re.Match) -> str:
         name = match.group(1)
         results = load_results(name)
-        renderer = (lr_choice_table if name.startswith(LR_CHOICE) else equivalence_table if name.endswith("-equivalence")
-                    else retrieval_table if name.endswith("-retrieval") else RENDERERS.get(
-                        re.sub(r"-\d+$", "", name), comparison_table if name.endswith("-tests") else ablation_table))
-        return f"<!-- results:{name} -->\n{renderer(results)}\n<!-- /results:{name} -->"
+        return f"<!-- results:{name} -->\n{renderer_for(name)(results)}\n<!-- /results:{name} -->"
 
     return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, readme, flags=re.S)
 

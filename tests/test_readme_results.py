@@ -169,6 +169,29 @@ def test_a_retrieval_table_shows_every_metric_beside_its_ceiling(tmp_path, monke
     assert "| text → image R-Precision | — | 21.0 ± 1.4 |" in table
 
 
+def test_convergence_needs_both_curves_flat_and_the_longer_schedule_no_better(tmp_path, monkeypatch):
+    """The pre-registered rule: a cell whose τ still rises over the last quarter, or whose longer schedule is better,
+    is "at the end of the schedule", however flat its recall."""
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    key = readme_results.CHOICE_METRIC
+
+    def run(cell, test, recall, tau_rise, seed):
+        return {"cell": cell, "headline": {"scenes-test/mean_recall": test},
+                "evaluations": [{"step": 14400, key: recall}, {"step": 19200, key: recall + (0.1, -0.1, 0.0)[seed]}],
+                "curve": {"steps": [9600, 14400, 19200], "scale": [10.0, 10.0, 10.0 + tau_rise + 0.01 * seed]}}
+    long = [run("flat", 50.0 + k, 60.0, 0.0, k) for k in range(3)] + [run("tau", 50.0 + k, 60.0, 1.0, k) for k in range(3)] \
+        + [run("better", 60.0 + k, 60.0, 0.0, k) for k in range(3)]
+    short = [run(cell, 50.0 + k, 60.0, 0.0, k) for cell in ("flat", "tau", "better") for k in range(3)]
+    for name, runs, steps in (("long", long, 19200), ("short", short, 9600)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ablation.json").write_text(json.dumps({"steps": steps, "runs": runs}))
+    table = readme_results.convergence_table({"about": "A.", "short": "short", "long": "long",
+                                              "cells": ["flat", "tau", "better"]})
+    verdicts = [line.rsplit(" | ", 1)[1] for line in table.splitlines()[4:7]]
+    assert verdicts == ["**converged** |", "**at the end of the schedule** |", "**at the end of the schedule** |"]
+    assert "19,200 − 9,600 steps" in table
+
+
 BLOCKS = sorted({name for document in readme_results.DOCUMENTS
                  for name in re.findall(r"<!-- results:([\w-]+) -->", document.read_text())})
 
