@@ -108,18 +108,21 @@ def experts_table(runs: list[dict]) -> str:
     values = experts_values(runs)
     sizes = sorted({k for per_k in values.values() for k in per_k})
     m = max(sizes)
-    paper = {k: PAPER_TABLE_10.get(k * PAPER_SUB_SPHERES // m) if PAPER_SUB_SPHERES % m == 0 else None for k in sizes}
+    same_share = {k: k * PAPER_SUB_SPHERES // m for k in sizes if k * PAPER_SUB_SPHERES % m == 0}
+    paper = {k: PAPER_TABLE_10.get(same_share.get(k)) for k in sizes}
     lines = [f"{len(runs)} runs (seeds), {runs[0]['draws']} random subsets per k (every subset when fewer), "
              f"{runs[0]['size']} test images per set, {runs[0]['mode']} mode.", "",
              "| set | chance | " + " | ".join(f"k = {k} of {m}" for k in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
     for name, per_k in values.items():
         cells = [f"{mean:.1f} ± {sd:.1f}" for mean, sd in (mean_std(per_k[k]) for k in sizes)]
         lines.append(f"| {name} | {100 / runs[0]['sets'][name]['classes']:.1f} | " + " | ".join(cells) + " |")
+    shown = [same_share[k] for k in sizes if paper[k]]
     lines.append(f"| *paper: ImageNet-1k, the same share of its {PAPER_SUB_SPHERES} sub-spheres "
-                 f"(k = {', '.join(str(k * PAPER_SUB_SPHERES // m) for k in sizes)}; ± over draws)* | *0.1* | "
+                 f"(k = {', '.join(map(str, shown))}; ± over draws)* | *0.1* | "
                  + " | ".join(f"*{paper[k]}*" if paper[k] else "—" for k in sizes) + " |")
-    return "\n".join(lines + ["", f"The paper's k = 1 of {PAPER_SUB_SPHERES} ({PAPER_TABLE_10[1]}) is a smaller share "
-                                   f"than any of ours."])
+    unplaced = [f"k = {k} ({value})" for k, value in PAPER_TABLE_10.items() if k not in shown]
+    return "\n".join(lines + (["", f"The paper's {', '.join(unplaced)} of {PAPER_SUB_SPHERES}: no share of ours matches."]
+                               if unplaced else []))
 
 
 def equilibrium_table(runs: list[dict], batch_size: int = 128) -> str:
@@ -203,6 +206,9 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
         return [r["headline"][metric.split(":", 1)[1]] for r in runs]
     if metric.startswith("retrieval:"):  # retrieval:SET/KEY, any metric of the final retrieval evaluation
         set_name, key = metric.split(":", 1)[1].split("/", 1)
+        if any("retrieval" not in r for r in runs):
+            raise KeyError(f"{source}'s ablation.json predates the runs' retrieval metrics; re-run its ablate command to "
+                           f"tabulate it again (nothing is retrained)")
         return [r["retrieval"][set_name][key] for r in runs]
     return [r[metric] for r in runs]
 
@@ -266,6 +272,23 @@ def comparison_table(spec: dict) -> str:
     return "\n".join(line for line in lines if line is not None).lstrip("\n")
 
 
+def pooled_values(refs: list, metric: str) -> list[float]:
+    """One metric of the seeds of one cell spread over several grids ([[source, cell], ...]: more seeds of a grid
+    trained later, `ablate --first-seed`); refused when a seed appears twice or the grids' schedules differ."""
+    values, seeds, steps = [], set(), set()
+    for source, cell in refs:
+        results = load_results(source)
+        found = [r["seed"] for r in results["runs"] if r["cell"] == cell]
+        if seeds & set(found) or len(set(found)) < len(found):
+            raise ValueError(f"{source}'s {cell} repeats a seed of {refs}: a run would be counted twice")
+        seeds |= set(found)
+        steps.add(results["steps"])
+        values += cell_values(source, cell, metric)
+    if len(steps) > 1:
+        raise ValueError(f"{refs} pools runs of {sorted(steps)} steps: one cell is one schedule")
+    return values
+
+
 def equivalence_table(spec: dict) -> str:
     """Markdown: a pre-registered comparison (docs/results/NAME-equivalence.json: {"about", "margin", "rows": [{"label",
     "metric", "digits"?, "a": [[source, cell], ...], "b": [...]}]}; each side's seeds pooled over its sources):
@@ -274,7 +297,7 @@ def equivalence_table(spec: dict) -> str:
     lines = [spec["about"], "", f"| endpoint | n (a, b) | a − b: 95 % CI, Welch's t | TOST at ±{margin:g}: 90 % CI, p | "
              "verdict |", "|---|---|---|---|---|"]
     for row in spec["rows"]:
-        a, b = ([v for source, cell in refs for v in cell_values(source, cell, row["metric"])] for refs in (row["a"], row["b"]))
+        a, b = (pooled_values(refs, row["metric"]) for refs in (row["a"], row["b"]))
         d, e, digits = welch(a, b), tost(a, b, margin), row.get("digits", 1)
         verdict = ("a > b" if d.effect > 0 else "a < b") if d.significant else (
             f"equivalent within ±{margin:g}" if e.equivalent else "undecided: no difference shown, nor equivalence")
@@ -285,30 +308,48 @@ def equivalence_table(spec: dict) -> str:
                                    f"at 5 % (TOST): equivalent when the 90 % interval lies inside ±{margin:g}."])
 
 
+def last_quarter(runs: list[dict], steps: int) -> dict:
+    """Validation mean recall and τ over the last quarter of the schedule (three quarters → the end), each: the paired t
+    of the change over the seeds and the seed-to-seed sd at the end."""
+    from topoclip.experiments.statistics import paired
+
+    recall = []
+    for run in runs:
+        logged = {e["step"]: e[CHOICE_METRIC] for e in run["evaluations"]}
+        if steps not in logged:
+            raise ValueError(f"{run['cell']} seed {run['seed']} has no validation evaluation at step {steps:,}")
+        quarter = min(logged, key=lambda step: abs(step - 0.75 * steps))
+        recall.append((logged[quarter], logged[steps]))
+    starts, ends, tau = tau_last_quarter(runs)
+    return {"recall": (paired([end for _, end in recall], [start for start, _ in recall]), mean_std([end for _, end in recall])[1]),
+            "tau": (tau, mean_std(ends)[1])}
+
+
 def convergence_table(spec: dict) -> str:
     """Markdown: the pre-registered convergence rule for each cell of a schedule pair (docs/results/NAME-convergence.json:
-    {"about", "short": grid, "long": grid, "cells": [...]}): "converged" only where, in the long grid, validation mean
-    recall and τ do not change over the last quarter (paired t, not significant at 5 %) and the long schedule's test
-    mean recall is not better than the short one's (Welch's t); otherwise "at the end of the schedule"."""
-    from topoclip.experiments.report import late_rise
-
+    {"about", "short": grid, "long": grid, "cells": [...]}). "Converged" only where, in the long grid, validation mean
+    recall and τ each change over the last quarter by less than their seed-to-seed sd and not significantly (paired t,
+    5 %), and the long schedule's test mean recall is not significantly better than the short one's (Welch's t);
+    otherwise "at the end of the schedule"."""
     long = load_results(spec["long"])
-    lines = [spec["about"], "", "| cell | validation mean recall, last quarter | τ, last quarter | test mean recall, "
+    lines = [spec["about"], "", "| cell | validation mean recall, last quarter (sd) | τ, last quarter (sd) | test mean recall, "
              f"{long['steps']:,} − {load_results(spec['short'])['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
     for cell in spec["cells"]:
         runs = [r for r in long["runs"] if r["cell"] == cell]
-        recall = late_rise(runs, CHOICE_METRIC, long["steps"])
-        tau = tau_last_quarter(runs)[2]
+        if len(runs) < 2:
+            raise ValueError(f"{spec['long']}: cell {cell} has {len(runs)} runs; the rule needs ≥ 2")
+        changes = last_quarter(runs, long["steps"])
         longer = welch(cell_values(spec["long"], cell, "headline:scenes-test/mean_recall"),
                        cell_values(spec["short"], cell, "headline:scenes-test/mean_recall"))
-        flat = not (recall["low"] > 0 or recall["high"] < 0) and not tau.significant
+        flat = all(not d.significant and abs(d.effect) < sd for d, sd in changes.values())
         converged = flat and not (longer.significant and longer.effect > 0)
-        lines.append(f"| {cell} | {recall['effect']:+.1f} ({recall['low']:+.1f} to {recall['high']:+.1f}), {format_p(recall['p'])} | "
-                     f"{tau.effect:+.2f} ({tau.low:+.2f} to {tau.high:+.2f}), {format_p(tau.p)} | {longer.effect:+.1f} "
-                     f"({longer.low:+.1f} to {longer.high:+.1f}), {format_p(longer.p)} | "
-                     f"**{'converged' if converged else 'at the end of the schedule'}** |")
-    return "\n".join(lines + ["", "Each change: mean and 95 % interval over the seeds. Converged: neither last-quarter change "
-                                   "is significant and the longer schedule is not significantly better "
+        shown = [f"{d.effect:+.{k}f} ({d.low:+.{k}f} to {d.high:+.{k}f}), {format_p(d.p)} ({sd:.{k}f})"
+                 for (d, sd), k in zip(changes.values(), (1, 2))]
+        lines.append(f"| {cell} | {shown[0]} | {shown[1]} | {longer.effect:+.1f} ({longer.low:+.1f} to {longer.high:+.1f}), "
+                     f"{format_p(longer.p)} | **{'converged' if converged else 'at the end of the schedule'}** |")
+    return "\n".join(lines + ["", "Each change: mean and 95 % interval over the seeds, the paired t's p, and in brackets the "
+                                   "seeds' sd at the end. Converged: each change smaller than that sd and not significant, "
+                                   "and the longer schedule not significantly better on test mean recall "
                                    "(preregistration-hard-task.md)."])
 
 
@@ -493,7 +534,7 @@ def retrieval_table(spec: dict) -> str:
         values = [mean_std(cell_values(c["source"], c["cell"], f"retrieval:{spec['set']}/{key}")) for c in spec["cells"]]
         bound = f"{ceiling[key]:.1f}" if key in ceiling else "—"
         lines.append(f"| {label} | {bound} | " + " | ".join(f"{m:.1f} ± {sd:.1f}" for m, sd in values) + " |")
-    return "\n".join(lines + ["", "Each cell: mean ± sd over its seeds, on the test split. The ceiling is the Bayes-optimal "
+    return "\n".join(lines + ["", f"Each cell: mean ± sd over its seeds, on {spec['set']}. The ceiling is the Bayes-optimal "
                                    "ranking's on the same set (`topoclip data ceiling`); mAP@R and R-Precision count every "
                                    "true caption, so the paired-caption ceiling does not bound them and none is given."])
 
@@ -512,43 +553,58 @@ def pilot_table(files: list[dict]) -> str:
 
 
 # The pre-registered rule (docs/results/preregistration-hard-task.md): a family's best lr is the cell whose runs
-# have the highest mean validation mean recall at the last validation evaluation of the schedule.
+# have the highest mean validation mean recall at the end of the schedule.
 CHOICE_METRIC = "scenes-val/mean_recall"
-LR_CHOICE = "lr-choice-"  # a block "lr-choice-GRID": lr_choice_table of GRID
+LR_CHOICE = "lr-choice-"  # a block "lr-choice-GRID": lr_choice_table of GRID (and GRID-final-validation.json)
+
+
+def end_of_schedule_validation(results: dict) -> dict[str, list[float]]:
+    """{cell: each seed's validation mean recall at the schedule's last step}: the run's own evaluation there, or,
+    for a run trained before the trainer evaluated the validation split at the last step, the value
+    scripts/final_validation.py measured on its final weights (results["final_validation"])."""
+    final = {(r["cell"], r["seed"]): r["eval"][CHOICE_METRIC] for r in results.get("final_validation", {}).get("runs", [])}
+    values: dict[str, list[float]] = {}
+    for run in results["runs"]:
+        last = run["evaluations"][-1] if run["evaluations"] else {}
+        if last.get("step") == results["steps"]:
+            value = last[CHOICE_METRIC]
+        elif (run["cell"], run["seed"]) in final:
+            value = final[run["cell"], run["seed"]]
+        else:
+            raise ValueError(f"{run['cell']} seed {run['seed']} has no validation evaluation at step {results['steps']:,}; "
+                             f"run scripts/final_validation.py on its grid")
+        values.setdefault(run["cell"], []).append(value)
+    return values
 
 
 def lr_choice(results: dict) -> dict[str, str]:
     """{family: the cell the pre-registered rule picks} of an lr grid whose cells are FAMILY_lr-LR."""
-    scores = {}
-    for run in results["runs"]:
-        scores.setdefault(run["cell"], []).append(run["evaluations"][-1][CHOICE_METRIC])
     best = {}
-    for cell, values in scores.items():
-        family = cell.split("_")[0]
-        if family not in best or mean_std(values)[0] > mean_std(scores[best[family]])[0]:
-            best[family] = cell
-    return best
+    for cell, values in end_of_schedule_validation(results).items():
+        family = cell.split("_lr-")[0]
+        if family not in best or mean_std(values)[0] > best[family][0]:
+            best[family] = (mean_std(values)[0], cell)
+    return {family: cell for family, (_, cell) in best.items()}
 
 
 def lr_choice_table(results: dict) -> str:
     """Markdown: each cell of an lr grid on the rule's validation metric and the test metrics, the picked cells bold."""
     chosen = set(lr_choice(results).values())
-    lines = ["| family | lr | n | validation mean recall (rule) | test mean recall | out-of-domain mean recall | "
-             "shape top-1 |", "|---|---|---|---|---|---|---|"]
-    for cell in dict.fromkeys(r["cell"] for r in results["runs"]):
+    validation = end_of_schedule_validation(results)
+    lines = [f"| family | lr | n | validation mean recall at step {results['steps']:,} (the rule) | test mean recall | "
+             "out-of-domain mean recall | zero-shot top-1 |", "|---|---|---|---|---|---|---|"]
+    for cell, values in validation.items():
         runs = [r for r in results["runs"] if r["cell"] == cell]
-        columns = [[r["evaluations"][-1][CHOICE_METRIC] for r in runs],
-                   [r["headline"]["scenes-test/mean_recall"] for r in runs],
+        columns = [values, [r["headline"]["scenes-test/mean_recall"] for r in runs],
                    [r["headline"]["scenes-test-ood/mean_recall"] for r in runs], [r["zero_shot_top1"] for r in runs]]
         family, lr = cell.split("_lr-")
         bold = "**" if cell in chosen else ""
         lines.append(f"| {family} | {bold}{lr}{bold} | {len(runs)} | "
-                     + " | ".join("{:.1f} ± {:.1f}".format(*mean_std(values)) for values in columns) + " |")
-    steps = sorted({r["evaluations"][-1]["step"] for r in results["runs"]})
-    return "\n".join(lines + ["", f"Each cell: mean ± sd over the seeds. Bold: the lr the pre-registered rule picks for "
-                                   f"the family, the highest mean validation mean recall at the last validation "
-                                   f"evaluation (step {', '.join(f'{s:,}' for s in steps)} of {results['steps']:,}); "
-                                   "the test columns played no part in the choice."])
+                     + " | ".join("{:.1f} ± {:.1f}".format(*mean_std(column)) for column in columns) + " |")
+    return "\n".join(lines + ["", "Each cell: mean ± sd over the seeds. Bold: the lr the pre-registered rule picks for the "
+                                   "family, the highest mean validation mean recall at the end of the schedule; the test "
+                                   "columns played no part in it. The validation split has fewer images per set "
+                                   "(evaluate.validation_size) than the test split, so its recall is higher."])
 
 
 def run_origin(grids: dict[str, dict], grid: str, run: dict) -> str:
@@ -704,7 +760,9 @@ def load_results(name: str):
     if name == "headline":  # computed from the grids of HEADLINE
         return headline_points()
     if name.startswith(LR_CHOICE):  # the pre-registered choice of each family's lr, from the grid after the prefix
-        return load_results(name.removeprefix(LR_CHOICE))
+        grid = name.removeprefix(LR_CHOICE)
+        final = RESULTS / f"{grid}-final-validation.json"
+        return {**load_results(grid), **({"final_validation": json.loads(final.read_text())} if final.is_file() else {})}
     if name == "claims-summary":
         return json.loads((RESULTS / "claims.json").read_text())
     if (RESULTS / f"{name}.json").is_file():

@@ -112,29 +112,35 @@ def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_
     assert "| t | 1e-3 | 0 % | 9,600 | 3, 3 | +2.0 (" in readme_results.headline_table([point])
 
 
-def test_the_lr_choice_is_the_highest_mean_validation_recall_whatever_the_test_says():
-    """The pre-registered rule of preregistration-hard-task.md: the last validation evaluation decides; a cell that is
-    better on the test split, or at an earlier evaluation, is not picked."""
-    def run(cell, early, last, test):
-        return {"cell": cell, "zero_shot_top1": 50.0,
-                "evaluations": [{"step": 800, readme_results.CHOICE_METRIC: early}, {"step": 8800, readme_results.CHOICE_METRIC: last}],
+def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever_the_test_says():
+    """The pre-registered rule of preregistration-hard-task.md: validation at the schedule's last step decides; a cell
+    better on the test split, or at an earlier evaluation, is not picked. A run whose trainer stopped validating one
+    eval_every short of the end takes scripts/final_validation.py's value; without one it is refused."""
+    key = readme_results.CHOICE_METRIC
+
+    def run(cell, seed, early, last, test, last_step=9600):
+        return {"cell": cell, "seed": seed, "zero_shot_top1": 50.0,
+                "evaluations": [{"step": 800, key: early}, {"step": last_step, key: last}],
                 "headline": {"scenes-test/mean_recall": test, "scenes-test-ood/mean_recall": test / 2}}
-    results = {"steps": 9600, "runs": [run("multi_lr-1e-3", 10, 70, 40), run("multi_lr-1e-3", 10, 72, 40),
-                                       run("multi_lr-2e-3", 90, 73, 60), run("multi_lr-2e-3", 90, 68, 60),
-                                       run("sphere_lr-5e-4", 10, 50, 30)]}
+    runs = [run("multi_lr-1e-3", 0, 10, 70, 40), run("multi_lr-1e-3", 1, 10, 72, 40), run("multi_lr-2e-3", 0, 90, 73, 60),
+            run("multi_lr-2e-3", 1, 90, 68, 60), run("sphere_lr-5e-4", 0, 10, 50, 30, last_step=8800)]
+    final = {"runs": [{"cell": "sphere_lr-5e-4", "seed": 0, "eval": {key: 51.0}}]}
+    results = {"steps": 9600, "runs": runs, "final_validation": final}
     assert readme_results.lr_choice(results) == {"multi": "multi_lr-1e-3", "sphere": "sphere_lr-5e-4"}
     table = readme_results.lr_choice_table(results)
     assert "| multi | **1e-3** | 2 | 71.0 ± 1.4 | 40.0 ± 0.0 | 20.0 ± 0.0 | 50.0 ± 0.0 |" in table
-    assert "| multi | 2e-3 | 2 | 70.5 ± 3.5 | 60.0 ± 0.0 |" in table and "(step 8,800 of 9,600)" in table
+    assert "| multi | 2e-3 | 2 | 70.5 ± 3.5 | 60.0 ± 0.0 |" in table and "| sphere | **5e-4** | 1 | 51.0 ± 0.0 |" in table
+    with pytest.raises(ValueError, match="scripts/final_validation.py"):
+        readme_results.lr_choice({"steps": 9600, "runs": runs})
 
 
 def test_an_equivalence_row_pools_each_sides_seeds_and_tests_equivalence_only_without_a_difference(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
-    for grid, values in (("old", {"m": [45.0, 46.0], "s": [45.5, 44.5], "far": [40.0, 41.0]}),
-                         ("new", {"m": [45.5, 46.5, 44.5], "s": [45.0, 46.0, 45.0], "far": [40.5, 41.5, 39.5]})):
+    for grid, first, values in (("old", 0, {"m": [45.0, 46.0], "s": [45.5, 44.5], "far": [40.0, 41.0]}),
+                                ("new", 2, {"m": [45.5, 46.5, 44.5], "s": [45.0, 46.0, 45.0], "far": [40.5, 41.5, 39.5]})):
         (tmp_path / grid).mkdir()
-        runs = [{"cell": cell, "headline": {"x": v}} for cell, vs in values.items() for v in vs]
-        (tmp_path / grid / "ablation.json").write_text(json.dumps({"runs": runs}))
+        runs = [{"cell": cell, "seed": first + k, "headline": {"x": v}} for cell, vs in values.items() for k, v in enumerate(vs)]
+        (tmp_path / grid / "ablation.json").write_text(json.dumps({"steps": 9600, "runs": runs}))
     def row(b):
         return {"label": "x", "metric": "headline:x", "a": [["old", "m"], ["new", "m"]], "b": [["old", b], ["new", b]]}
     table = readme_results.equivalence_table({"about": "A.", "margin": 2.0, "rows": [row("s"), row("far")]})
@@ -144,6 +150,8 @@ def test_an_equivalence_row_pools_each_sides_seeds_and_tests_equivalence_only_wi
     assert same.startswith("| x | 5, 5 | +0.3 (") and f"{e.low:+.1f} to {e.high:+.1f}" in same
     assert e.equivalent and same.endswith("**equivalent within ±2** |")
     assert differ.endswith("**a > b** |")
+    with pytest.raises(ValueError, match="counted twice"):  # the same grid twice: its seeds would count twice
+        readme_results.pooled_values([["old", "m"], ["old", "m"]], "headline:x")
 
 
 def test_the_papers_table_10_stands_beside_our_k_with_the_same_share_of_sub_spheres():
@@ -170,26 +178,32 @@ def test_a_retrieval_table_shows_every_metric_beside_its_ceiling(tmp_path, monke
 
 
 def test_convergence_needs_both_curves_flat_and_the_longer_schedule_no_better(tmp_path, monkeypatch):
-    """The pre-registered rule: a cell whose τ still rises over the last quarter, or whose longer schedule is better,
-    is "at the end of the schedule", however flat its recall."""
+    """The pre-registered rule: a cell whose validation recall or τ still moves over the last quarter, or whose longer
+    schedule is better, is "at the end of the schedule"; only a cell that passes all three is "converged"."""
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
     key = readme_results.CHOICE_METRIC
+    jitter = (0.1, -0.1, 0.0)  # per seed: a change that is no change
 
-    def run(cell, test, recall, tau_rise, seed):
-        return {"cell": cell, "headline": {"scenes-test/mean_recall": test},
-                "evaluations": [{"step": 14400, key: recall}, {"step": 19200, key: recall + (0.1, -0.1, 0.0)[seed]}],
-                "curve": {"steps": [9600, 14400, 19200], "scale": [10.0, 10.0, 10.0 + tau_rise + 0.01 * seed]}}
-    long = [run("flat", 50.0 + k, 60.0, 0.0, k) for k in range(3)] + [run("tau", 50.0 + k, 60.0, 1.0, k) for k in range(3)] \
-        + [run("better", 60.0 + k, 60.0, 0.0, k) for k in range(3)]
-    short = [run(cell, 50.0 + k, 60.0, 0.0, k) for cell in ("flat", "tau", "better") for k in range(3)]
+    def run(cell, seed, test=50.0, recall_rise=0.0, tau_rise=0.0):
+        recall, tau = 60.0 + 2 * seed, 10.0 + seed  # the seeds spread by 2 and 1 at the end
+        return {"cell": cell, "seed": seed, "headline": {"scenes-test/mean_recall": test + seed},
+                "evaluations": [{"step": 14400, key: recall - recall_rise - jitter[seed]}, {"step": 19200, key: recall}],
+                "curve": {"steps": [9600, 14400, 19200], "scale": [tau, tau - tau_rise - jitter[seed] / 10, tau]}}
+    long = [run("flat", k) for k in range(3)] + [run("tau", k, tau_rise=1.0) for k in range(3)] \
+        + [run("recall", k, recall_rise=1.0) for k in range(3)] + [run("better", k, test=60.0) for k in range(3)] \
+        + [run("drift", k, recall_rise=(3.0, 0.0, 6.0)[k]) for k in range(3)]  # +3.0: not significant, but > sd 2
+    short = [run(cell, k) for cell in ("flat", "tau", "recall", "better", "drift") for k in range(3)]
     for name, runs, steps in (("long", long, 19200), ("short", short, 9600)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "ablation.json").write_text(json.dumps({"steps": steps, "runs": runs}))
     table = readme_results.convergence_table({"about": "A.", "short": "short", "long": "long",
-                                              "cells": ["flat", "tau", "better"]})
-    verdicts = [line.rsplit(" | ", 1)[1] for line in table.splitlines()[4:7]]
-    assert verdicts == ["**converged** |", "**at the end of the schedule** |", "**at the end of the schedule** |"]
-    assert "19,200 − 9,600 steps" in table
+                                              "cells": ["flat", "tau", "recall", "better", "drift"]})
+    verdicts = [line.rsplit(" | ", 1)[1] for line in table.splitlines()[4:9]]
+    assert verdicts == ["**converged** |"] + ["**at the end of the schedule** |"] * 4
+    assert "| drift | +3.0 (" in table and "p = 0.2" in table.splitlines()[8]
+    assert "19,200 − 9,600 steps" in table and "| flat | +0.0 (" in table and "(2.0) |" in table
+    with pytest.raises(ValueError, match="no validation evaluation at step 19,200"):
+        readme_results.last_quarter([{**long[0], "evaluations": long[0]["evaluations"][:1]}], 19200)
 
 
 BLOCKS = sorted({name for document in readme_results.DOCUMENTS
@@ -310,3 +324,33 @@ def test_no_comparison_spec_asks_the_same_comparison_twice():
         if len(set(keys)) < len(keys) or len(set(labels)) < len(labels):
             repeated[path.name] = len(keys) - len(set(keys))
     assert repeated == {}
+
+
+@pytest.mark.slow
+def test_final_validation_is_the_trainers_own_evaluation_at_the_last_step(tmp_path, capsys):
+    """scripts/final_validation.py gives a run trained before the trainer validated at the last step what the trainer
+    now logs there: the same sets, code and weights."""
+    import torch
+
+    from topoclip.config import load_config
+    from topoclip.training.logger import read_metrics
+    from topoclip.training.trainer import train
+
+    spec = importlib.util.spec_from_file_location("final_validation", ROOT / "scripts" / "final_validation.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = train(load_config("tiny", ["train.steps=4", "train.eval_every=2", "train.threads=1", "train.num_workers=0",
+                                     "evaluate.size=16", "evaluate.validation_size=16", "data.scenes.train_size=256"]),
+                out_dir=tmp_path / "runs" / "cell" / "seed-0", progress=False)
+    logged = [r for r in read_metrics(run / "metrics.jsonl") if "eval" in r and not r.get("final")]
+    assert [r["step"] for r in logged] == [2, 4]  # the schedule's end is validated too
+    capsys.readouterr()  # the run's own summary
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the run evaluated: one thread, the same float sums, so the same ranks
+    try:
+        script.main(str(tmp_path))
+    finally:
+        torch.set_num_threads(threads)
+    (measured,) = json.loads(capsys.readouterr().out)["runs"]
+    assert (measured["cell"], measured["seed"], measured["step"]) == ("cell", 0, 4)
+    assert measured["eval"] == logged[-1]["eval"]

@@ -111,6 +111,9 @@ def test_reuse_copies_runs_with_the_same_config(tmp_path, capsys):
     assert result["first_seed"] == 1 and result["trained_now"] == 0 and result["reused_now"] == 2
     assert sorted(p.name for p in (more / "runs" / "multi").iterdir()) == ["seed-1"]
     assert {run["seed"] for run in result["runs"]} == {1}
+    assert read_runs(more)[("multi", 1)]["reused_from"] == os.path.relpath(source / "runs" / "multi" / "seed-1", more)
+    assert json.loads((more / "runs" / "multi" / "seed-1" / "config.json").read_text())["train"]["seed"] == 1
+    assert "(train.seed 1 … 1)" in (more / "table.md").read_text()
 
 
 @pytest.mark.slow
@@ -178,7 +181,7 @@ def read_runs(out):
 @pytest.mark.slow
 def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     out = tmp_path / "table3"
-    # evaluations at steps 1 and 2 of 3: the curves and the "still rising?" column have two points
+    # evaluations at steps 1, 2 and 3 of 3 (the last step too): the curves and the "still rising?" column have points
     cells = ["--cells", "sphere_t-2.659", "ps-inner_t-0-fixed", "--set", "train.eval_every=1"]
     assert main(["ablate", "--grid", "table3", *FAST, *cells, "--out", str(out)]) == 0
     table = (out / "table.md").read_text().splitlines()
@@ -192,8 +195,8 @@ def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     result = json.loads((out / "ablation.json").read_text())
     rise = result["rows"][0]["late_rise"]["shape/distance/top1"]
     runs = [r for r in result["runs"] if r["cell"] == "sphere_t-2.659"]
-    assert (rise["from_step"], rise["to_step"]) == (1, 2) and [e["step"] for e in runs[0]["evaluations"]] == [1, 2]
-    gains = [run["evaluations"][1]["shape/distance/top1"] - run["evaluations"][0]["shape/distance/top1"] for run in runs]
+    assert (rise["from_step"], rise["to_step"]) == (2, 3) and [e["step"] for e in runs[0]["evaluations"]] == [1, 2, 3]
+    gains = [run["evaluations"][2]["shape/distance/top1"] - run["evaluations"][1]["shape/distance/top1"] for run in runs]
     assert rise["effect"] == pytest.approx(sum(gains) / 2, abs=1e-12)  # values in %: 1e-12 is far above rounding
     assert result["trained_now"] == 4 and len(result["rows"]) == 2
     first = read_runs(out)

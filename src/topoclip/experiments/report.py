@@ -78,7 +78,8 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
              ("" if meta["cells"] == "all" else f"Reduced grid: the cells matching {' '.join(meta['cells'])}. ")
              + (f"{meta['reused']} of the {len(rows) * meta['seeds']} runs are copies of runs of other ablations made "
                 f"with the same config (`--reuse`; `reused_from` in ablation.json). " if meta.get("reused") else "")
-             + f"Mean ± sample std over n = {meta['seeds']} seed(s) (train.seed 0 … {meta['seeds'] - 1}); base preset "
+             + f"Mean ± sample std over n = {meta['seeds']} seed(s) (train.seed {meta.get('first_seed', 0)} … "
+             f"{meta.get('first_seed', 0) + meta['seeds'] - 1}); base preset "
              f"`{meta['preset']}`; {meta['steps']} steps; command `{meta['command']}`. "
              f"Retrieval: built-in scenes test split (in-domain), R@1 in %; zero-shot: the `{grid.zero_shot_set}` set, "
              f"distance mode; linear probe: L-BFGS logistic regression on the frozen class-token features "

@@ -183,7 +183,8 @@ def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None,
         records, trained = finish_runs(specs, jobs, probe_size, log)
         meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "first_seed": first_seed,
                 "preset": preset or grid.preset, "steps": load_config(values=specs[0].config).train.steps,
-                "command": command or f"ablate({grid_name!r}, seeds={seeds}, steps={steps}, jobs={jobs}, preset={preset!r})",
+                "command": command or (f"ablate({grid_name!r}, seeds={seeds}, first_seed={first_seed}, steps={steps}, "
+                                       f"jobs={jobs}, preset={preset!r})"),
                 "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": trained, "reused_now": reused,
                 "reused": sum(r["reused_from"] is not None for r in records),
                 "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),

@@ -286,7 +286,7 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
                         **({"skipped_steps": guard.skipped} if guard.skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
-        if evaluation_due and done < settings.steps:  # every rank embeds its share of the images
+        if evaluation_due:  # every rank embeds its share of the images (the last step too: the schedule's end on val)
             values = run_evaluation(model, run.tokenizer, config, "val", device)
             if main:
                 logger.log({"step": done, "eval": values})
