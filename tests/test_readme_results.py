@@ -90,6 +90,12 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     rows = readme_results.tau_late_rise()
     rising = sum(row["p"] < 0.05 and row["change"] > 0 for row in rows)
     assert f"in {rising} of {len(rows)} long cells" in answer
+    chosen = readme_results.lr_choice(readme_results.load_results("lr-choice-hard-lr-9600"))
+    lrs = {family: cell.split("_lr-")[1] for family, cell in chosen.items()}
+    assert f"(Multi {lrs['multi']}, the sphere {lrs['sphere']})" in answer
+    lead = readme_results.welch(*(readme_results.cell_values("hard-lr-9600", chosen[family], "headline:scenes-test/mean_recall")
+                                  for family in ("multi", "sphere")))
+    assert f"Multi is {lead.effect:+.1f} points\n   of mean recall ahead (95 % interval {lead.low:+.1f} to {lead.high:+.1f}" in answer
 
 
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
@@ -204,6 +210,23 @@ def test_convergence_needs_both_curves_flat_and_the_longer_schedule_no_better(tm
     assert "19,200 − 9,600 steps" in table and "| flat | +0.0 (" in table and "(2.0) |" in table
     with pytest.raises(ValueError, match="no validation evaluation at step 19,200"):
         readme_results.last_quarter([{**long[0], "evaluations": long[0]["evaluations"][:1]}], 19200)
+
+
+def test_the_full_scenes_presets_are_the_preregistered_task_at_each_familys_chosen_lr():
+    """cpu-{multi,sphere}-full-scenes train the task whose ceiling ceiling-hard.json gives, at the lr the
+    pre-registered rule chose for the family; apart from the scenes and the schedule they are the family's preset."""
+    from topoclip.config import load_config, to_dict
+    from topoclip.experiments.grid import config_differences
+
+    ceiling = json.loads((ROOT / "docs" / "results" / "ceiling-hard.json").read_text())
+    task = load_config(ceiling["preset"], ceiling["overrides"]).data.scenes
+    chosen = readme_results.lr_choice(readme_results.load_results("lr-choice-hard-lr-9600"))
+    for family in ("multi", "sphere"):
+        preset = load_config(f"cpu-{family}-full-scenes")
+        assert preset.data.scenes == task
+        assert readme_results.lr_name(preset.train.lr) == chosen[family].split("_lr-")[1]
+        assert sorted(config_differences(to_dict(preset), to_dict(load_config(f"cpu-{family}")))) == [
+            "data.scenes.max_objects", "data.scenes.object_scale", "train.lr", "train.steps"]  # the name aside
 
 
 BLOCKS = sorted({name for document in readme_results.DOCUMENTS
