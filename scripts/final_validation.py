@@ -8,8 +8,11 @@ evaluation is one `train.eval_every` short of the end. The pre-registered lr rul
 same sets and code as a periodic evaluation (the "val" split at evaluate.validation_size images per set).
 """
 import json
+import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 from topoclip.checkpoint import CHECKPOINTS, checkpoint_step, load_checkpoint, step_checkpoints
 from topoclip.evaluation.run import evaluate, headline
@@ -29,8 +32,10 @@ def main(folder: str) -> None:
                      "eval": headline(records)})
         print(f"{run.parent.name} seed {config.train.seed}: validation mean recall "
               f"{runs[-1]['eval']['scenes-val/mean_recall']:.2f}", file=sys.stderr)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
     print(json.dumps({"command": f"python scripts/final_validation.py X/{Path(folder).name}", "split": "val",
-                      "runs": runs}, separators=(",", ":")))
+                      "commit": commit, "threads": torch.get_num_threads(), "runs": runs}, separators=(",", ":")))
 
 
 if __name__ == "__main__":

@@ -455,6 +455,7 @@ def plot_headline(points: list[dict], path: Path) -> Path:
     figure, axes = plt.subplots(len(HEADLINE_METRICS), len(tasks), figsize=(6.0 * len(tasks), 3.6 * len(HEADLINE_METRICS)),
                                 squeeze=False)
     ticks = sorted({p["steps"] for p in points}) or [9600]
+    recipes = list(dict.fromkeys((p["lr"], p["noise"]) for p in points))  # one colour per recipe, in every panel
     for column, task in enumerate(tasks):
         series = list(dict.fromkeys((p["lr"], p["noise"]) for p in points if p["task"] == task))
         for row, name in enumerate(HEADLINE_METRICS):
@@ -468,6 +469,7 @@ def plot_headline(points: list[dict], path: Path) -> Path:
                 effect = [p[name]["effect"] for p in mine]
                 errors = [[p[name]["effect"] - p[name]["low"] for p in mine], [p[name]["high"] - p[name]["effect"] for p in mine]]
                 axis.errorbar(steps, effect, yerr=errors, marker="o", capsize=3, linewidth=1.2,
+                              color=f"C{recipes.index((lr, noise)) % 10}",
                               label=f"lr {lr_name(lr)}" + (f", {noise} % noise" if noise else ""))
             if not series:
                 axis.text(0.5, 0.5, "no finished grid yet\n(pre-registered, runs under way)", ha="center", va="center",
@@ -562,7 +564,8 @@ def end_of_schedule_validation(results: dict) -> dict[str, list[float]]:
     """{cell: each seed's validation mean recall at the schedule's last step}: the run's own evaluation there, or,
     for a run trained before the trainer evaluated the validation split at the last step, the value
     scripts/final_validation.py measured on its final weights (results["final_validation"])."""
-    final = {(r["cell"], r["seed"]): r["eval"][CHOICE_METRIC] for r in results.get("final_validation", {}).get("runs", [])}
+    final = {(r["cell"], r["seed"]): r["eval"][CHOICE_METRIC] for r in results.get("final_validation", {}).get("runs", [])
+             if r["step"] == results["steps"]}
     values: dict[str, list[float]] = {}
     for run in results["runs"]:
         last = run["evaluations"][-1] if run["evaluations"] else {}

@@ -71,7 +71,7 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     """A reader's check (issue #44): each number the front page's answer quotes, recomputed here from the JSON it
     comes from and printed as the answer prints it; a number typed by hand, or one the JSON no longer gives, fails."""
     report = (ROOT / "docs" / "results" / "README.md").read_text().replace("−", "-")
-    answer = report[report.index("## The answer in five lines"):report.index("## The headline figure")]
+    answer = " ".join(report[report.index("## The answer in five lines"):report.index("## The headline figure")].split())
     points = {(p["task"], p["lr"], p["noise"], p["steps"]): p for p in readme_results.headline_points()}
     best = points["built-in", 1e-3, 0, 9600]["in-domain"]
     assert f"{best['effect']:+.1f} points of mean recall, 95 % interval {best['low']:+.1f} to {best['high']:+.1f}" in answer
@@ -95,7 +95,7 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     assert f"(Multi {lrs['multi']}, the sphere {lrs['sphere']})" in answer
     lead = readme_results.welch(*(readme_results.cell_values("hard-lr-9600", chosen[family], "headline:scenes-test/mean_recall")
                                   for family in ("multi", "sphere")))
-    assert f"Multi is {lead.effect:+.1f} points\n   of mean recall ahead (95 % interval {lead.low:+.1f} to {lead.high:+.1f}" in answer
+    assert f"Multi is {lead.effect:+.1f} points of mean recall ahead (95 % interval {lead.low:+.1f} to {lead.high:+.1f}" in answer
 
 
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
@@ -130,7 +130,7 @@ def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever
                 "headline": {"scenes-test/mean_recall": test, "scenes-test-ood/mean_recall": test / 2}}
     runs = [run("multi_lr-1e-3", 0, 10, 70, 40), run("multi_lr-1e-3", 1, 10, 72, 40), run("multi_lr-2e-3", 0, 90, 73, 60),
             run("multi_lr-2e-3", 1, 90, 68, 60), run("sphere_lr-5e-4", 0, 10, 50, 30, last_step=8800)]
-    final = {"runs": [{"cell": "sphere_lr-5e-4", "seed": 0, "eval": {key: 51.0}}]}
+    final = {"runs": [{"cell": "sphere_lr-5e-4", "seed": 0, "step": 9600, "eval": {key: 51.0}}]}
     results = {"steps": 9600, "runs": runs, "final_validation": final}
     assert readme_results.lr_choice(results) == {"multi": "multi_lr-1e-3", "sphere": "sphere_lr-5e-4"}
     table = readme_results.lr_choice_table(results)

@@ -4,21 +4,27 @@ import json
 import pytest
 
 from topoclip.config import ConfigError, load_config, to_dict
-from topoclip.training.logger import read_metrics
+from topoclip.training.logger import read_metrics, reporter_scalars
 from topoclip.training.trainer import train
 
 SHORT = ["train.steps=4", "train.log_every=2", "train.eval_every=2", "evaluate.size=16", "evaluate.validation_size=16"]
 
 
 def logged_scalars(run) -> set[str]:
-    """The numeric keys metrics.jsonl holds, as the reporters name them ("eval/shape/distance/top1", ...)."""
-    from topoclip.config import flat_dict
-
+    """The numeric keys metrics.jsonl holds, as the reporters name them ("eval/shape/distance/top1" for validation,
+    "test/shape/distance/top1" for the final evaluation, ...)."""
     keys = set()
     for record in read_metrics(run / "metrics.jsonl"):
-        keys |= {key for key, value in flat_dict(record, "/").items()
-                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+        keys |= set(reporter_scalars(record))
     return keys
+
+
+def test_validation_and_the_final_test_evaluation_are_apart_at_the_last_step():
+    """The last step has both; the same set names in both splits must not share a chart."""
+    validation = reporter_scalars({"step": 4, "eval": {"shape/distance/top1": 50.0}})
+    test = reporter_scalars({"step": 4, "eval": {"shape/distance/top1": 60.0}, "final": True})
+    assert validation == {"eval/shape/distance/top1": 50.0} and test == {"test/shape/distance/top1": 60.0}
+    assert reporter_scalars({"step": 4, "loss": 2.0, "data": {"kept": 3}}) == {"loss": 2.0, "data/kept": 3}
 
 
 @pytest.mark.slow

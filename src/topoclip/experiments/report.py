@@ -36,9 +36,12 @@ def curve_metrics(zero_shot_set: str) -> dict[str, str]:
 
 
 def late_rise(runs: Sequence[dict], key: str, steps: int) -> Optional[dict]:
-    """Paired t of `key` at the runs' last periodic evaluation against the one nearest LATE_FRACTION of the
-    run before it; None unless ≥ 2 runs have both."""
-    logged = [{e["step"]: e[key] for e in run.get("evaluations", []) if key in e} for run in runs]
+    """Paired t of `key` at the runs' last periodic evaluation before the last step against the one nearest
+    LATE_FRACTION of the run before it; None unless ≥ 2 runs have both. The validation at the last step itself is left
+    out: runs trained before the trainer validated there have none, and a cell mixing both (`--reuse`) would else
+    compare its seeds over different steps."""
+    logged = [{e["step"]: e[key] for e in run.get("evaluations", []) if key in e and (not steps or e["step"] < steps)}
+              for run in runs]
     common = sorted(set.intersection(*(set(points) for points in logged))) if logged else []
     if len(runs) < 2 or len(common) < 2:
         return None

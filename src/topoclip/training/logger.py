@@ -26,7 +26,6 @@ from topoclip.atomic import save_png_atomic, write_text_atomic
 from topoclip.run_folder import METRICS, PLOTS, parse_metrics_lines, read_metrics
 
 
-
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep only the complete records with step <= `step` (resuming from `step`); replaced atomically.
 
@@ -41,6 +40,15 @@ def truncate_metrics(path: Path, step: int) -> None:
         warnings.warn(f"{path}: dropped {'; '.join(problems)}; kept {len(records)} complete records", stacklevel=2)
     kept = [r for r in records if r.get("step", 0) <= step]
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def reporter_scalars(record: dict) -> dict[str, float]:
+    """A metrics.jsonl record's numbers under the names TensorBoard and W&B show: "eval/…" for a validation
+    evaluation, "test/…" for the final one (the two splits name their sets alike, and the last step has both)."""
+    split = "test/" if record.get("final") else "eval/"
+    return {(split + key[len("eval/"):] if key.startswith("eval/") else key): value
+            for key, value in flat_dict(record, "/").items()
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 class MetricsLogger:
@@ -79,8 +87,7 @@ class MetricsLogger:
         self.handle.write(json.dumps(record) + "\n")
         self.handle.flush()
         step = record.get("step", 0)
-        scalars = {key: value for key, value in flat_dict(record, "/").items()
-                   if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+        scalars = reporter_scalars(record)
         if self.writer is not None:
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, step)
@@ -139,9 +146,6 @@ def start_wandb(run_dir: Path, config: dict):
     # checkpoint, which W&B's monotonic _step would refuse.
     run.define_metric("*", step_metric="step")
     return run
-
-
-
 
 
 def number(value) -> bool:

@@ -268,7 +268,7 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
         loss = forward_backward_loss(run.trained, images, text, loss_name, accumulation_steps=settings.accumulation_steps,
                                      precision=settings.precision, scaler=state.scaler, keywords=keywords)
         checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
-        evaluation_due = settings.eval_every and done % settings.eval_every == 0
+        evaluation_due = settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps)
         verdict = guard.judge(model, loss, done, reads_due=checkpoint_due or evaluation_due
                               or done % settings.log_every == 0)
         if verdict.vouched is not None:  # the checkpoint held at the last step: its weights gave a finite loss
