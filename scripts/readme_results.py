@@ -27,7 +27,7 @@ from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
 from topoclip.experiments.grid import load_grid
 from topoclip.experiments.report import markdown_table
-from topoclip.experiments.statistics import format_p, holm, mean_std, prediction, tost, welch
+from topoclip.experiments.statistics import format_p, holm, mean_std, paired, prediction, tost, welch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -189,7 +189,8 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
 
     An ablation: metric is a Table 6 column of its runs (final_t, i2t_r1, t2i_r1, zero_shot_top1,
     linear_probe_top1, convergence_step), "tau" (exp of each run's final t), "headline:KEY" (a metric of
-    each run's final evaluation) or "retrieval:SET/KEY" (any retrieval metric of it, mAP@R and R-Precision too). A compare: cell is "multi" or "sphere", metric a row of its table.
+    each run's final evaluation) or "retrieval:SET/KEY" (any retrieval metric of it, mAP@R and R-Precision too).
+    A compare: cell is "multi" or "sphere", metric a row of its table.
     The experts: cell is k, set_name the zero-shot set.
     """
     results = load_results(source)
@@ -311,8 +312,6 @@ def equivalence_table(spec: dict) -> str:
 def last_quarter(runs: list[dict], steps: int) -> dict:
     """Validation mean recall and τ over the last quarter of the schedule (three quarters → the end), each: the paired t
     of the change over the seeds and the seed-to-seed sd at the end."""
-    from topoclip.experiments.statistics import paired
-
     recall = []
     for run in runs:
         logged = {e["step"]: e[CHOICE_METRIC] for e in run["evaluations"]}
@@ -582,11 +581,11 @@ def end_of_schedule_validation(results: dict) -> dict[str, list[float]]:
 
 def lr_choice(results: dict) -> dict[str, str]:
     """{family: the cell the pre-registered rule picks} of an lr grid whose cells are FAMILY_lr-LR."""
-    best = {}
+    best: dict[str, tuple[float, str]] = {}
     for cell, values in end_of_schedule_validation(results).items():
-        family = cell.split("_lr-")[0]
-        if family not in best or mean_std(values)[0] > best[family][0]:
-            best[family] = (mean_std(values)[0], cell)
+        family, mean = cell.split("_lr-")[0], mean_std(values)[0]
+        if family not in best or mean > best[family][0]:
+            best[family] = (mean, cell)
     return {family: cell for family, (_, cell) in best.items()}
 
 
@@ -627,8 +626,6 @@ def run_origin(grids: dict[str, dict], grid: str, run: dict) -> str:
 
 def tau_last_quarter(runs: list[dict]):
     """Each run's τ at three quarters of its schedule and at its end (from its curve), and the paired t of the change."""
-    from topoclip.experiments.statistics import paired
-
     starts, ends = [], []
     for run in runs:
         steps, scale = run["curve"]["steps"], run["curve"]["scale"]
