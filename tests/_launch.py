@@ -1,5 +1,6 @@
 """Starting `topoclip train` under torchrun from a test: 2 (or N) gloo processes on the CPU, on loopback."""
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +28,21 @@ def torchrun(cwd, *arguments: str, world: int = 2) -> subprocess.CompletedProces
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "topoclip", "train",
                *arguments, "--quiet"]
-    done = subprocess.run(command, cwd=cwd, env=launch_env(), capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT_S)
+    # A launch takes ~10 s; one past the timeout hangs. Then every process of it prints where each of its threads
+    # stands (faulthandler on SIGABRT) before the test fails, so a rare hang in CI names its place.
+    with subprocess.Popen(command, cwd=cwd, env={**launch_env(), "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=LAUNCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGABRT)
+            try:
+                stdout, stderr = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                stdout, stderr = process.communicate()
+            raise AssertionError(f"torchrun hung past {LAUNCH_TIMEOUT_S} s; the stacks of its processes:\n"
+                                 f"{stdout[-3000:]}\n{stderr[-20000:]}") from None
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done

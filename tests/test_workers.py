@@ -1,9 +1,18 @@
-"""topoclip.workers: what forks DataLoader workers needs before (settle_before_fork) and in them (start_worker;
-its tests are in test_hostile_inputs.py)."""
+"""topoclip.workers: how DataLoader workers start (worker_options), what a fork needs before (settle_before_fork)
+and what a worker does first (start_worker; its tests are in test_hostile_inputs.py)."""
+import os
+import subprocess
+import sys
 import threading
 import time
 
-from topoclip.workers import settle_before_fork
+import numpy as np
+import pytest
+import torch
+
+from topoclip.workers import settle_before_fork, worker_options
+
+from _launch import free_port, launch_env
 
 
 def test_a_feeder_thread_that_is_ending_ends_before_the_next_fork():
@@ -26,3 +35,99 @@ def test_a_live_feeder_costs_at_most_the_timeout():
     live.join()
     # Not a timing test: the bound is 4 s for one 0.05 s wait, however loaded the machine.
     assert time.perf_counter() - started < 4.0
+
+
+def test_one_process_forks_its_workers_and_no_workers_need_no_options():
+    assert worker_options(0) == {"num_workers": 0}
+    options = worker_options(2)
+    assert options["num_workers"] == 2 and "multiprocessing_context" not in options  # plain fork, milliseconds
+
+
+# Run in a process of its own: a gloo group of one (as `topoclip train` under torchrun has), then every DataLoader
+# topoclip makes, with 2 workers and with none. A worker returns its parent's pid, so the test sees who forked it.
+UNDER_TORCH_DISTRIBUTED = """
+import os, sys
+import numpy as np, torch, torch.distributed as dist
+from PIL import Image
+from topoclip.data.folders import LazyImages
+from topoclip.data.scene_batches import AugmentedScenes, RenderedScenes, collate
+from topoclip.data.scenes import SceneConfig, SceneDataset
+from topoclip.evaluation.zeroshot import _pixel_batches
+from topoclip.transforms import eval_transform, train_transform
+from topoclip.workers import worker_options
+from parents import Parent
+
+def loaders(workers, folder):
+    paths = []
+    for i in range(6):
+        paths.append(os.path.join(folder, f"{i}.png"))
+        Image.fromarray(np.full((40, 40, 3), 40 * i, np.uint8)).save(paths[-1])
+    yield "evaluation", torch.cat(list(_pixel_batches(LazyImages(paths), eval_transform(32), 4, 0, 6, workers)))
+    scenes = SceneDataset(SceneConfig(train_size=64, val_size=8, test_size=8, image_size=32), "train")
+    yield "rendered scenes", RenderedScenes(scenes, torch.arange(40), workers, chunk=10).images
+    generator = torch.Generator()
+    augmented = AugmentedScenes(scenes, train_transform(32, generator=generator), generator, 0)
+    loader = torch.utils.data.DataLoader(augmented, batch_size=8, collate_fn=collate, sampler=[(0, i) for i in range(16)],
+                                         **worker_options(workers))
+    yield "augmented scenes", torch.cat([batch.images for batch in loader])
+    yield "parents", torch.tensor(list(torch.utils.data.DataLoader(Parent(), batch_size=None, **worker_options(workers))))
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
+    assert "multiprocessing_context" in worker_options(2)
+    with_workers, without = dict(loaders(2, sys.argv[2])), dict(loaders(0, sys.argv[2]))
+    for name in with_workers:
+        if name != "parents":
+            assert torch.equal(with_workers[name], without[name]), name
+    assert (with_workers["parents"] != os.getpid()).all() and (without["parents"] == os.getppid()).all()
+    dist.destroy_process_group()
+    print("ok")
+"""
+
+PARENTS = """
+import os, torch
+
+class Parent(torch.utils.data.Dataset):  # i -> the pid of the process that made this one
+    def __len__(self): return 4
+    def __getitem__(self, i): return os.getppid()
+"""
+
+
+@pytest.mark.slow
+def test_under_torch_distributed_every_loader_starts_its_workers_from_a_fork_server(tmp_path):
+    # A worker forked from a process that runs gloo's threads can inherit one of their locks held (a hung final
+    # evaluation, CI): each loader's workers must come from the fork server and give what no workers give.
+    (tmp_path / "parents.py").write_text(PARENTS)
+    (tmp_path / "script.py").write_text(UNDER_TORCH_DISTRIBUTED)
+    env = {**launch_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(tmp_path / "script.py"), str(free_port()), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_images_already_in_memory_are_transformed_without_workers(monkeypatch):
+    # The built-in scenes' evaluation sets are lists of decoded images: a worker would only add its start-up (and
+    # a fork); the batches are the same.
+    from PIL import Image
+
+    from topoclip.evaluation import zeroshot
+    from topoclip.transforms import eval_transform
+
+    images = [Image.fromarray(np.full((40, 40, 3), 30 * i, np.uint8)) for i in range(5)]
+    expected = torch.cat(list(zeroshot._pixel_batches(images, eval_transform(32), 2, 0, 5, workers=0)))
+    monkeypatch.setattr(zeroshot.torch.utils.data, "DataLoader", None)  # any DataLoader would fail
+    for kind in (list, tuple, lambda items: np.stack([np.asarray(image) for image in items])):
+        batches = list(zeroshot._pixel_batches(kind(images), eval_transform(32), 2, 0, 5, workers=2))
+        assert [len(b) for b in batches] == [2, 2, 1] and torch.equal(torch.cat(batches), expected)
+
+
+def test_a_generator_travels_to_a_fork_servers_worker_with_its_state():
+    import pickle
+
+    from topoclip.workers import _reduce_generator
+
+    generator = torch.Generator().manual_seed(7)
+    torch.rand(3, generator=generator)  # a state that is not a seed's
+    rebuild, arguments = _reduce_generator(generator)
+    copy = rebuild(*pickle.loads(pickle.dumps(arguments)))  # plain bytes: no tensor, no shared memory
+    assert torch.equal(torch.rand(5, generator=copy), torch.rand(5, generator=generator))

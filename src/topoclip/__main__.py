@@ -3,4 +3,5 @@ import sys
 
 from topoclip.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a fork server's worker imports this module too (topoclip.workers.worker_options)
+    sys.exit(main())

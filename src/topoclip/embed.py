@@ -30,7 +30,7 @@ from topoclip.data.images import DecodeSettings, decode_image, image_files, reso
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.errors import DiskFullError, UserError, is_disk_full
 from topoclip.geometry import require_flat
-from topoclip.workers import start_worker
+from topoclip.workers import worker_options
 
 SHARD_SIZE = 10_000
 SUMMARY = "embed.json"
@@ -200,7 +200,7 @@ def embed_images(clip, inputs: Sequence[ImageInput], out: Path, flat: bool = Fal
 
     def embed_range(start: int, stop: int, counter: BadSampleCounter):
         loader = torch.utils.data.DataLoader(_Pixels(inputs[start:stop], clip.transform, decode), batch_size=batch_size,
-                                             num_workers=num_workers, collate_fn=_collate, worker_init_fn=start_worker)
+                                             collate_fn=_collate, **worker_options(num_workers))
         blocks, keys = [], []
         for batch in loader:
             good = [(index, pixels) for index, pixels, bad in batch if pixels is not None]

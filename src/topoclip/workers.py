@@ -1,16 +1,20 @@
-"""What every DataLoader worker of topoclip does first (`worker_init_fn=start_worker`).
+"""How topoclip starts DataLoader workers (`worker_options`) and what each does first (`start_worker`).
 
-A forked worker shares its parent's open files, the run folder's lock among them (a flock belongs to the open
+A forked worker (one process: plain fork) shares its parent's open files, the run folder's lock among them (a flock belongs to the open
 file): one outliving a `kill -9`'d parent would keep the folder locked, naming a dead process, until it noticed.
 So a worker closes its copies of the locks at once, and on Linux asks the kernel to end it with its parent.
 """
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import sys
 import threading
+
+import torch
+import torch.distributed as dist
 
 # Descriptors of the run-folder locks this process holds (topoclip.run_folder adds and removes them).
 HELD_LOCKS: set[int] = set()
@@ -34,6 +38,40 @@ def start_worker(*_) -> None:
             return
         if os.getppid() != parent:  # the parent ended before prctl took effect
             os._exit(0)
+
+
+def worker_options(workers: int) -> dict:
+    """A DataLoader's keyword arguments for `workers` worker processes ({"num_workers": 0}: none).
+
+    Under torch.distributed the workers start from a fork server, not as forks of this process: gloo's (or
+    NCCL's) own threads run beside the loop there, and a fork copies whatever lock one of them holds at that
+    moment into the child, held forever (the likely cause of a 2-rank final evaluation that hung in CI). The
+    server is a process of one thread with torch imported before it forks, so a worker starts in about 0.3 s
+    (2 s for the server, once a process). One process keeps plain fork, which starts in milliseconds. A script
+    that trains under torchrun needs the `if __name__ == "__main__":` guard that multiprocessing asks for."""
+    if not workers:
+        return {"num_workers": 0}
+    options = {"num_workers": workers, "worker_init_fn": start_worker}
+    if dist.is_available() and dist.is_initialized() and "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing.reduction import ForkingPickler
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["__main__", "torch"])  # (only read when the server starts)
+        ForkingPickler.register(torch.Generator, _reduce_generator)  # the dataset now travels pickled
+        options["multiprocessing_context"] = context
+    return options
+
+
+def _reduce_generator(generator):
+    # torch's own reduction sends the state as a temporary tensor in shared memory, freed before the worker maps it
+    # (the worker dies: "unable to resize file ... Invalid argument", torch 2.13); as bytes it arrives whole.
+    return _generator, (str(generator.device), generator.get_state().numpy().tobytes())
+
+
+def _generator(device: str, state: bytes):
+    generator = torch.Generator(device)
+    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return generator
 
 
 def settle_before_fork(timeout: float = 0.05) -> None:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from topoclip.data.batch import RawBatch, derived_seed
 from topoclip.data.scenes import SceneDataset
 from topoclip.transforms import RandomResizedCrop, resized_crops, train_transform
-from topoclip.workers import start_worker
+from topoclip.workers import worker_options
 
 # The largest training split kept in memory as uint8 pixels; larger ones are rendered every step.
 SCENES_IN_MEMORY_BYTES = 2 * 1024**3
@@ -103,8 +103,8 @@ class RenderedScenes:
 
     def __init__(self, scenes: SceneDataset, indices: torch.Tensor, workers: int, chunk: int = 500):
         chunks = [indices[start : start + chunk].tolist() for start in range(0, len(indices), chunk)]
-        loader = DataLoader(chunks, batch_size=None, num_workers=min(workers, len(chunks)), collate_fn=scenes.batch,
-                            worker_init_fn=start_worker if workers else None)
+        loader = DataLoader(chunks, batch_size=None, collate_fn=scenes.batch,
+                            **worker_options(min(workers, len(chunks))))
         images, self.captions = [], []
         for pixels, captions in loader:  # (chunk, S, S, 3) uint8, chunk captions
             images.append(torch.from_numpy(pixels).permute(0, 3, 1, 2))

@@ -46,7 +46,7 @@ from topoclip.distributed import is_sharded
 from topoclip.evaluation.metrics import ClassificationAccumulator
 from topoclip.errors import UserError
 from topoclip.geometry import NORM_EPSILON, flatten, to_space
-from topoclip.workers import settle_before_fork, start_worker
+from topoclip.workers import settle_before_fork, worker_options
 
 # The template modes (see the module docstring): whose averaging each is; "flat" needs a topology with a flat form.
 TEMPLATE_MODES = {"distance": "the paper's", "embedding": "CLIP's", "flat": "CLIP_benchmark's"}
@@ -84,12 +84,12 @@ class _Transformed(torch.utils.data.Dataset):
 
 def _pixel_batches(images: Sequence, image_transform, batch_size: int, first: int, stop: int,
                    workers: int) -> Iterator[torch.Tensor]:
-    """(B, 3, H, W) batches of images[first:stop] in order."""
+    """(B, 3, H, W) batches of images[first:stop] in order; in `workers` DataLoader workers only when the images are
+    decoded on access (files, tar members): those already in memory (a list, an array) only need the transform."""
     pixels = _Transformed(images, image_transform, first, stop)
-    if workers and not isinstance(images, np.ndarray):
+    if workers and not isinstance(images, (list, tuple, np.ndarray)):
         settle_before_fork()
-        yield from torch.utils.data.DataLoader(pixels, batch_size=batch_size, num_workers=workers,
-                                               worker_init_fn=start_worker)
+        yield from torch.utils.data.DataLoader(pixels, batch_size=batch_size, **worker_options(workers))
         return
     for start in range(0, len(pixels), batch_size):
         yield torch.stack([pixels[i] for i in range(start, min(start + batch_size, len(pixels)))])
