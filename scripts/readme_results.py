@@ -292,13 +292,16 @@ def pooled_values(refs: list, metric: str) -> list[float]:
 
 def equivalence_table(spec: dict) -> str:
     """Markdown: a pre-registered comparison (docs/results/NAME-equivalence.json: {"about", "margin", "rows": [{"label",
-    "metric", "digits"?, "a": [[source, cell], ...], "b": [...]}]}; each side's seeds pooled over its sources):
-    Welch's t of a − b, then, where it finds no difference, TOST against ±margin, as the pre-registration says."""
+    "metric", "digits"?, "a": [[source, cell], ...], "b": [...]}], "seeds"?}; each side's seeds pooled over its
+    sources): Welch's t of a − b, then, where it finds no difference, TOST against ±margin, as the pre-registration
+    says. "seeds": the runs a side was registered with; a side with fewer (a grid still running) is refused."""
     margin = spec["margin"]
     lines = [spec["about"], "", f"| endpoint | n (a, b) | a − b: 95 % CI, Welch's t | TOST at ±{margin:g}: 90 % CI, p | "
              "verdict |", "|---|---|---|---|---|"]
     for row in spec["rows"]:
         a, b = (pooled_values(refs, row["metric"]) for refs in (row["a"], row["b"]))
+        if len(a) < spec.get("seeds", 0) or len(b) < spec.get("seeds", 0):
+            raise ValueError(f"{row['label']}: {len(a)} and {len(b)} runs of the {spec['seeds']} a side registered")
         d, e, digits = welch(a, b), tost(a, b, margin), row.get("digits", 1)
         verdict = ("a > b" if d.effect > 0 else "a < b") if d.significant else (
             f"equivalent within ±{margin:g}" if e.equivalent else "undecided: no difference shown, nor equivalence")

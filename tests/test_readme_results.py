@@ -158,6 +158,8 @@ def test_an_equivalence_row_pools_each_sides_seeds_and_tests_equivalence_only_wi
     assert differ.endswith("**a > b** |")
     with pytest.raises(ValueError, match="counted twice"):  # the same grid twice: its seeds would count twice
         readme_results.pooled_values([["old", "m"], ["old", "m"]], "headline:x")
+    with pytest.raises(ValueError, match="5 and 5 runs of the 6"):  # registered with 6 a side: a grid still runs
+        readme_results.equivalence_table({"about": "A.", "margin": 2.0, "seeds": 6, "rows": [row("s")]})
 
 
 def test_the_papers_table_10_stands_beside_our_k_with_the_same_share_of_sub_spheres():
