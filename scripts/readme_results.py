@@ -27,7 +27,8 @@ from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
 from topoclip.experiments.grid import load_grid
 from topoclip.experiments.report import markdown_table
-from topoclip.experiments.statistics import format_p, holm, mean_std, paired, prediction, tost, welch
+from topoclip.experiments.statistics import (format_p, holm, mean_std, paired, permutation, prediction, tost,
+                                             welch)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -241,7 +242,8 @@ def comparison_table(spec: dict) -> str:
     """Markdown: Welch's t of each comparison (a − b) on each metric; spec is docs/results/NAME.json:
     {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}]}, where a
     and b are cells of the source, or [ablation, cell] pairs for cells of other results. Bold: the 95 % interval
-    excludes 0; †: so does Holm's adjustment over every test of the table."""
+    excludes 0; †: so does Holm's adjustment over every test of the table. A metric with "permutation": true (values
+    bimodal across seeds) also gets, under the table, each row's values seed by seed and the exact permutation p."""
     metrics = spec["metrics"]
     differences = [[welch(*(cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
                             for ref in (row["a"], row["b"]))) for metric in metrics] for row in spec["rows"]]
@@ -268,6 +270,14 @@ def comparison_table(spec: dict) -> str:
                   f"({sum(map(sum, kept))} of the {sum(d.significant for d in tested)} bold ones)."
               + (" \"No spread\": every run of both cells gave the same value, so there is nothing to test."
                  if len(tested) < sum(map(len, differences)) else "")]
+    for metric in (m for m in metrics if m.get("permutation")):
+        for row in spec["rows"]:
+            a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
+                    for ref in (row["a"], row["b"]))
+            digits = metric.get("digits", 1)
+            lines += ["", f"{metric['label']}, {row['label']}, seed by seed: a = {', '.join(f'{v:.{digits}f}' for v in a)}; "
+                          f"b = {', '.join(f'{v:.{digits}f}' for v in b)}; exact permutation test of a − b, "
+                          f"{format_p(permutation(a, b))}."]
     if spec.get("reruns"):
         lines += ["", rerun_table(spec["source"], spec["reruns"], metrics)]
     return "\n".join(line for line in lines if line is not None).lstrip("\n")

@@ -293,6 +293,21 @@ def test_a_comparison_table_marks_what_survives_holm_over_the_table(tmp_path, mo
     assert "over the table's 3 tests (1 of the 2 bold ones)" in table
 
 
+def test_a_bimodal_metric_gets_its_seeds_and_the_exact_permutation_test(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    values = {"a": (60.0, 0.0, 61.0), "b": (1.0, 0.5, 0.0)}  # a learns the held-out pair in two of three seeds
+    runs = [{"cell": cell, "zero_shot_top1": v} for cell, vs in values.items() for v in vs]
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "ablation.json").write_text(json.dumps({"runs": runs}))
+    table = readme_results.comparison_table({"source": "grid", "rows": [{"label": "a − b", "a": "a", "b": "b"}],
+                                             "metrics": [{"metric": "zero_shot_top1", "label": "held-out",
+                                                          "permutation": True}]})
+    # Of the C(6, 3) = 20 labellings, those putting 60 and 61 together with any one of the 4 others (4) and their
+    # mirrors (4) are as extreme as the observed one: p = 8/20.
+    assert "held-out, a − b, seed by seed: a = 60.0, 0.0, 61.0; b = 1.0, 0.5, 0.0; exact permutation test" in table
+    assert table.endswith(f"{readme_results.format_p(0.4)}.")
+
+
 def test_experts_and_equilibrium_tables_average_over_runs():
     def experts(k1, k2):
         return {"draws": 10, "size": 500, "mode": "distance",
