@@ -9,7 +9,10 @@ mean loss, its gradients (after DDP's all-reduce; FSDP's shards put together), t
 weights read as finite to OUT_DIR/rank{r}.pt for the test to compare with a one-process run; and evaluates
 zero-shot classification and retrieval, each rank embedding its share of an odd number of images.
 """
+import atexit
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -126,6 +129,7 @@ def evaluation_inputs(case: dict):
     """(classification set, retrieval set, model, tokenizer, transform) of tests/test_distributed.py's case."""
     from PIL import Image
 
+    from topoclip.data.folders import LazyImages
     from topoclip.data.types import ClassificationSet, RetrievalSet
     from topoclip.tokenizer import Tokenizer
     from topoclip.transforms import eval_transform
@@ -133,7 +137,12 @@ def evaluation_inputs(case: dict):
     config = load_config("tiny")
     model = CLIP(config.model).eval()
     model.load_state_dict(case["state"])
-    images = [Image.fromarray(array.numpy()) for array in case["images"]]  # a list: decoded in workers
+    # PNG files (lossless): decoded on access, so in a decoding worker (a fork server's under torch.distributed).
+    folder = Path(tempfile.mkdtemp(prefix="topoclip-evaluation-"))
+    atexit.register(shutil.rmtree, folder, True)
+    for index, array in enumerate(case["images"]):
+        Image.fromarray(array.numpy()).save(folder / f"{index}.png")
+    images = LazyImages([folder / f"{index}.png" for index in range(len(case["images"]))])
     tokenizer = Tokenizer.train(case["captions"], vocab_size=128, context_length=config.model.text.context_length)
     classification = ClassificationSet("odd", images, case["labels"], ["red", "green", "blue"], ["a {}.", "the {}!"])
     retrieval = RetrievalSet("pairs", images, case["captions"], torch.arange(len(images)))

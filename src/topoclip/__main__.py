@@ -3,5 +3,4 @@ import sys
 
 from topoclip.cli import main
 
-if __name__ == "__main__":  # a fork server's worker imports this module too (topoclip.workers.worker_options)
-    sys.exit(main())
+sys.exit(main())

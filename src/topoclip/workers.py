@@ -47,8 +47,8 @@ def worker_options(workers: int) -> dict:
     NCCL's) own threads run beside the loop there, and a fork copies whatever lock one of them holds at that
     moment into the child, held forever (the likely cause of a 2-rank final evaluation that hung in CI). The
     server is a process of one thread with torch imported before it forks, so a worker starts in about 0.3 s
-    (2 s for the server, once a process). One process keeps plain fork, which starts in milliseconds. A script
-    that trains under torchrun needs the `if __name__ == "__main__":` guard that multiprocessing asks for."""
+    (2 s for the server, once a process). The dataset then travels pickled (no lambdas in a transform; a script
+    needs multiprocessing's `if __name__ == "__main__":` guard). Outside a process group: plain fork, milliseconds."""
     if not workers:
         return {"num_workers": 0}
     options = {"num_workers": workers, "worker_init_fn": start_worker}
