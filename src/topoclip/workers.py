@@ -1,8 +1,9 @@
 """How topoclip starts DataLoader workers (`worker_options`) and what each does first (`start_worker`).
 
-A forked worker (one process: plain fork) shares its parent's open files, the run folder's lock among them (a flock belongs to the open
-file): one outliving a `kill -9`'d parent would keep the folder locked, naming a dead process, until it noticed.
-So a worker closes its copies of the locks at once, and on Linux asks the kernel to end it with its parent.
+A forked worker (outside a process group) shares its parent's open files, the run folder's lock among them (a
+flock belongs to the open file): one outliving a `kill -9`'d parent would keep the folder locked, naming a dead
+process, until it noticed. So a worker closes its copies of the locks at once, and on Linux asks the kernel to
+end it with its parent.
 """
 from __future__ import annotations
 
