@@ -245,8 +245,13 @@ def comparison_table(spec: dict) -> str:
     excludes 0; †: so does Holm's adjustment over every test of the table. A metric with "permutation": true (values
     bimodal across seeds) also gets, under the table, each row's values seed by seed and the exact permutation p."""
     metrics = spec["metrics"]
-    differences = [[welch(*(cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
-                            for ref in (row["a"], row["b"]))) for metric in metrics] for row in spec["rows"]]
+
+    def sides(row: dict, metric: dict) -> tuple[list[float], list[float]]:
+        a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
+                for ref in (row["a"], row["b"]))
+        return a, b
+
+    differences = [[welch(*sides(row, metric)) for metric in metrics] for row in spec["rows"]]
     tested = [d for row in differences for d in row if not d.unvaried]  # a fixed τ in both cells: nothing to test
     adjusted = iter(holm([d.p for d in tested]))  # in the order of `tested`: row by row
     kept = [[not d.unvaried and next(adjusted) < 0.05 for d in row] for row in differences]
@@ -272,8 +277,7 @@ def comparison_table(spec: dict) -> str:
                  if len(tested) < sum(map(len, differences)) else "")]
     for metric in (m for m in metrics if m.get("permutation")):
         for row in spec["rows"]:
-            a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
-                    for ref in (row["a"], row["b"]))
+            a, b = sides(row, metric)
             digits = metric.get("digits", 1)
             lines += ["", f"{metric['label']}, {row['label']}, seed by seed: a = {', '.join(f'{v:.{digits}f}' for v in a)}; "
                           f"b = {', '.join(f'{v:.{digits}f}' for v in b)}; exact permutation test of a − b, "
