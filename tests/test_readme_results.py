@@ -99,23 +99,37 @@ def test_every_number_of_the_five_line_answer_is_its_json():
 
 
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
-    for task, lr, noise, grid, multi, sphere in readme_results.HEADLINE:
-        path = ROOT / "docs" / "results" / grid / "ablation.json"
-        if grid.startswith("hard-lr"):  # an lr grid: each cell names its lr
-            assert readme_results.lr_name(lr) in multi and readme_results.lr_name(lr) in sphere
-        elif path.is_file():  # a grid at one lr: its command sets it, or it is the preset's 2e-3
-            command = json.loads(path.read_text())["command"]
-            assert (f"train.lr={lr:g}" in command) if lr != 2e-3 else ("train.lr" not in command), grid
+    for task, lr, noise, grids, multi, sphere in readme_results.HEADLINE:
+        for grid in (grids,) if isinstance(grids, str) else grids:
+            path = ROOT / "docs" / "results" / grid / "ablation.json"
+            if grid.startswith("hard-lr"):  # an lr grid: each cell names its lr
+                assert readme_results.lr_name(lr) in multi and readme_results.lr_name(lr) in sphere
+            elif not path.is_file():
+                continue
+            elif lr == readme_results.EACH_FAMILYS_LR:  # each family at its preset's lr, which no --set overrides
+                results = json.loads(path.read_text())
+                assert results["grid"] == "tau-range-full-scenes" and "train.lr" not in results["command"], grid
+            else:  # a grid at one lr: its command sets it, or it is the preset's 2e-3
+                command = json.loads(path.read_text())["command"]
+                assert (f"train.lr={lr:g}" in command) if lr != 2e-3 else ("train.lr" not in command), grid
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
-    monkeypatch.setattr(readme_results, "HEADLINE", (("t", 1e-3, 0, "g", "m", "s"), ("t", 1e-3, 0, "missing", "m", "s")))
-    runs = [{"cell": cell, "headline": {"scenes-test/mean_recall": v, "scenes-test-ood/mean_recall": v / 2}}
-            for cell, values in (("m", (12.0, 14.0, 13.0)), ("s", (10.0, 10.0, 13.0))) for v in values]
-    (tmp_path / "g").mkdir()
-    (tmp_path / "g" / "ablation.json").write_text(json.dumps({"steps": 9600, "runs": runs}))
-    (point,) = readme_results.headline_points()  # the grid not in docs/results is left out
+    monkeypatch.setattr(readme_results, "HEADLINE", (("t", 1e-3, 0, "g", "m", "s"), ("t", 1e-3, 0, "missing", "m", "s"),
+                                                     ("t", 1e-3, 0, ("g", "more"), "m", "s"), ("t", 1e-3, 0, ("g", "missing"), "m", "s")))
+
+    def grid(name, values, first_seed):
+        runs = [{"cell": cell, "seed": first_seed + k, "headline": {"scenes-test/mean_recall": v, "scenes-test-ood/mean_recall": v / 2}}
+                for cell, cell_values in values for k, v in enumerate(cell_values)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ablation.json").write_text(json.dumps({"steps": 9600, "runs": runs}))
+    grid("g", (("m", (12.0, 14.0, 13.0)), ("s", (10.0, 10.0, 13.0))), 0)
+    grid("more", (("m", (15.0,)), ("s", (9.0,))), 3)
+    point, pooled = readme_results.headline_points()  # a grid not in docs/results leaves its point out, pooled or not
     assert point["steps"] == 9600 and point["in-domain"]["effect"] == pytest.approx(2.0)
     assert point["out-of-domain"]["effect"] == pytest.approx(1.0)
     assert "| t | 1e-3 | 0 % | 9,600 | 3, 3 | +2.0 (" in readme_results.headline_table([point])
+    assert pooled["in-domain"]["effect"] == pytest.approx(13.5 - 10.5)  # the four seeds a side, seed 3 from "more"
+    assert re.search(r"\| 4, 4 \| (\*\*)?\+3\.0(\*\*)? \(", readme_results.headline_table([pooled]))
+    assert "[g](g/ablation.json), [more](more/ablation.json) |" in readme_results.headline_table([pooled])
 
 
 def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever_the_test_says():
@@ -142,20 +156,24 @@ def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever
 
 def test_an_equivalence_row_pools_each_sides_seeds_and_tests_equivalence_only_without_a_difference(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
-    for grid, first, values in (("old", 0, {"m": [45.0, 46.0], "s": [45.5, 44.5], "far": [40.0, 41.0]}),
-                                ("new", 2, {"m": [45.5, 46.5, 44.5], "s": [45.0, 46.0, 45.0], "far": [40.5, 41.5, 39.5]})):
+    for grid, first, values in (("old", 0, {"m": [45.0, 46.0], "s": [45.5, 44.5], "far": [40.0, 41.0],
+                                            "tight": [45.0, 45.1], "near": [44.0, 44.1]}),
+                                ("new", 2, {"m": [45.5, 46.5, 44.5], "s": [45.0, 46.0, 45.0], "far": [40.5, 41.5, 39.5],
+                                            "tight": [45.0, 45.1, 45.05], "near": [44.0, 44.1, 44.05]})):
         (tmp_path / grid).mkdir()
         runs = [{"cell": cell, "seed": first + k, "headline": {"x": v}} for cell, vs in values.items() for k, v in enumerate(vs)]
         (tmp_path / grid / "ablation.json").write_text(json.dumps({"steps": 9600, "runs": runs}))
-    def row(b):
-        return {"label": "x", "metric": "headline:x", "a": [["old", "m"], ["new", "m"]], "b": [["old", b], ["new", b]]}
-    table = readme_results.equivalence_table({"about": "A.", "margin": 2.0, "rows": [row("s"), row("far")]})
-    same, differ = table.splitlines()[4:6]
+    def row(b, a="m"):
+        return {"label": "x", "metric": "headline:x", "a": [["old", a], ["new", a]], "b": [["old", b], ["new", b]]}
+    table = readme_results.equivalence_table({"about": "A.", "margin": 2.0,
+                                              "rows": [row("s"), row("far"), row("near", a="tight")]})
+    same, differ, small = table.splitlines()[4:7]
     a, s = [45.0, 46.0, 45.5, 46.5, 44.5], [45.5, 44.5, 45.0, 46.0, 45.0]
     e = readme_results.tost(a, s, 2.0)
     assert same.startswith("| x | 5, 5 | +0.3 (") and f"{e.low:+.1f} to {e.high:+.1f}" in same
     assert e.equivalent and same.endswith("**equivalent within ±2** |")
     assert differ.endswith("**a > b** |")
+    assert small.endswith("**a > b, by less than ±2** |")  # +1.0 ± 0.1: a difference, and one inside the margin
     with pytest.raises(ValueError, match="counted twice"):  # the same grid twice: its seeds would count twice
         readme_results.pooled_values([["old", "m"], ["old", "m"]], "headline:x")
     with pytest.raises(ValueError, match="5 and 5 runs of the 6"):  # registered with 6 a side: a grid still runs
