@@ -307,8 +307,9 @@ def pooled_values(refs: list, metric: str) -> list[float]:
 def equivalence_table(spec: dict) -> str:
     """Markdown: a pre-registered comparison (docs/results/NAME-equivalence.json: {"about", "margin", "rows": [{"label",
     "metric", "digits"?, "a": [[source, cell], ...], "b": [...]}], "seeds"?}; each side's seeds pooled over its
-    sources): Welch's t of a − b, then, where it finds no difference, TOST against ±margin, as the pre-registration
-    says. "seeds": the runs a side was registered with; a side with fewer (a grid still running) is refused."""
+    sources): Welch's t of a − b decides; where it finds no difference, TOST against ±margin does, as the
+    pre-registration says, and where it finds one, TOST says whether it is smaller than the margin. "seeds": the runs
+    a side was registered with; a side with fewer (a grid still running) is refused."""
     margin = spec["margin"]
     lines = [spec["about"], "", f"| endpoint | n (a, b) | a − b: 95 % CI, Welch's t | TOST at ±{margin:g}: 90 % CI, p | "
              "verdict |", "|---|---|---|---|---|"]
@@ -407,8 +408,8 @@ def claims_summary_table(claims: dict) -> str:
     return "\n".join(lines)
 
 
-# The full scenes' 2 × 2 trains each family at the lr its grid chose (cpu-multi-full-scenes, cpu-sphere-full-scenes).
-EACH_FAMILYS_LR = "1e-3 Multi, 5e-4 sphere"
+# The full scenes' 2 × 2 trains each family at the lr its grid chose, as its preset carries it.
+EACH_FAMILYS_LR = "each family's"
 # The headline figure: Multi(16, 8) − Sphere(128), each at its default initial range, one point per (task, lr,
 # caption noise, steps) that grids ran with both under one recipe and three or more seeds (where several grids
 # share the runs, the one that trained them): (task, lr, caption noise %, grid, Multi's cell, the sphere's cell).
@@ -430,8 +431,12 @@ HEADLINE_METRICS = {"in-domain": "headline:scenes-test/mean_recall", "out-of-dom
 
 
 def lr_name(lr: float | str) -> str:
-    """2e-3 for 0.002, as the grids' cells spell an lr (a label such as EACH_FAMILYS_LR as it is)."""
-    return lr if isinstance(lr, str) else format(lr, ".0e").replace("e-0", "e-")
+    """2e-3 for 0.002, as the grids' cells spell an lr; EACH_FAMILYS_LR as the full-scenes presets set it."""
+    if lr == EACH_FAMILYS_LR:
+        from topoclip.config.loading import load_config
+
+        return ", ".join(f"{lr_name(load_config(f'cpu-{family}-full-scenes').train.lr)} {family}" for family in ("multi", "sphere"))
+    return format(lr, ".0e").replace("e-0", "e-")
 
 
 def headline_points() -> list[dict]:
@@ -467,7 +472,8 @@ def headline_table(points: list[dict]) -> str:
         lines.append(f"| {point['task']} | {lr_name(point['lr'])} | {point['noise']} % | {point['steps']:,} | {n['n_a']}, {n['n_b']} | "
                      + " | ".join(cells) + " | " + ", ".join(f"[{grid}]({grid}/ablation.json)" for grid in point["grids"]) + " |")
     return "\n".join(lines + ["", "Each cell: the difference of the seed means and its 95 % interval (Welch's t); bold where "
-                                   "the interval excludes 0. Drawn in headline.png."])
+                                   "the interval excludes 0. Where a row names two grids, the second added seeds of the same "
+                                   "recipe after the first's results were known. Drawn in headline.png."])
 
 
 def plot_headline(points: list[dict], path: Path) -> Path:

@@ -130,6 +130,11 @@ def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_
     assert pooled["in-domain"]["effect"] == pytest.approx(13.5 - 10.5)  # the four seeds a side, seed 3 from "more"
     assert re.search(r"\| 4, 4 \| (\*\*)?\+3\.0(\*\*)? \(", readme_results.headline_table([pooled]))
     assert "[g](g/ablation.json), [more](more/ablation.json) |" in readme_results.headline_table([pooled])
+    # The full scenes' 2 × 2 (each family at its preset's lr) is one more line, labelled with the presets' lrs.
+    each = {**point, "lr": readme_results.EACH_FAMILYS_LR}
+    assert "| t | 1e-3 multi, 5e-4 sphere | 0 % |" in readme_results.headline_table([point, each])
+    figure = readme_results.plot_headline([point, each], tmp_path / "headline.png")
+    assert figure.stat().st_size > 10_000
 
 
 def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever_the_test_says():
@@ -154,7 +159,7 @@ def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever
         readme_results.lr_choice({"steps": 9600, "runs": runs})
 
 
-def test_an_equivalence_row_pools_each_sides_seeds_and_tests_equivalence_only_without_a_difference(tmp_path, monkeypatch):
+def test_an_equivalence_row_pools_each_sides_seeds_and_tost_decides_only_without_a_difference(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
     for grid, first, values in (("old", 0, {"m": [45.0, 46.0], "s": [45.5, 44.5], "far": [40.0, 41.0],
                                             "tight": [45.0, 45.1], "near": [44.0, 44.1]}),
