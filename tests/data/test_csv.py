@@ -1,9 +1,12 @@
 """CSV/TSV caption tables: every bad kind skipped and counted, paths kept inside the folder, split over ranks
 and workers."""
+import pickle
+
+import numpy as np
 import pytest
 import torch
 
-from topoclip.data.csv import CsvDataset, read_caption_table
+from topoclip.data.csv import CsvDataset, PackedRows, read_caption_table
 from topoclip.data.quality import DataQualityError, check_bad_fraction
 
 from _user_data import TRANSFORM, collect, encode, noise, write_caption_table
@@ -63,3 +66,16 @@ def test_csv_splits_over_ranks_and_workers_and_reshuffles_per_epoch(tmp_path):
     assert epoch1 != epoch0 and sorted(epoch1) == sorted(epoch0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
     assert sorted(collect(loader)[0]) == sorted(epoch0)  # two workers: each row once
+
+
+def test_packed_rows_give_back_every_row_as_read_and_travel_as_arrays(tmp_path):
+    """CsvDataset keeps its rows packed (PackedRows): each row comes back as read_caption_table read it, a short
+    row's None caption and an undecodable byte (a surrogate) included, in the process and after the pickle a
+    fork-server worker gets; what travels is arrays, not one str per row."""
+    path, *_ = write_caption_table(tmp_path)
+    rows = read_caption_table(path) + [("", ""), ("b/ç.png", None), ("😀.jpg", "bad \udcff byte")]
+    for packed in (PackedRows(rows), pickle.loads(pickle.dumps(PackedRows(rows)))):
+        assert len(packed) == len(rows) and [packed[i] for i in range(len(packed))] == rows
+    packed = PackedRows(rows)
+    assert all(isinstance(array, np.ndarray) for array in (*packed.images, *packed.captions, packed.no_caption))
+    assert isinstance(CsvDataset(path, transform=TRANSFORM, batch_size=4).rows, PackedRows)
