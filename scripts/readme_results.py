@@ -678,15 +678,16 @@ def tau_late_rise() -> list[dict]:
             for run in grid["runs"]:
                 if run.get("learnable", True) and run["curve"]["steps"]:
                     cells.setdefault((name, run["cell"]), []).append(run)
-    found, counted = [], []
-    # The cells trained in their grid first, so that a set of runs is named where it was trained, and the larger
-    # first, so that a cell of some of the same runs (three of five seeds, copied) is not counted again.
-    for (name, cell), runs in sorted(cells.items(), key=lambda item: (any(r.get("reused_from") for r in item[1]),
-                                                                      -len(item[1]))):
-        origins = frozenset(run_origin(grids, name, run) for run in runs)
-        if len(runs) < 2 or any(origins <= seen for seen in counted):
+    found, counted = [], set()
+    # Each run once: the larger cells first, so that three of five seeds copied elsewhere (or three seeds that
+    # another grid extended to five) are counted in the five; among cells of one size, the one trained in its grid
+    # first, so that a set of runs is named where it was trained. A cell sharing a run with one counted is left out.
+    for (name, cell), runs in sorted(cells.items(), key=lambda item: (-len(item[1]),
+                                                                      any(r.get("reused_from") for r in item[1]))):
+        origins = {run_origin(grids, name, run) for run in runs}
+        if len(runs) < 2 or origins & counted:
             continue
-        counted.append(origins)
+        counted |= origins
         starts, ends, change = tau_last_quarter(runs)
         found.append({"grid": name, "cell": cell, "n": len(runs), "tau_three_quarters": sum(starts) / len(starts),
                       "tau_end": sum(ends) / len(ends), "change": change.effect, "low": change.low, "high": change.high,

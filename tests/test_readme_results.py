@@ -3,6 +3,7 @@ import importlib.util
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,9 +94,10 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     chosen = readme_results.lr_choice(readme_results.load_results("lr-choice-hard-lr-9600"))
     lrs = {family: cell.split("_lr-")[1] for family, cell in chosen.items()}
     assert f"(Multi {lrs['multi']}, the sphere {lrs['sphere']})" in answer
-    lead = readme_results.welch(*(readme_results.cell_values("hard-lr-9600", chosen[family], "headline:scenes-test/mean_recall")
-                                  for family in ("multi", "sphere")))
-    assert f"Multi is {lead.effect:+.1f} points of mean recall ahead (95 % interval {lead.low:+.1f} to {lead.high:+.1f}" in answer
+    lead = points["full scenes", readme_results.EACH_FAMILYS_LR, 0, 9600]["in-domain"]  # the 2 × 2's cells at their own range
+    assert readme_results.lr_name(readme_results.EACH_FAMILYS_LR) == f"{lrs['multi']} multi, {lrs['sphere']} sphere"
+    assert (f"Multi is {lead['effect']:+.1f} points of mean recall ahead (95 % interval {lead['low']:+.1f} to "
+            f"{lead['high']:+.1f}, five seeds a side") in answer and lead["n_a"] == lead["n_b"] == 5
 
 
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
@@ -417,3 +419,27 @@ def test_final_validation_is_the_trainers_own_evaluation_at_the_last_step(tmp_pa
     (measured,) = json.loads(capsys.readouterr().out)["runs"]
     assert (measured["cell"], measured["seed"], measured["step"]) == ("cell", 0, 4)
     assert measured["eval"] == logged[-1]["eval"]
+
+
+def test_the_late_rise_counts_each_run_once_in_its_largest_cell(tmp_path, monkeypatch):
+    """τ's late rise over the long cells: three seeds that another grid extended to five (`--reuse` and two new
+    seeds) count once, as the five; a cell copied whole counts where it was trained."""
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+
+    def run(cell, seed, rise, reused_from=None):
+        return {"cell": cell, "seed": seed, "run_dir": f"runs/{cell}/seed-{seed}", "reused_from": reused_from,
+                "curve": {"steps": [2400, 7200, 9600], "scale": [10.0, 10.0, 10.0 + rise]}}
+    grids = {"lr": [run("a", seed, 1.0 + 0.1 * seed) for seed in range(3)],
+             "extended": [run("b", seed, 1.0 + 0.1 * seed, f"../lr/runs/a/seed-{seed}") for seed in range(3)]
+             + [run("b", seed, 1.0 + 0.1 * seed) for seed in (3, 4)],
+             "copy": [run("c", seed, 1.0 + 0.1 * seed, f"../lr/runs/a/seed-{seed}") for seed in range(3)],
+             "short": [run("d", seed, 1.0) for seed in range(3)]}
+    for name, runs in grids.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ablation.json").write_text(json.dumps({"steps": 4800 if name == "short" else 9600, "runs": runs}))
+    (row,) = readme_results.tau_late_rise()  # lr's a and copy's c are runs of extended's b; short is not long
+    assert (row["grid"], row["cell"], row["n"]) == ("extended", "b", 5)
+    assert row["change"] == pytest.approx(1.2)
+    shutil.rmtree(tmp_path / "extended")
+    (row,) = readme_results.tau_late_rise()  # the same three runs in two grids: where they were trained
+    assert (row["grid"], row["cell"], row["n"]) == ("lr", "a", 3)
