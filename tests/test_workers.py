@@ -55,7 +55,7 @@ from topoclip.data.scenes import SceneConfig, SceneDataset
 from topoclip.evaluation.zeroshot import _pixel_batches
 from topoclip.transforms import eval_transform, train_transform
 from topoclip.workers import worker_options
-from parents import Parent
+from parents import Many, Parent
 
 def loaders(workers, folder):
     paths = []
@@ -71,6 +71,7 @@ def loaders(workers, folder):
                                          **worker_options(workers))
     yield "augmented scenes", torch.cat([batch.images for batch in loader])
     yield "parents", torch.tensor(list(torch.utils.data.DataLoader(Parent(), batch_size=None, **worker_options(workers))))
+    yield "many tensors", torch.cat(list(torch.utils.data.DataLoader(Many(), batch_size=100, **worker_options(workers))))
 
 if __name__ == "__main__":
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
@@ -90,6 +91,11 @@ import os, torch
 class Parent(torch.utils.data.Dataset):  # i -> the pid of the process that made this one
     def __len__(self): return 4
     def __getitem__(self, i): return os.getppid()
+
+class Many(torch.utils.data.Dataset):  # a user's dataset of many tensors (past the 253 descriptors one message carries)
+    def __init__(self): self.items = [torch.full((2,), float(i)) for i in range(1000)]
+    def __len__(self): return len(self.items)
+    def __getitem__(self, i): return self.items[i]
 """
 
 

@@ -16,6 +16,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing
 
 # Descriptors of the run-folder locks this process holds (topoclip.run_folder adds and removes them).
 HELD_LOCKS: set[int] = set()
@@ -49,7 +50,10 @@ def worker_options(workers: int) -> dict:
     moment into the child, held forever (the likely cause of a 2-rank final evaluation that hung in CI). The
     server is a process of one thread with torch imported before it forks, so a worker starts in about 0.3 s
     (2 s for the server, once a process). The dataset then travels pickled (no lambdas in a transform; a script
-    needs multiprocessing's `if __name__ == "__main__":` guard). Outside a process group: plain fork, milliseconds."""
+    needs multiprocessing's `if __name__ == "__main__":` guard), its tensors shared by file name (torch's
+    "file_system" strategy, set for the process): by descriptor, the default, a dataset holding more than ~250
+    tensors cannot start a worker, since the server gets all of a worker's descriptors in one message ("too many
+    fds"). Outside a process group: plain fork, milliseconds."""
     if not workers:
         return {"num_workers": 0}
     options = {"num_workers": workers, "worker_init_fn": start_worker}
@@ -59,6 +63,7 @@ def worker_options(workers: int) -> dict:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["__main__", "torch"])  # (only read when the server starts)
         ForkingPickler.register(torch.Generator, _reduce_generator)  # the dataset now travels pickled
+        torch.multiprocessing.set_sharing_strategy("file_system")
         options["multiprocessing_context"] = context
     return options
 
