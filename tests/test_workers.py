@@ -1,10 +1,12 @@
 """topoclip.workers: how DataLoader workers start (worker_options), what a fork needs before (settle_before_fork)
 and what a worker does first (start_worker; its tests are in test_hostile_inputs.py)."""
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,7 +94,7 @@ class Parent(torch.utils.data.Dataset):  # i -> the pid of the process that made
     def __len__(self): return 4
     def __getitem__(self, i): return os.getppid()
 
-class Many(torch.utils.data.Dataset):  # a user's dataset of many tensors (past the 253 descriptors one message carries)
+class Many(torch.utils.data.Dataset):  # a user's dataset of many tensors (past the ~250 descriptors one message carries)
     def __init__(self): self.items = [torch.full((2,), float(i)) for i in range(1000)]
     def __len__(self): return len(self.items)
     def __getitem__(self, i): return self.items[i]
@@ -137,3 +139,57 @@ def test_a_generator_travels_to_a_fork_servers_worker_with_its_state():
     rebuild, arguments = _reduce_generator(generator)
     copy = rebuild(*pickle.loads(pickle.dumps(arguments)))  # plain bytes: no tensor, no shared memory
     assert torch.equal(torch.rand(5, generator=copy), torch.rand(5, generator=generator))
+
+
+KILLED_MID_EPOCH = """
+import sys, time, torch, torch.distributed as dist
+from topoclip.workers import worker_options
+from parents import Many
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
+    iterator = iter(torch.utils.data.DataLoader(Many(), batch_size=10, **worker_options(2)))
+    next(iterator)
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"  # named files for the dataset only
+    print(" ".join(str(worker.pid) for worker in iterator._workers), flush=True)
+    time.sleep(300)
+"""
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return "\tZ" in Path(f"/proc/{pid}/status").read_text()  # a zombie no one reaps has ended too
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and /dev/shm")
+def test_a_killed_training_process_takes_its_fork_server_workers_and_their_shared_files_with_it(tmp_path):
+    # A fork server's worker is the server's child, and the server lives while its workers do: killed with SIGKILL,
+    # the process iterating the loader left both running, holding the dataset's 1,000 named files in /dev/shm.
+    (tmp_path / "parents.py").write_text(PARENTS)
+    (tmp_path / "script.py").write_text(KILLED_MID_EPOCH)
+    env = {**launch_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    before = set(os.listdir("/dev/shm"))
+    process = subprocess.Popen([sys.executable, str(tmp_path / "script.py"), str(free_port())], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in process.stdout.readline().split()]
+        assert len(workers) == 2, process.stderr.read()[-3000:]
+        assert len(set(os.listdir("/dev/shm")) - before) >= 1000  # the dataset's tensors, by name
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 60  # a pidfd wakes the watcher at once; 60 s for any load on the machine
+        while time.monotonic() < deadline and not (all(map(_ended, workers))
+                                                    and not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("torch_")}):
+            time.sleep(0.2)
+        assert all(map(_ended, workers))
+        assert not {name for name in set(os.listdir("/dev/shm")) - before if name.startswith("torch_")}
+    finally:
+        process.kill()
+        for pid in workers if "workers" in locals() else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

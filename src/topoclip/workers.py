@@ -8,11 +8,15 @@ end it with its parent.
 from __future__ import annotations
 
 import ctypes
+import functools
 import multiprocessing
+import multiprocessing.context
 import os
+import select
 import signal
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -24,8 +28,12 @@ HELD_LOCKS: set[int] = set()
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
-def start_worker(*_) -> None:
-    """In a forked DataLoader worker: drop the parent's lock files and end with the parent."""
+def start_worker(*_, loader_process: int | None = None) -> None:
+    """In a DataLoader worker: drop the parent's lock files and end with the parent, or, started from a fork server
+    (whose child it is, and which outlives a killed training process while its workers live), with
+    `loader_process`, the process iterating the DataLoader."""
+    if loader_process is not None and loader_process != os.getppid():
+        _end_with(loader_process)
     for descriptor in list(HELD_LOCKS):
         try:
             os.close(descriptor)
@@ -50,22 +58,66 @@ def worker_options(workers: int) -> dict:
     moment into the child, held forever (the likely cause of a 2-rank final evaluation that hung in CI). The
     server is a process of one thread with torch imported before it forks, so a worker starts in about 0.3 s
     (2 s for the server, once a process). The dataset then travels pickled (no lambdas in a transform; a script
-    needs multiprocessing's `if __name__ == "__main__":` guard), its tensors shared by file name (torch's
-    "file_system" strategy, set for the process): by descriptor, the default, a dataset holding more than ~250
-    tensors cannot start a worker, since the server gets all of a worker's descriptors in one message ("too many
-    fds"). Outside a process group: plain fork, milliseconds."""
+    needs multiprocessing's `if __name__ == "__main__":` guard), its tensors shared by file name (_WorkerProcess);
+    a worker ends with the process iterating the loader (start_worker). Outside a process group: plain fork,
+    milliseconds."""
     if not workers:
         return {"num_workers": 0}
     options = {"num_workers": workers, "worker_init_fn": start_worker}
     if dist.is_available() and dist.is_initialized() and "forkserver" in multiprocessing.get_all_start_methods():
         from multiprocessing.reduction import ForkingPickler
 
-        context = multiprocessing.get_context("forkserver")
+        context = _ForkServerContext()
         context.set_forkserver_preload(["__main__", "torch"])  # (only read when the server starts)
         ForkingPickler.register(torch.Generator, _reduce_generator)  # the dataset now travels pickled
-        torch.multiprocessing.set_sharing_strategy("file_system")
-        options["multiprocessing_context"] = context
+        options.update(multiprocessing_context=context,
+                       worker_init_fn=functools.partial(start_worker, loader_process=os.getpid()))
     return options
+
+
+if "forkserver" in multiprocessing.get_all_start_methods():
+    class _WorkerProcess(multiprocessing.context.ForkServerProcess):
+        """A fork-server worker whose start pickles the dataset's tensors by file name (torch's "file_system"
+        sharing strategy) and no others: by descriptor, a dataset of more than ~250 tensors cannot start one (the
+        server gets all of a worker's descriptors in one message: "too many fds"). Named files outlive a job
+        killed whole with SIGKILL (torch_shm_manager too) in /dev/shm, so the process keeps torch's default for
+        everything else, the batches its workers send back included."""
+
+        def start(self) -> None:
+            previous = torch.multiprocessing.get_sharing_strategy()
+            torch.multiprocessing.set_sharing_strategy("file_system")
+            try:
+                super().start()
+            finally:
+                torch.multiprocessing.set_sharing_strategy(previous)
+
+    class _ForkServerContext(multiprocessing.context.ForkServerContext):
+        Process = _WorkerProcess
+
+
+def _end_with(pid: int) -> None:
+    """End this process (at once, as a killed parent's fork would) when process `pid` ends: a pidfd where Linux has
+    one, else a poll each second."""
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (macOS, Linux < 5.3), or pid already gone
+        handle = None
+
+    def watch() -> None:
+        if handle is not None:
+            select.select([handle], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:  # alive, another user's (cannot be ours: ours started this one)
+                    pass
+                time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="topoclip-end-with-loader", daemon=True).start()
 
 
 def _reduce_generator(generator):

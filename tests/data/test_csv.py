@@ -73,9 +73,11 @@ def test_packed_rows_give_back_every_row_as_read_and_travel_as_arrays(tmp_path):
     row's None caption and an undecodable byte (a surrogate) included, in the process and after the pickle a
     fork-server worker gets; what travels is arrays, not one str per row."""
     path, *_ = write_caption_table(tmp_path)
-    rows = read_caption_table(path) + [("", ""), ("b/ç.png", None), ("😀.jpg", "bad \udcff byte")]
+    rows = read_caption_table(path) + [("", ""), ("b/ç.png", None), ("😀.jpg", "bad \udcff byte"), ("a.jpg", "x\udcc3\udca9")]
     for packed in (PackedRows(rows), pickle.loads(pickle.dumps(PackedRows(rows)))):
         assert len(packed) == len(rows) and [packed[i] for i in range(len(packed))] == rows
     packed = PackedRows(rows)
     assert all(isinstance(array, np.ndarray) for array in (*packed.images, *packed.captions, packed.no_caption))
     assert isinstance(CsvDataset(path, transform=TRANSFORM, batch_size=4).rows, PackedRows)
+    with pytest.raises(IndexError):
+        packed[-1]

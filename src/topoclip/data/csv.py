@@ -96,8 +96,8 @@ class PackedRows:
     As str tuples a million rows take 253 MiB; a forked DataLoader worker that reads them writes their reference
     counts and so copies them (267 MiB a worker: PyTorch's issue #13246, memory that grows with the workers); and
     a worker started from a fork server (under torch.distributed) gets them pickled every epoch (1.1 s to pickle).
-    Packed: 114 MiB, 0.2 MiB copied by a worker, 0.07 s to pickle (benchmarks/csv_rows.py). Text is kept byte for
-    byte, surrogate-escaped undecodable bytes included (see read_caption_table).
+    Packed: 114 MiB, 0.2 MiB copied by a worker, 0.07 s to pickle (benchmarks/csv_rows.py). Every str comes back
+    as read, the surrogates that stand for undecodable bytes included (see read_caption_table).
     """
 
     def __init__(self, rows: list[tuple[str, Optional[str]]]):
@@ -109,11 +109,15 @@ class PackedRows:
         return len(self.no_caption)
 
     def __getitem__(self, index: int) -> tuple[str, Optional[str]]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} of {len(self)}")
         return _unpack(self.images, index), None if self.no_caption[index] else _unpack(self.captions, index)
 
 
 def _pack(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [text.encode("utf-8", "surrogateescape") for text in strings]
+    # surrogatepass, not surrogateescape: two escaped bytes that csv left side by side ("\udcc3\udca9", from b"\xc3"
+    # and b"\xa9" around a quote) would come back as "é", a caption read as undecodable turned into a valid one.
+    encoded = [text.encode("utf-8", "surrogatepass") for text in strings]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(data) for data in encoded], out=offsets[1:])
     return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
@@ -121,7 +125,7 @@ def _pack(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def _unpack(packed: tuple[np.ndarray, np.ndarray], index: int) -> str:
     data, offsets = packed
-    return data[offsets[index]:offsets[index + 1]].tobytes().decode("utf-8", "surrogateescape")
+    return data[offsets[index]:offsets[index + 1]].tobytes().decode("utf-8", "surrogatepass")
 
 
 class CsvDataset(torch.utils.data.IterableDataset):
