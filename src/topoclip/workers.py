@@ -110,10 +110,8 @@ def _end_with(pid: int) -> None:
             while True:
                 try:
                     os.kill(pid, 0)
-                except ProcessLookupError:
+                except (ProcessLookupError, PermissionError):  # gone, or its pid now another user's process
                     break
-                except PermissionError:  # alive, another user's (cannot be ours: ours started this one)
-                    pass
                 time.sleep(1.0)
         os._exit(0)
 
