@@ -1,6 +1,6 @@
 """What a CSV caption table's rows cost a DataLoader worker: Python strings against PackedRows (topoclip.data.csv).
 
-    python benchmarks/csv_rows.py --rows 1000000 --workers 4
+    python benchmarks/csv_rows.py --rows 1000000 --workers 2 --out docs/results/csv-rows.json
 
 Writes a table of --rows rows (paths like "shard-00042/000123456.jpg", captions of 40-120 characters) and reads it
 once. For each way of holding the rows, as read_caption_table returns them (a list of str tuples) and as CsvDataset
@@ -15,11 +15,14 @@ import argparse
 import json
 import os
 import pickle
+import platform
 import random
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+
+import torch
 
 from topoclip.data.csv import PackedRows, read_caption_table
 
@@ -84,14 +87,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--machine", default=f"{platform.machine()}, {os.cpu_count()} CPUs",
+                        help="how the machine was, for the record (timings are only as quiet as the machine)")
+    parser.add_argument("--out", type=Path, help="also write the figures as JSON (the README's table)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "table.csv"
         write_table(path, args.rows)
-        print(f"{args.rows:,} rows, {path.stat().st_size / 2**20:.1f} MiB of CSV; pid {os.getpid()}, "
-              f"{os.cpu_count()} CPUs (timings are only as quiet as the machine)")
-        measure("list of str tuples", lambda: read_caption_table(path), args.workers)
-        measure("PackedRows", lambda: PackedRows(read_caption_table(path)), args.workers)
+        print(f"{args.rows:,} rows, {path.stat().st_size / 2**20:.1f} MiB of CSV; pid {os.getpid()}, {args.machine}")
+        results = [measure("list of str tuples", lambda: read_caption_table(path), args.workers),
+                   measure("PackedRows", lambda: PackedRows(read_caption_table(path)), args.workers)]
+    if args.out:
+        command = f"python benchmarks/csv_rows.py --rows {args.rows} --workers {args.workers}"
+        args.out.write_text(json.dumps({"command": command, "rows": args.rows, "machine": args.machine,
+                                        "torch": torch.__version__, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

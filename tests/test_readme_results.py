@@ -4,6 +4,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -443,3 +445,16 @@ def test_the_late_rise_counts_each_run_once_in_its_largest_cell(tmp_path, monkey
     shutil.rmtree(tmp_path / "extended")
     (row,) = readme_results.tau_late_rise()  # the same three runs in two grids: where they were trained
     assert (row["grid"], row["cell"], row["n"]) == ("lr", "a", 3)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the benchmark reads /proc")
+def test_the_csv_rows_benchmark_writes_the_file_the_readme_table_is_drawn_from(tmp_path):
+    out = tmp_path / "csv-rows.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "csv_rows.py"), "--rows", "2000", "--workers", "1",
+                    "--out", str(out)], check=True, capture_output=True, timeout=120)
+    result = json.loads(out.read_text())
+    strings, packed = result["results"]
+    assert packed["in-process MiB"] < strings["in-process MiB"]  # 2,000 rows: ~0.5 MiB of str objects, ~0.2 packed
+    table = readme_results.csv_rows_table(result).splitlines()
+    assert table[0].startswith("Measured: `python benchmarks/csv_rows.py --rows 2000 --workers 1` (2,000 rows)")
+    assert [line.split(" | ")[0] for line in table[4:]] == ["| list of str tuples", "| PackedRows"]

@@ -93,11 +93,11 @@ def read_caption_table(
 class PackedRows:
     """A caption table's (image, caption) rows held as UTF-8 bytes in arrays with offsets, not as Python strings.
 
-    As str tuples a million rows take 253 MiB; a forked DataLoader worker that reads them writes their reference
-    counts and so copies them (267 MiB a worker: PyTorch's issue #13246, memory that grows with the workers); and
-    a worker started from a fork server (under torch.distributed) gets them pickled every epoch (1.1 s to pickle).
-    Packed: 114 MiB, 0.2 MiB copied by a worker, 0.07 s to pickle (benchmarks/csv_rows.py). Every str comes back
-    as read, the surrogates that stand for undecodable bytes included (see read_caption_table).
+    As str tuples the rows take twice the memory; a forked DataLoader worker that reads them writes their reference
+    counts and so copies them all (PyTorch's issue #13246, memory that grows with the workers); and a worker started
+    from a fork server (under torch.distributed) gets them pickled every epoch, far slower than arrays
+    (docs/results/csv-rows.json). Every str comes back as read, the surrogates that stand for undecodable bytes
+    included (see read_caption_table).
     """
 
     def __init__(self, rows: list[tuple[str, Optional[str]]]):
