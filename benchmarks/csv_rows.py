@@ -4,7 +4,8 @@
 
 Writes a table of --rows rows (paths like "shard-00042/000123456.jpg", captions of 40-120 characters) and reads it
 once. For each way of holding the rows, as read_caption_table returns them (a list of str tuples) and as CsvDataset
-keeps them (PackedRows), it prints: the memory the rows take in the process; what a worker started from a fork
+keeps them (PackedRows, packed as the file is read), it prints: the memory the rows take in the process and the most
+that reading them took; what a worker started from a fork
 server (under torch.distributed) receives, its size and the time to pickle and unpickle it; and what each of
 --workers forked workers copies when it reads every row once (its private dirty memory, from
 /proc/PID/smaps_rollup, Linux): a str's reference count is written when it is read, so its page is copied.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from topoclip.data.csv import PackedRows, read_caption_table
+from topoclip.data.csv import CaptionTable, PackedRows, read_caption_table
 
 WORDS = "a the red small large dog cat tree house on under near blue green striped photo of with two three".split()
 
@@ -68,7 +69,7 @@ def copied_by_readers(rows, workers: int) -> float:
 def measure(name: str, build, workers: int) -> dict:
     tracemalloc.start()
     rows = build()
-    memory = tracemalloc.get_traced_memory()[0] / 2**20
+    memory, peak = (size / 2**20 for size in tracemalloc.get_traced_memory())
     tracemalloc.stop()
     start = time.perf_counter()
     payload = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
@@ -76,7 +77,8 @@ def measure(name: str, build, workers: int) -> dict:
     start = time.perf_counter()
     pickle.loads(payload)
     loaded = time.perf_counter() - start
-    result = {"rows as": name, "in-process MiB": round(memory, 1), "pickled MiB": round(len(payload) / 2**20, 1),
+    result = {"rows as": name, "in-process MiB": round(memory, 1), "peak while reading MiB": round(peak, 1),
+              "pickled MiB": round(len(payload) / 2**20, 1),
               "pickle s": round(dumped, 3), "unpickle s": round(loaded, 3),
               "copied per forked reader MiB": round(copied_by_readers(rows, workers), 1)}
     print(json.dumps(result))
@@ -96,7 +98,7 @@ def main() -> None:
         write_table(path, args.rows)
         print(f"{args.rows:,} rows, {path.stat().st_size / 2**20:.1f} MiB of CSV; pid {os.getpid()}, {args.machine}")
         results = [measure("list of str tuples", lambda: read_caption_table(path), args.workers),
-                   measure("PackedRows", lambda: PackedRows(read_caption_table(path)), args.workers)]
+                   measure("PackedRows", lambda: PackedRows(CaptionTable(path)), args.workers)]
     if args.out:
         command = f"python benchmarks/csv_rows.py --rows {args.rows} --workers {args.workers}"
         args.out.write_text(json.dumps({"command": command, "rows": args.rows, "machine": args.machine,

@@ -778,10 +778,11 @@ def fsdp_memory_table(result: dict) -> str:
 
 def csv_rows_table(result: dict) -> str:
     """benchmarks/csv_rows.py: what a CSV's rows cost a DataLoader worker, as Python strings and packed."""
-    columns = ("in-process MiB", "copied per forked reader MiB", "pickled MiB", "pickle s", "unpickle s")
+    columns = ("in-process MiB", "peak while reading MiB", "copied per forked reader MiB", "pickled MiB", "pickle s",
+               "unpickle s")
     rows = [f"Measured: `{result['command']}` ({result['rows']:,} rows) on {result['machine']}, torch {result['torch']}:", "",
-            "| rows held as | in the process (MiB) | copied by each forked worker that reads them (MiB) | pickled for a "
-            "fork-server worker (MiB) | pickle (s) | unpickle (s) |", "|---|---|---|---|---|---|"]
+            "| rows held as | in the process (MiB) | at most while reading (MiB) | copied by each forked worker that reads "
+            "them (MiB) | pickled for a fork-server worker (MiB) | pickle (s) | unpickle (s) |", "|---|---|---|---|---|---|---|"]
     rows += [f"| {line['rows as']} | " + " | ".join(f"{line[column]:g}" for column in columns) + " |"
              for line in result["results"]]
     return "\n".join(rows)

@@ -65,10 +65,10 @@ def list_images(source: Union[str, Path], image_key: str = "filepath") -> list[I
     if path.is_dir():
         return [ImageInput(str(file.relative_to(path)), file) for file in image_files(path)]
     if path.suffix.lower() in (".csv", ".tsv", ".tab") and path.is_file():
-        from topoclip.data.csv import read_caption_table
+        from topoclip.data.csv import CaptionTable
 
         inputs = []
-        for written, _ in read_caption_table(path, image_key, caption_key=None):
+        for written, _ in CaptionTable(path, image_key, caption_key=None):
             try:
                 inputs.append(ImageInput(written, resolve_image_path(written, path.parent)))
             except BadSample as bad:  # outside the CSV's folder: never opened, counted

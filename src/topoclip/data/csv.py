@@ -9,12 +9,13 @@ A row whose image is missing or broken, or whose caption is empty or not UTF-8, 
 """
 from __future__ import annotations
 
+import array
 import csv
 import dataclasses
 import logging
 import warnings
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -33,28 +34,27 @@ def sniff_separator(path: Union[str, Path]) -> str:
     return "\t" if {".tsv", ".tab"} & set(suffixes) else ","
 
 
-def read_caption_table(
-    path: Union[str, Path],
-    image_key: str = "filepath",
-    caption_key: Optional[str] = "title",
-    separator: Optional[str] = None,
-) -> list[tuple[str, Optional[str]]]:
-    """Rows of (image path as written, caption or None if the row is short) from a CSV / TSV with a header.
+class CaptionTable:
+    """The (image path as written, caption or None if the row is short) rows of a CSV / TSV with a header, read
+    as they are iterated (the file is not held in memory); the header is checked when the table is made.
 
     caption_key None: images only (every caption None).
 
     Text is read as UTF-8 with undecodable bytes kept as surrogates, so one bad caption is later skipped as
-    "bad_encoding" instead of failing the whole file. Blank lines are ignored.
+    "bad_encoding" instead of failing the whole file. Blank lines are ignored; a line csv cannot read is skipped
+    and counted in a warning at the end of the pass.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"caption table {path} does not exist (setting data.train_data)")
-    separator = sniff_separator(path) if separator is None else separator
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as file:
-        reader = csv.reader(file, delimiter=separator)
-        header = next(reader, None)
+
+    def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
+                 separator: Optional[str] = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"caption table {self.path} does not exist (setting data.train_data)")
+        self.separator = sniff_separator(self.path) if separator is None else separator
+        with self._open() as file:
+            header = next(csv.reader(file, delimiter=self.separator), None)
         if header is None:
-            raise ValueError(f"{path} is empty; it needs a header row naming the image and caption columns")
+            raise ValueError(f"{self.path} is empty; it needs a header row naming the image and caption columns")
         header = [name.lstrip("\ufeff").strip() for name in header]
         columns = {}
         for key, setting in ((image_key, "data.csv_image_key"), (caption_key, "data.csv_caption_key")):
@@ -63,31 +63,45 @@ def read_caption_table(
             if key not in header:
                 hint = ""
                 if len(header) == 1:
-                    other = "\t" if separator != "\t" else ","
+                    other = "\t" if self.separator != "\t" else ","
                     if other in header[0]:
                         hint = f" The header contains {other!r}: set data.csv_separator to {other!r}."
                 raise ValueError(
-                    f"{path} has no column {key!r} (setting {setting}); columns found: {header}.{hint}"
+                    f"{self.path} has no column {key!r} (setting {setting}); columns found: {header}.{hint}"
                 )
             columns[key] = header.index(key)
-        image_column, caption_column = columns[image_key], columns.get(caption_key)
-        rows, unreadable = [], []
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as error:  # a field past csv.field_size_limit(), a NUL: the reader goes on at the next line
-                unreadable.append(f"line {reader.line_num}: {error}")
-                continue
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            image = row[image_column] if image_column < len(row) else ""
-            caption = row[caption_column] if caption_column is not None and caption_column < len(row) else None
-            rows.append((image, caption))
-    if unreadable:
-        warnings.warn(f"{path}: skipped {len(unreadable)} row(s) csv cannot read, e.g. {unreadable[0]}", stacklevel=2)
-    return rows
+        self.image_column, self.caption_column = columns[image_key], columns.get(caption_key)
+
+    def _open(self):
+        return open(self.path, newline="", encoding="utf-8", errors="surrogateescape")
+
+    def __iter__(self) -> Iterator[tuple[str, Optional[str]]]:
+        unreadable = []
+        with self._open() as file:
+            reader = csv.reader(file, delimiter=self.separator)
+            next(reader)  # the header, checked in __init__
+            while True:
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as error:  # a field past csv.field_size_limit(), a NUL: the reader goes on at the next line
+                    unreadable.append(f"line {reader.line_num}: {error}")
+                    continue
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                image = row[self.image_column] if self.image_column < len(row) else ""
+                caption = row[self.caption_column] if self.caption_column is not None and self.caption_column < len(row) else None
+                yield image, caption
+        if unreadable:
+            warnings.warn(f"{self.path}: skipped {len(unreadable)} row(s) csv cannot read, e.g. {unreadable[0]}",
+                          stacklevel=2)
+
+
+def read_caption_table(path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
+                       separator: Optional[str] = None) -> list[tuple[str, Optional[str]]]:
+    """Every row of a CaptionTable, as a list."""
+    return list(CaptionTable(path, image_key, caption_key, separator))
 
 
 class PackedRows:
@@ -100,10 +114,16 @@ class PackedRows:
     included (see read_caption_table).
     """
 
-    def __init__(self, rows: list[tuple[str, Optional[str]]]):
-        self.images = _pack([image for image, _ in rows])
-        self.captions = _pack([caption or "" for _, caption in rows])
-        self.no_caption = np.array([caption is None for _, caption in rows], dtype=bool)  # a short row's None
+    def __init__(self, rows: Iterable[tuple[str, Optional[str]]]):
+        # Packed as they come, so a table read from a file (CaptionTable) is never held as strings, not even while
+        # it is packed: the peak is the packed size (docs/results/csv-rows.json).
+        images, captions, no_caption = _Packer(), _Packer(), bytearray()
+        for image, caption in rows:
+            images.add(image)
+            captions.add(caption or "")
+            no_caption.append(caption is None)  # a short row's None
+        self.images, self.captions = images.arrays(), captions.arrays()
+        self.no_caption = np.frombuffer(no_caption, dtype=bool)
 
     def __len__(self) -> int:
         return len(self.no_caption)
@@ -114,13 +134,23 @@ class PackedRows:
         return _unpack(self.images, index), None if self.no_caption[index] else _unpack(self.captions, index)
 
 
-def _pack(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    # surrogatepass, not surrogateescape: two escaped bytes that csv left side by side ("\udcc3\udca9", from b"\xc3"
-    # and b"\xa9" around a quote) would come back as "é", a caption read as undecodable turned into a valid one.
-    encoded = [text.encode("utf-8", "surrogatepass") for text in strings]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(data) for data in encoded], out=offsets[1:])
-    return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+class _Packer:
+    """Strings appended as UTF-8 bytes to one buffer, with the offset where each ends."""
+
+    def __init__(self):
+        self.data, self.ends = bytearray(), array.array("q")
+
+    def add(self, text: str) -> None:
+        # surrogatepass, not surrogateescape: two escaped bytes that csv left side by side ("\udcc3\udca9", from
+        # b"\xc3" and b"\xa9" around a quote) would come back as "é", a caption read as undecodable turned valid.
+        self.data += text.encode("utf-8", "surrogatepass")
+        self.ends.append(len(self.data))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the bytes (total,) uint8, the offsets (n + 1,) int64: string i is bytes[offsets[i]:offsets[i + 1]])."""
+        offsets = np.zeros(len(self.ends) + 1, dtype=np.int64)
+        offsets[1:] = np.frombuffer(self.ends, dtype=np.int64)
+        return np.frombuffer(self.data, dtype=np.uint8), offsets
 
 
 def _unpack(packed: tuple[np.ndarray, np.ndarray], index: int) -> str:
@@ -164,7 +194,7 @@ class CsvDataset(torch.utils.data.IterableDataset):
         self.first = 0
         self.path = Path(path)
         self.allow_outside_paths = allow_outside_paths  # absolute / ".." image paths (else path_outside_root)
-        self.rows = PackedRows(read_caption_table(self.path, image_key, caption_key, separator))
+        self.rows = PackedRows(CaptionTable(self.path, image_key, caption_key, separator))
         if not len(self.rows):
             raise ValueError(f"{self.path} has a header but no rows")
         self.image_root = Path(image_root) if image_root is not None else self.path.parent

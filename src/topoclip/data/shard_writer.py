@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from topoclip.atomic import scratch_name
-from topoclip.data.csv import read_caption_table
+from topoclip.data.csv import CaptionTable
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.errors import UserError
@@ -165,7 +165,7 @@ def csv_to_shards(
     byte for byte and other formats re-encoded. Returns (shard paths, counter of kept and skipped rows).
     """
     csv_path = Path(csv_path)
-    rows = read_caption_table(csv_path, image_key, caption_key, separator)
+    rows = CaptionTable(csv_path, image_key, caption_key, separator)  # header checked now, rows read as written
     root = Path(image_root) if image_root is not None else csv_path.parent
     counter = BadSampleCounter()
     settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode

@@ -14,6 +14,7 @@ Functions take the config sections they read (duck-typed: this module sits below
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
@@ -111,13 +112,13 @@ def open_csv(data, **options):
 
 
 def csv_captions(data, count: int) -> list[str]:
-    from topoclip.data.csv import read_caption_table
+    from topoclip.data.csv import CaptionTable
     from topoclip.data.images import clean_caption
     from topoclip.data.quality import BadSample
 
-    rows = read_caption_table(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
+    rows = CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
     captions = []
-    for _, raw in rows[:count]:
+    for _, raw in itertools.islice(rows, count):
         try:
             captions.append(clean_caption(raw))
         except BadSample:  # counted when training reads the row; here it is only left out
@@ -127,11 +128,11 @@ def csv_captions(data, count: int) -> list[str]:
 
 def csv_rows(data) -> Optional[int]:
     """One epoch of a CSV is one pass over its rows (as OpenCLIP's); None when the file cannot be read yet."""
-    from topoclip.data.csv import read_caption_table
+    from topoclip.data.csv import CaptionTable
 
     try:
-        return len(read_caption_table(data.train_data, data.csv_image_key, data.csv_caption_key,
-                                      data.csv_separator or None)) or None
+        return sum(1 for _ in CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key,
+                                           data.csv_separator or None)) or None
     except (OSError, ValueError):  # said when training opens it, with its own message
         return None
 
