@@ -393,6 +393,12 @@ def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
                                    "the metric's range, 0–100 for a percentage)."])
 
 
+def reruns_table(spec: dict) -> str:
+    """Markdown: where one more seed of each cell lands (docs/results/NAME-reruns.json: {"about", "source", "cells",
+    "metrics": [{"metric", "label", "bounds"?, "digits"?}]}), the figure a re-run on another machine is checked against."""
+    return "\n".join([spec["about"], "", rerun_table(spec["source"], spec["cells"], spec["metrics"])])
+
+
 def claims_summary_table(claims: dict) -> str:
     """Markdown, one screen: each claim in a few words, our verdict in a few more, the comparisons that carry it
     (Welch's t, recomputed) and the page with the detail."""
@@ -822,7 +828,7 @@ def load_results(name: str):
 
 # A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.
 SUFFIX_RENDERERS = {"-tests": comparison_table, "-equivalence": equivalence_table, "-retrieval": retrieval_table,
-                    "-convergence": convergence_table}
+                    "-convergence": convergence_table, "-reruns": reruns_table}
 
 
 def renderer_for(name: str):

@@ -291,6 +291,11 @@ def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_pa
     table = readme_results.rerun_table("grid", ["a"], [{"metric": "zero_shot_top1", "label": "top-1"},
                                                       {"metric": "zero_shot_top1", "label": "cut", "bounds": [0, 100]}])
     assert "| a | 95.0 (72.2 to 117.8) | 95.0 (72.2 to 100.0) |" in table and "n = 3 runs" in table
+    spec = {"about": "Where one more seed lands.", "source": "grid", "cells": ["a"],
+            "metrics": [{"metric": "zero_shot_top1", "label": "cut", "bounds": [0, 100]}]}
+    (tmp_path / "grid-reruns.json").write_text(json.dumps(spec))  # a block named NAME-reruns draws its spec file
+    drawn = readme_results.render_blocks("<!-- results:grid-reruns -->\n<!-- /results:grid-reruns -->")
+    assert "Where one more seed lands.\n\n| one more seed of | cut |" in drawn and "| a | 95.0 (72.2 to 100.0) |" in drawn
 
 
 def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypatch):
