@@ -15,6 +15,7 @@ tests/test_readme_results.py runs `check`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import platform
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
@@ -482,6 +484,31 @@ def headline_table(points: list[dict]) -> str:
                                    "recipe after the first's results were known. Drawn in headline.png."])
 
 
+FINGERPRINT_KEY = "topoclip-points-sha256"  # the PNG text chunk that holds it
+
+
+def fingerprint(points: list[dict]) -> str:
+    """sha256 of the headline figure's points, each float to 6 significant digits (far finer than the figure draws, and
+    coarse enough that a last-bit difference of another libm does not change it): stored in headline.png, so `check`
+    knows a figure drawn from other results."""
+    def rounded(value):
+        if isinstance(value, float):
+            return float(f"{value:.6g}")
+        if isinstance(value, dict):
+            return {key: rounded(item) for key, item in value.items()}
+        return [rounded(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+    return hashlib.sha256(json.dumps(rounded(points), sort_keys=True).encode()).hexdigest()
+
+
+def drawn_from(path: Path) -> Optional[str]:
+    """The fingerprint of the points a headline.png was drawn from (None: none stored)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.text.get(FINGERPRINT_KEY)
+
+
 def plot_headline(points: list[dict], path: Path) -> Path:
     """headline.png: Multi − sphere (95 % interval) against the steps, one panel per task and metric, one line per
     lr and caption noise."""
@@ -524,7 +551,7 @@ def plot_headline(points: list[dict], path: Path) -> Path:
     figure.suptitle("Multi(16, 8) − Sphere(128), each at its default initial range: difference of the seed means, "
                     "95 % interval (Welch's t)", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, metadata={FINGERPRINT_KEY: fingerprint(points)})
     plt.close(figure)
     return path
 
@@ -907,10 +934,13 @@ def main() -> int:
             print(f"wrote {document.relative_to(ROOT)}")
         elif wanted != current:
             stale.append(document.relative_to(ROOT))
+    figure = RESULTS / "headline.png"
     if args.command == "write":
-        print(f"wrote {plot_headline(headline_points(), RESULTS / 'headline.png').relative_to(ROOT)}")
+        print(f"wrote {plot_headline(headline_points(), figure).relative_to(ROOT)}")
+    elif drawn_from(figure) != fingerprint(headline_points()):
+        stale.append(figure.relative_to(ROOT))
     if stale:
-        print(f"{', '.join(map(str, stale))}: generated blocks differ from docs/results/; "
+        print(f"{', '.join(map(str, stale))}: generated blocks or figure differ from docs/results/; "
               f"run: python scripts/readme_results.py write")
         return 1
     return 0

@@ -139,6 +139,18 @@ def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_
     assert "| t | 1e-3 multi, 5e-4 sphere | 0 % |" in readme_results.headline_table([point, each])
     figure = readme_results.plot_headline([point, each], tmp_path / "headline.png")
     assert figure.stat().st_size > 10_000
+    # The figure carries what it was drawn from: another point's effect changes it; a last-bit difference does not.
+    assert readme_results.drawn_from(figure) == readme_results.fingerprint([point, each])
+    nudged = {**each, "in-domain": {**each["in-domain"], "effect": math.nextafter(each["in-domain"]["effect"], math.inf)}}
+    assert readme_results.fingerprint([point, nudged]) == readme_results.drawn_from(figure)
+    moved = {**each, "in-domain": {**each["in-domain"], "effect": each["in-domain"]["effect"] + 0.1}}
+    assert readme_results.fingerprint([point, moved]) != readme_results.drawn_from(figure)
+
+
+def test_the_committed_headline_figure_is_drawn_from_the_committed_results():
+    figure = ROOT / "docs" / "results" / "headline.png"
+    assert readme_results.drawn_from(figure) == readme_results.fingerprint(readme_results.headline_points()), \
+        "run: python scripts/readme_results.py write"
 
 
 def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever_the_test_says():
