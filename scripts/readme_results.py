@@ -2,7 +2,7 @@
 
     python scripts/readme_results.py record RUN_DIR --wall-seconds S   # docs/results/default-run.json from a run
     python scripts/readme_results.py write                             # rewrite the documents' blocks, draw headline.png
-    python scripts/readme_results.py check                             # exit 1 when a document disagrees
+    python scripts/readme_results.py check                             # exit 1 when a document or headline.png disagrees
     python scripts/readme_results.py plot GRID OUT                     # OUT/curves.png of docs/results/GRID
 
 The documents hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``.
@@ -488,9 +488,9 @@ FINGERPRINT_KEY = "topoclip-points-sha256"  # the PNG text chunk that holds it
 
 
 def fingerprint(points: list[dict]) -> str:
-    """sha256 of the headline figure's points, each float to 6 significant digits (far finer than the figure draws, and
-    coarse enough that a last-bit difference of another libm does not change it): stored in headline.png, so `check`
-    knows a figure drawn from other results."""
+    """sha256 of the headline figure's points, each float to 6 significant digits (far finer than the figure draws; a
+    last-bit difference of another libm changes it only at a rounding boundary, about once in 1e10): stored in
+    headline.png, so `check` knows a figure drawn from other results."""
     def rounded(value):
         if isinstance(value, float):
             return float(f"{value:.6g}")
@@ -502,9 +502,11 @@ def fingerprint(points: list[dict]) -> str:
 
 
 def drawn_from(path: Path) -> Optional[str]:
-    """The fingerprint of the points a headline.png was drawn from (None: none stored)."""
+    """The fingerprint of the points a headline.png was drawn from (None: none stored, or no figure)."""
     from PIL import Image
 
+    if not path.is_file():
+        return None
     with Image.open(path) as image:
         return image.text.get(FINGERPRINT_KEY)
 

@@ -36,7 +36,8 @@ def sniff_separator(path: Union[str, Path]) -> str:
 
 class CaptionTable:
     """The (image path as written, caption or None if the row is short) rows of a CSV / TSV with a header, read
-    as they are iterated (the file is not held in memory); the header is checked when the table is made.
+    as they are iterated (the file is not held in memory); the header is checked when the table is made, and found
+    the same on every pass.
 
     caption_key None: images only (every caption None).
 
@@ -52,10 +53,7 @@ class CaptionTable:
             raise FileNotFoundError(f"caption table {self.path} does not exist (setting data.train_data)")
         self.separator = sniff_separator(self.path) if separator is None else separator
         with self._open() as file:
-            header = next(csv.reader(file, delimiter=self.separator), None)
-        if header is None:
-            raise ValueError(f"{self.path} is empty; it needs a header row naming the image and caption columns")
-        header = [name.lstrip("\ufeff").strip() for name in header]
+            header = self.header = self._header(csv.reader(file, delimiter=self.separator))
         columns = {}
         for key, setting in ((image_key, "data.csv_image_key"), (caption_key, "data.csv_caption_key")):
             if key is None:
@@ -75,11 +73,18 @@ class CaptionTable:
     def _open(self):
         return open(self.path, newline="", encoding="utf-8", errors="surrogateescape")
 
+    def _header(self, reader) -> list[str]:
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{self.path} is empty; it needs a header row naming the image and caption columns")
+        return [name.lstrip("\ufeff").strip() for name in header]
+
     def __iter__(self) -> Iterator[tuple[str, Optional[str]]]:
         unreadable = []
         with self._open() as file:
             reader = csv.reader(file, delimiter=self.separator)
-            next(reader)  # the header, checked in __init__
+            if self._header(reader) != self.header:  # the columns were found in another file
+                raise ValueError(f"{self.path} was replaced after it was opened (its header changed); read it again")
             while True:
                 try:
                     row = next(reader)
@@ -116,14 +121,14 @@ class PackedRows:
 
     def __init__(self, rows: Iterable[tuple[str, Optional[str]]]):
         # Packed as they come, so a table read from a file (CaptionTable) is never held as strings, not even while
-        # it is packed: the peak is the packed size (docs/results/csv-rows.json).
+        # it is packed: the peak is the buffers' capacity, at most 1/8 over the packed size (docs/results/csv-rows.json).
         images, captions, no_caption = _Packer(), _Packer(), bytearray()
         for image, caption in rows:
             images.add(image)
             captions.add(caption or "")
             no_caption.append(caption is None)  # a short row's None
         self.images, self.captions = images.arrays(), captions.arrays()
-        self.no_caption = np.frombuffer(no_caption, dtype=bool)
+        self.no_caption = _read_only(np.frombuffer(no_caption, dtype=bool))
 
     def __len__(self) -> int:
         return len(self.no_caption)
@@ -138,19 +143,23 @@ class _Packer:
     """Strings appended as UTF-8 bytes to one buffer, with the offset where each ends."""
 
     def __init__(self):
-        self.data, self.ends = bytearray(), array.array("q")
+        self.data, self.offsets = bytearray(), array.array("q", [0])
 
     def add(self, text: str) -> None:
         # surrogatepass, not surrogateescape: two escaped bytes that csv left side by side ("\udcc3\udca9", from
         # b"\xc3" and b"\xa9" around a quote) would come back as "é", a caption read as undecodable turned valid.
         self.data += text.encode("utf-8", "surrogatepass")
-        self.ends.append(len(self.data))
+        self.offsets.append(len(self.data))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(the bytes (total,) uint8, the offsets (n + 1,) int64: string i is bytes[offsets[i]:offsets[i + 1]])."""
-        offsets = np.zeros(len(self.ends) + 1, dtype=np.int64)
-        offsets[1:] = np.frombuffer(self.ends, dtype=np.int64)
-        return np.frombuffer(self.data, dtype=np.uint8), offsets
+        """Read-only views (no copy): (the bytes (total,) uint8, the offsets (n + 1,) int64: string i is
+        bytes[offsets[i]:offsets[i + 1]])."""
+        return _read_only(np.frombuffer(self.data, dtype=np.uint8)), _read_only(np.frombuffer(self.offsets, dtype=np.int64))
+
+
+def _read_only(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False
+    return values
 
 
 def _unpack(packed: tuple[np.ndarray, np.ndarray], index: int) -> str:
