@@ -258,6 +258,10 @@ def test_make_shards_refuses_a_folder_that_holds_anything(tmp_path, capsys):
     assert main(["data", "make-shards", "--preset", "tiny", "--count", "4", "--out", str(out)]) == 2
     assert "not empty" in one_line_error(capsys)
     assert (out / "00000.tar").read_bytes() == b"an earlier set"
+    assert main(["data", "make-shards", "--preset", "tiny", "--resume", "--out", str(out)]) == 2
+    assert "--resume continues a CSV conversion" in one_line_error(capsys)
+    assert main(["data", "make-shards", "--csv", str(tmp_path / "t.csv"), "--resume", "--out", str(out)]) == 2
+    assert "does not exist" in one_line_error(capsys)  # (a missing CSV: one line, before the folder is looked at)
 
 
 @pytest.fixture()

@@ -131,3 +131,52 @@ def test_csv_to_shards_checks_images_and_counts(tmp_path):
         names = tar.getnames()
         first_image = tar.extractfile(names[0]).read()
     assert first_image == good_images()[good[0].removeprefix("good ")][0]
+
+
+def test_a_stopped_csv_conversion_resumes_into_the_shards_an_uninterrupted_one_writes(tmp_path, monkeypatch, capsys):
+    """csv_to_shards(resume=True) continues after the last shard whose stats were written: a shard renamed before its
+    stats and the scratch of one under way are written again, and every shard, stats file and count equals an
+    uninterrupted conversion's. A folder of another CSV or other settings, or holding other files, is refused."""
+    import topoclip.data.shard_writer as writer
+    from topoclip.errors import UserError
+
+    path, good, expected = write_caption_table(tmp_path / "source")
+    whole, whole_counter = csv_to_shards(path, tmp_path / "whole", samples_per_shard=3, image_size=SIZE)
+    calls, decode = [0], writer.decode_image
+
+    def stop_at_the_ninth(*args, **kwargs):  # the ninth image read: shards 0 and 1 are done, shard 2 is under way
+        calls[0] += 1
+        if calls[0] == 9:
+            raise KeyboardInterrupt
+        return decode(*args, **kwargs)
+    monkeypatch.setattr(writer, "decode_image", stop_at_the_ninth)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE)
+    monkeypatch.setattr(writer, "decode_image", decode)
+    assert sorted(p.name for p in out.glob("*.tar")) == ["00000.tar", "00001.tar"]
+    (out / "00001_stats.json").unlink()  # as if stopped between the shard's rename and its stats
+    (out / ".00002.tar.0123456789ab.partial").write_bytes(b"a shard under way")
+    with pytest.raises(UserError, match="--resume"):
+        csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE)
+    with pytest.raises(UserError, match="samples_per_shard differ"):
+        csv_to_shards(path, out, samples_per_shard=4, image_size=SIZE, resume=True)
+    paths, counter = csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)
+    assert "at shard 00001" in capsys.readouterr().err.splitlines()[-1]  # (00001's tar and 00002's scratch removed)
+    assert [p.name for p in paths] == [p.name for p in whole] and len(whole) == -(-len(good) // 3)
+    for mine, theirs in zip(paths, whole):
+        assert mine.read_bytes() == theirs.read_bytes()
+        stats = mine.with_name(f"{mine.stem}_stats.json")
+        assert stats.read_text() == theirs.with_name(stats.name).read_text()
+    assert (counter.kept, counter.bad) == (whole_counter.kept, whole_counter.bad) == (len(good), expected | counter.bad)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert sum(json.loads(p.read_text())["count"] for p in out.glob("*_stats.json")) == counter.seen
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="notes.txt"):
+        csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)
+    (out / "notes.txt").unlink()
+    path.write_bytes(path.read_bytes() + b"one more,images/rgb_jpeg.jpg,x\n")
+    with pytest.raises(UserError, match="csv_sha256 differ"):
+        csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)
+    with pytest.raises(UserError, match="no conversion to resume"):
+        csv_to_shards(path, tmp_path / "new", samples_per_shard=3, resume=True)

@@ -225,7 +225,7 @@ def test_csv_made_into_shards_by_the_cli_trains(tmp_path, table, capsys):
     assert main(["data", "make-shards", "--csv", str(path), "--image-key", "image", "--caption-key", "caption",
                  "--image-size", "32", "--samples-per-shard", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "kept 12 of 19" in printed and "wrote 3 shards" in printed
+    assert "kept 12 of 19" in printed and "holds 3 shards" in printed
     for kind, count in CSV_BAD.items():
         assert f"{kind} {count}" in printed
     shards = sorted(out.glob("*.tar"))
@@ -311,7 +311,7 @@ def test_scenes_made_into_shards_by_the_cli_train_with_two_workers(tmp_path, cap
     out = tmp_path / "shards"
     assert main(["data", "make-shards", "--preset", "tiny", "--count", "64", "--samples-per-shard", "16",
                  "--out", str(out)]) == 0
-    assert "wrote 4 shards" in capsys.readouterr().out
+    assert "holds 4 shards" in capsys.readouterr().out
     shards = sorted(out.glob("*.tar"))
     assert len(shards) == 4
     with tarfile.open(shards[1]) as tar:

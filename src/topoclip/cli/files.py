@@ -124,12 +124,17 @@ def add_push(commands) -> None:
 
 
 def command_make_shards(args) -> int:
-    from topoclip.data.shard_writer import csv_to_shards, require_empty_folder, write_shards
+    from topoclip.data.shard_writer import csv_to_shards, require_empty_folder, shard_pattern, write_shards
+    from topoclip.errors import UserError
 
-    require_empty_folder(args.out)  # before anything is read or rendered
+    if args.resume and not args.csv:
+        raise UserError("--resume continues a CSV conversion (--csv); built-in scenes are rendered whole into a new --out")
+    if not args.resume:
+        require_empty_folder(args.out)  # before anything is read or rendered
     if args.csv:
         paths, counter = csv_to_shards(args.csv, args.out, image_key=args.image_key, caption_key=args.caption_key,
-                                       samples_per_shard=args.samples_per_shard, image_size=args.image_size)
+                                       samples_per_shard=args.samples_per_shard, image_size=args.image_size,
+                                       resume=args.resume, progress=True)
         print(counter.describe())
     else:
         from topoclip.data.scenes import SceneDataset
@@ -140,7 +145,7 @@ def command_make_shards(args) -> int:
         count = min(args.count or len(scenes), len(scenes))
         samples = ((scenes[i][0], scenes[i][1], {"index": i, "split": args.split}) for i in tqdm(range(count), desc="render"))
         paths = write_shards(samples, args.out, samples_per_shard=args.samples_per_shard, image_format="png")
-    print(f"wrote {len(paths)} shards to {args.out}")
+    print(f"{args.out} holds {len(paths)} shards" + (f": {shard_pattern(paths)}" if paths else ""))
     return 0
 
 
@@ -179,6 +184,8 @@ def add_data(commands) -> None:
     add_overrides(shards)
     shards.add_argument("--samples-per-shard", type=whole(1), default=1000)
     shards.add_argument("--out", required=True, help="output folder")
+    shards.add_argument("--resume", action="store_true", help="continue a CSV conversion into --out that stopped "
+                        "part-way (the same --csv, byte for byte, and options), after its last finished shard")
     ceiling = add_command(data_commands, "ceiling", command_ceiling, "the recall the Bayes-optimal ranker reaches on "
                           "the built-in retrieval set (the generator's caption probabilities, exactly): the ceiling "
                           "of every R@K and mean recall `topoclip eval` reports on it")

@@ -1,8 +1,10 @@
 """Writing WebDataset tar shards in img2dataset's layout: samples, or a CSV of image paths + captions, into
-shards of N samples (`topoclip shards`). Reading them is topoclip.data.shards.
+shards of N samples (`topoclip data make-shards`). Reading them is topoclip.data.shards.
 
 A sample's members share a key: `000000123.jpg` (the image bytes, re-encoded only when asked),
-`000000123.txt` (the caption) and `000000123.json` (its metadata).
+`000000123.txt` (the caption) and `000000123.json` (its metadata). A CSV's conversion also writes its settings
+(conversion.json) and, beside each finished shard, img2dataset's `00001_stats.json` (the CSV rows it covers, kept
+and skipped), so a conversion that stopped part-way continues after its last finished shard (`resume`).
 """
 from __future__ import annotations
 
@@ -10,19 +12,24 @@ import dataclasses
 import io
 import json
 import logging
+import hashlib
+import itertools
 import os
+import re
+import sys
 import tarfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 from PIL import Image
 
-from topoclip.atomic import scratch_name
+from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, write_text_atomic
 from topoclip.data.csv import CaptionTable
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.errors import UserError
+from topoclip.run_folder import LOCK, claim_folder
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +60,21 @@ def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+CONVERSION = "conversion.json"  # a CSV conversion's settings: what resuming it checks
+# What a conversion writes into its folder (shards, their stats, its settings, and their scratch copies).
+_NAMES = r"(?:\d{5}\.tar|\d{5}_stats\.json|conversion\.json)"
+_WRITTEN = re.compile(rf"{_NAMES}|\.{_NAMES}\.[0-9a-f]{{12}}{re.escape(SCRATCH_SUFFIX)}")
+
+
 def require_empty_folder(out_dir: Union[str, Path]) -> Path:
-    """`out_dir`, created if needed; UserError when it holds anything (writing 00000.tar… among other shards would
-    mix two sets and keep the old tail)."""
+    """`out_dir`, created if needed; UserError when it holds anything but its lock (writing 00000.tar… among other
+    shards would mix two sets and keep the old tail)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    present = sorted(entry.name for entry in out_dir.iterdir())
+    present = sorted(entry.name for entry in out_dir.iterdir() if entry.name != LOCK)
+    if CONVERSION in present:
+        raise UserError(f"{out_dir} holds a CSV conversion; continue it with --resume (the same --csv and options), "
+                        f"or choose another --out")
     if present:
         raise UserError(f"{out_dir} is not empty ({', '.join(present[:3])}{', ...' if len(present) > 3 else ''}); "
                         f"shards are written into a new or empty folder: choose another --out")
@@ -71,33 +87,44 @@ def write_shards(
     samples_per_shard: int = 1000,
     image_format: str = "jpg",
     quality: int = 95,
+    *,
+    first_shard: Optional[int] = None,
+    on_shard: Optional[Callable[[Path], None]] = None,
 ) -> list[Path]:
     """Write (image, caption) or (image, caption, json dict) samples as img2dataset-style tar shards.
 
     image: uint8 array (H, W, 3) / (H, W), PIL image (encoded as `image_format`: jpg, png or webp) or
     encoded bytes (written unchanged, extension from the magic number, else `image_format`).
     caption: str (written as UTF-8) or bytes (unchanged). Shards are `out_dir/00000.tar`, `00001.tar`, ... in a
-    new or empty `out_dir` (UserError otherwise);
-    keys are the shard number (5 digits) + the index in the shard, as img2dataset writes them. Each shard
-    is written to a temporary name and renamed when complete. Returns the shard paths in order.
+    new or empty `out_dir` (UserError otherwise); with `first_shard`, numbered from there in a folder the caller
+    has checked (a resumed conversion). Keys are the shard number (5 digits) + the index in the shard, as img2dataset
+    writes them. Each shard is written to a temporary name and renamed when it is full (or the samples end); then
+    `on_shard(path)` is called. Returns the shard paths written, in order.
     """
     image_format = image_format.lower().lstrip(".")
     if image_format not in _SAVE_FORMATS:
         raise ValueError(f"image_format must be one of {sorted(_SAVE_FORMATS)}, got {image_format!r}")
     if samples_per_shard < 1:
         raise ValueError(f"samples_per_shard must be at least 1, got {samples_per_shard}")
-    out_dir = require_empty_folder(out_dir)
+    out_dir = require_empty_folder(out_dir) if first_shard is None else Path(out_dir)
     index_digits = len(str(samples_per_shard - 1))
     paths: list[Path] = []
     tar: Optional[tarfile.TarFile] = None
     temporary: Optional[Path] = None
+
+    def finish() -> None:  # the open shard is complete: into place, then announced
+        nonlocal tar
+        tar.close()
+        tar = None
+        os.replace(temporary, paths[-1])
+        if on_shard is not None:
+            on_shard(paths[-1])
+
     try:
         for count, sample in enumerate(samples):
             shard, index = divmod(count, samples_per_shard)
-            if index == 0:
-                if tar is not None:
-                    tar.close()
-                    os.replace(temporary, paths[-1])
+            shard += first_shard or 0
+            if tar is None:
                 paths.append(out_dir / f"{shard:05d}.tar")
                 temporary = scratch_name(paths[-1])
                 with open(temporary, "xb"):  # a new name: never a file of the user's
@@ -120,10 +147,10 @@ def write_shards(
             _add_member(tar, f"{key}.txt", caption.encode("utf-8") if isinstance(caption, str) else bytes(caption))
             if metadata is not None:
                 _add_member(tar, f"{key}.json", json.dumps({"key": key, **metadata}).encode("utf-8"))
+            if index == samples_per_shard - 1:
+                finish()
         if tar is not None:
-            tar.close()
-            os.replace(temporary, paths[-1])
-            tar = None
+            finish()
     finally:
         if tar is not None:  # an error mid-shard: leave no half-written shard behind
             tar.close()
@@ -156,48 +183,133 @@ def csv_to_shards(
     quality: int = 95,
     decode: DecodeSettings = DecodeSettings(),
     allow_outside_paths: bool = False,
+    resume: bool = False,
+    progress: bool = False,
 ) -> tuple[list[Path], BadSampleCounter]:
     """Convert a CSV / TSV of image path + caption into tar shards, skipping and counting bad rows.
 
     Image paths must stay inside the CSV's folder (or `image_root`) unless `allow_outside_paths`
     (as CsvDataset; else "path_outside_root"). Every image is decoded to check it. With `image_size`, images whose shorter side is larger are
     downscaled to it and re-encoded as `image_format`; without, JPEG / PNG / WebP files are copied
-    byte for byte and other formats re-encoded. Returns (shard paths, counter of kept and skipped rows).
+    byte for byte and other formats re-encoded. Returns (every shard of the folder, counter of kept and skipped rows).
+
+    The folder is new or empty, and locked while it is written; `resume`: it holds this conversion (the same CSV,
+    byte for byte, and settings), stopped part-way, and it continues after its last finished shard, writing the
+    same shards an uninterrupted conversion writes. `progress`: a progress bar of the rows read.
     """
     csv_path = Path(csv_path)
     rows = CaptionTable(csv_path, image_key, caption_key, separator)  # header checked now, rows read as written
     root = Path(image_root) if image_root is not None else csv_path.parent
-    counter = BadSampleCounter()
     settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode
+    record = {"csv": str(csv_path.resolve()), "csv_sha256": _sha256(csv_path), "image_key": image_key,
+              "caption_key": caption_key, "separator": rows.separator, "image_root": str(root.resolve()),
+              "samples_per_shard": samples_per_shard, "image_format": image_format.lower().lstrip("."),
+              "image_size": image_size, "quality": quality, "decode": dataclasses.asdict(decode),
+              "allow_outside_paths": allow_outside_paths}
+    out_dir = Path(out_dir)
+    if resume and not (out_dir / CONVERSION).is_file():
+        raise UserError(f"{out_dir} holds no conversion to resume ({CONVERSION} is missing); convert into it without "
+                        f"--resume")
+    with claim_folder(out_dir, "shard folder"):
+        if resume:
+            first_shard, first_row, counter = _resume_point(out_dir, record)
+        else:
+            require_empty_folder(out_dir)
+            write_text_atomic(out_dir / CONVERSION, json.dumps(record, indent=1) + "\n")
+            first_shard, first_row, counter = 0, 0, BadSampleCounter()
+        read = first_row  # rows read so far; a shard covers the rows read since the last one ended
+        shard_start, before = first_row, BadSampleCounter(counter.kept, counter.bad)
 
-    def good_samples() -> Iterator[tuple[Any, str, dict]]:
-        for number, (written, raw_caption) in enumerate(rows, start=1):
-            try:
-                caption = clean_caption(raw_caption)
-                if not written.strip():
-                    raise BadSample("missing_file", f"data row {number} has no image path")
-                path = resolve_image_path(written, root, allow_outside_paths)
+        def good_samples() -> Iterator[tuple[Any, str, dict]]:
+            nonlocal read
+            from tqdm.auto import tqdm
+
+            for written, raw_caption in tqdm(itertools.islice(rows, first_row, None), desc="convert", unit=" rows",
+                                             initial=first_row, disable=not progress):
+                read += 1
                 try:
-                    data = path.read_bytes()
-                except OSError as error:
-                    raise BadSample("missing_file", f"{path}: {error}") from None
-                image = decode_image(data, **dataclasses.asdict(settings))
-            except BadSample as bad:
-                logger.debug("skipped data row %d of %s: %s", number, csv_path, bad)
-                counter.add(bad.kind)
-                continue
-            counter.keep()
-            metadata = {"caption": caption, "source": written, "width": image.width, "height": image.height}
-            if image_size is not None and min(image.size) > image_size:
-                scale = image_size / min(image.size)
-                size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-                image = image.resize(size, Image.Resampling.BICUBIC)
-                metadata.update(width=image.width, height=image.height)
-                yield image, caption, metadata
-            elif image_size is None and _sniff_extension(data) in ("jpg", "png", "webp"):
-                yield data, caption, metadata
-            else:
-                yield image, caption, metadata
+                    caption = clean_caption(raw_caption)
+                    if not written.strip():
+                        raise BadSample("missing_file", f"data row {read} has no image path")
+                    path = resolve_image_path(written, root, allow_outside_paths)
+                    try:
+                        data = path.read_bytes()
+                    except OSError as error:
+                        raise BadSample("missing_file", f"{path}: {error}") from None
+                    image = decode_image(data, **dataclasses.asdict(settings))
+                except BadSample as bad:
+                    logger.debug("skipped data row %d of %s: %s", read, csv_path, bad)
+                    counter.add(bad.kind)
+                    continue
+                counter.keep()
+                metadata = {"caption": caption, "source": written, "width": image.width, "height": image.height}
+                if image_size is not None and min(image.size) > image_size:
+                    scale = image_size / min(image.size)
+                    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+                    image = image.resize(size, Image.Resampling.BICUBIC)
+                    metadata.update(width=image.width, height=image.height)
+                    yield image, caption, metadata
+                elif image_size is None and _sniff_extension(data) in ("jpg", "png", "webp"):
+                    yield data, caption, metadata
+                else:
+                    yield image, caption, metadata
 
-    paths = write_shards(good_samples(), out_dir, samples_per_shard, image_format, quality)
-    return paths, counter
+        def record_shard(path: Path) -> None:  # img2dataset's NNNNN_stats.json, with the rows the shard covers
+            nonlocal shard_start, before
+            skipped = {kind: count - before.bad.get(kind, 0) for kind, count in counter.bad.items()
+                       if count > before.bad.get(kind, 0)}
+            stats = {"rows": [shard_start, read], "count": read - shard_start, "successes": counter.kept - before.kept,
+                     "skipped": skipped}
+            write_text_atomic(path.with_name(f"{path.stem}_stats.json"), json.dumps(stats) + "\n")
+            shard_start, before = read, BadSampleCounter(counter.kept, counter.bad)
+
+        write_shards(good_samples(), out_dir, samples_per_shard, image_format, quality, first_shard=first_shard,
+                     on_shard=record_shard)
+    return sorted(out_dir.glob("[0-9][0-9][0-9][0-9][0-9].tar")), counter
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _resume_point(out_dir: Path, record: dict) -> tuple[int, int, BadSampleCounter]:
+    """(the next shard's number, the next CSV row, the counts so far) of the conversion `record` stopped in
+    `out_dir`; what it wrote after its last finished shard (a shard without its stats, scratch files) is removed.
+    UserError when the folder holds another conversion, or files it did not write."""
+    fix = "convert into another --out"
+    try:
+        saved = json.loads((out_dir / CONVERSION).read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(f"{out_dir / CONVERSION} cannot be read ({error}); {fix}") from None
+    changed = [key for key in record if key != "csv" and saved.get(key) != record[key]]  # (a moved CSV is the same)
+    if changed:
+        raise UserError(f"{out_dir} holds a conversion with other settings ({', '.join(changed)} differ): resume it "
+                        f"with the same CSV and options, or {fix}")
+    foreign = sorted(entry.name for entry in out_dir.iterdir()  # (claim_folder refused links and special files)
+                     if entry.name != LOCK and (entry.is_dir() or not _WRITTEN.fullmatch(entry.name)))
+    if foreign:
+        raise UserError(f"{out_dir} holds files a conversion does not write ({', '.join(foreign[:3])}); {fix}")
+    shard, row, counter = 0, 0, BadSampleCounter()
+    while (out_dir / f"{shard:05d}.tar").is_file() and (stats_path := out_dir / f"{shard:05d}_stats.json").is_file():
+        try:
+            stats = json.loads(stats_path.read_text())
+            first, last = stats["rows"]
+            kept, skipped = int(stats["successes"]), dict(stats["skipped"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise UserError(f"{stats_path} cannot be read ({error}); {fix}") from None
+        if first != row:
+            raise UserError(f"{stats_path} starts at row {first}, not {row}: the shards are not one conversion; {fix}")
+        row, shard = last, shard + 1
+        counter.keep(kept)
+        counter += skipped
+    unfinished = [entry for entry in out_dir.iterdir() if entry.name not in (CONVERSION, LOCK)
+                  and (entry.name.endswith(SCRATCH_SUFFIX) or int(entry.name[:5]) >= shard)]
+    for entry in unfinished:
+        entry.unlink()
+    print(f"topoclip: resuming {out_dir} at shard {shard:05d}, CSV row {row + 1}"
+          + (f" (removed {len(unfinished)} unfinished file(s))" if unfinished else ""), file=sys.stderr)
+    return shard, row, counter
