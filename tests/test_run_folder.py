@@ -130,6 +130,21 @@ def test_a_second_process_is_refused_while_another_holds_the_folder(finished_run
         holder.wait()
 
 
+def test_a_file_gone_between_listing_and_looking_is_not_a_special_file(tmp_path, monkeypatch):
+    """A second process checking a folder in use saw the owner's scratch file listed, then renamed, and refused the
+    folder for "special files" instead of saying who holds it: a vanished entry is neither a link nor special."""
+    from topoclip.errors import RunFolderError
+    from topoclip.run_folder import refuse_links
+
+    (tmp_path / "metrics.jsonl").write_text("{}")
+    listing = Path.iterdir
+    monkeypatch.setattr(Path, "iterdir", lambda self: iter([*listing(self), self / ".gone.0123456789ab.partial"]))
+    refuse_links(tmp_path, "run folder")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(RunFolderError, match=r"special files \(fifo\)"):
+        refuse_links(tmp_path, "run folder")
+
+
 @pytest.mark.slow
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
     """A real training process killed with SIGKILL leaves its lock file; `--resume` takes it over, says so,

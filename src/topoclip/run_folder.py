@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Optional
@@ -173,12 +174,21 @@ def refuse_links(folder: Path, what: str) -> None:
                                  f"link with a folder, or use another folder")
         if not inside.is_dir():
             continue
-        foreign = sorted(entry.name for entry in inside.iterdir()
-                         if entry.is_symlink() or not (entry.is_file() or entry.is_dir()))
+        foreign = sorted(entry.name for entry in inside.iterdir() if _link_or_special(entry))
         if foreign:
             raise RunFolderError(f"{inside} holds symbolic links or special files ({', '.join(foreign[:3])}); topoclip "
                                  f"writes only files inside its {what}: replace them with the files themselves, or use "
                                  f"another folder")
+
+
+def _link_or_special(entry: Path) -> bool:
+    """A symbolic link, FIFO, socket or device; False for a file or folder, and for an entry gone since it was listed
+    (a scratch file the folder's running owner just renamed is neither a link nor special)."""
+    try:
+        mode = entry.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _owner(descriptor: int) -> str:
