@@ -260,8 +260,15 @@ def test_make_shards_refuses_a_folder_that_holds_anything(tmp_path, capsys):
     assert (out / "00000.tar").read_bytes() == b"an earlier set"
     assert main(["data", "make-shards", "--preset", "tiny", "--resume", "--out", str(out)]) == 2
     assert "--resume continues a CSV conversion" in one_line_error(capsys)
-    assert main(["data", "make-shards", "--csv", str(tmp_path / "t.csv"), "--resume", "--out", str(out)]) == 2
-    assert "does not exist" in one_line_error(capsys)  # (a missing CSV: one line, before the folder is looked at)
+    table = tmp_path / "t.csv"
+    assert main(["data", "make-shards", "--csv", str(table), "--resume", "--out", str(out)]) == 2
+    assert "does not exist (--csv)" in one_line_error(capsys)  # (a missing CSV: one line, before the folder is looked at)
+    table.write_text("filepath\ttitle\nx.jpg\thello\n")
+    assert main(["data", "make-shards", "--csv", str(table), "--out", str(tmp_path / "new")]) == 2
+    assert "no column 'filepath' (--image-key)" in (line := one_line_error(capsys)) and "(--separator)" in line
+    table.write_text("")
+    assert main(["data", "make-shards", "--csv", str(table), "--out", str(tmp_path / "new")]) == 2
+    assert "is empty" in one_line_error(capsys) and not (tmp_path / "new").exists()  # no folder left behind
 
 
 @pytest.fixture()

@@ -68,7 +68,8 @@ def list_images(source: Union[str, Path], image_key: str = "filepath") -> list[I
         from topoclip.data.csv import CaptionTable
 
         inputs = []
-        for written, _ in CaptionTable(path, image_key, caption_key=None):
+        names = {"path": "--images", "image_key": "--image-key", "separator": "a .tsv file name for tabs"}
+        for written, _ in CaptionTable(path, image_key, caption_key=None, names=names):
             try:
                 inputs.append(ImageInput(written, resolve_image_path(written, path.parent)))
             except BadSample as bad:  # outside the CSV's folder: never opened, counted

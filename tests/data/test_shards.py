@@ -136,11 +136,11 @@ def test_csv_to_shards_checks_images_and_counts(tmp_path):
 def test_a_stopped_csv_conversion_resumes_into_the_shards_an_uninterrupted_one_writes(tmp_path, monkeypatch, capsys):
     """csv_to_shards(resume=True) continues after the last shard whose stats were written: a shard renamed before its
     stats and the scratch of one under way are written again, and every shard, stats file and count equals an
-    uninterrupted conversion's. A folder of another CSV or other settings, or holding other files, is refused."""
+    uninterrupted conversion's; the stats cover every row, the bad ones after the last shard's too."""
     import topoclip.data.shard_writer as writer
     from topoclip.errors import UserError
 
-    path, good, expected = write_caption_table(tmp_path / "source")
+    path, good, expected = write_caption_table(tmp_path / "source")  # (its last rows are bad)
     whole, whole_counter = csv_to_shards(path, tmp_path / "whole", samples_per_shard=3, image_size=SIZE)
     calls, decode = [0], writer.decode_image
 
@@ -159,24 +159,49 @@ def test_a_stopped_csv_conversion_resumes_into_the_shards_an_uninterrupted_one_w
     (out / ".00002.tar.0123456789ab.partial").write_bytes(b"a shard under way")
     with pytest.raises(UserError, match="--resume"):
         csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE)
-    with pytest.raises(UserError, match="samples_per_shard differ"):
+    with pytest.raises(UserError, match="samples_per_shard: 3 then, 4 now"):
         csv_to_shards(path, out, samples_per_shard=4, image_size=SIZE, resume=True)
     paths, counter = csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)
-    assert "at shard 00001" in capsys.readouterr().err.splitlines()[-1]  # (00001's tar and 00002's scratch removed)
+    assert "resuming at shard 00001" in capsys.readouterr().err  # (00001's tar and 00002's scratch removed)
     assert [p.name for p in paths] == [p.name for p in whole] and len(whole) == -(-len(good) // 3)
-    for mine, theirs in zip(paths, whole):
-        assert mine.read_bytes() == theirs.read_bytes()
-        stats = mine.with_name(f"{mine.stem}_stats.json")
-        assert stats.read_text() == theirs.with_name(stats.name).read_text()
-    assert (counter.kept, counter.bad) == (whole_counter.kept, whole_counter.bad) == (len(good), expected | counter.bad)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
-    assert sum(json.loads(p.read_text())["count"] for p in out.glob("*_stats.json")) == counter.seen
+    for mine in out.iterdir():
+        assert mine.read_bytes() == (tmp_path / "whole" / mine.name).read_bytes()
+    assert (counter.kept, counter.bad) == (whole_counter.kept, whole_counter.bad) == (len(good), expected | counter.bad)
+    stats = [json.loads(p.read_text()) for p in sorted(out.glob("*_stats.json"))]
+    assert sum(s["count"] for s in stats) == stats[-1]["rows"][1] == counter.seen  # every row, in one chain
+    assert json.loads((out / "conversion.json").read_text())["finished"]["rows"] == counter.seen
+    assert csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)[1].bad == counter.bad
+    assert ": finished" in capsys.readouterr().err
+
+
+def test_a_resume_refuses_what_is_not_its_conversion_in_one_line(tmp_path):
+    from topoclip.errors import UserError
+
+    path, good, _ = write_caption_table(tmp_path / "source")
+    out = tmp_path / "out"
+    csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE)
+
+    def refused(match):
+        with pytest.raises(UserError, match=match):
+            csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(UserError, match="notes.txt"):
-        csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)
+    refused("notes.txt\\): remove them")
     (out / "notes.txt").unlink()
+    stats = (out / "00001_stats.json").read_text()
+    for edited in ('{"rows": [3, "x"], "count": 3, "successes": 3, "skipped": {}}', '[1, 2]',
+                   '{"rows": [3, 99], "count": 96, "successes": 3, "skipped": {}}'):
+        (out / "00001_stats.json").write_text(edited)
+        refused("00001_stats.json cannot be read .*remove it and every later shard")
+    (out / "00001_stats.json").write_text(stats)
+    (out / "00000.tar").unlink()  # a shard lost in the middle: the later ones are not thrown away
+    refused("lacks shard 00000's tar or stats, though later ones exist")
+    conversion = json.loads((out / "conversion.json").read_text())
+    (out / "conversion.json").write_text("[1, 2]")
+    refused("conversion.json cannot be read")
+    (out / "conversion.json").write_text(json.dumps(conversion))
     path.write_bytes(path.read_bytes() + b"one more,images/rgb_jpeg.jpg,x\n")
-    with pytest.raises(UserError, match="csv_sha256 differ"):
-        csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)
-    with pytest.raises(UserError, match="no conversion to resume"):
+    refused("csv_sha256: ")
+    with pytest.raises(UserError, match="no conversion to resume .* without --resume"):
         csv_to_shards(path, tmp_path / "new", samples_per_shard=3, resume=True)
+    assert not (tmp_path / "new").exists()

@@ -1,6 +1,7 @@
 """`topoclip convert`, `export` and `shards`: checkpoints and data in and out."""
 from __future__ import annotations
 
+from pathlib import Path
 
 from topoclip.cli.common import add_command, add_overrides, number, whole
 from topoclip.config import DEFAULT_PRESET, ConfigError, load_config
@@ -129,12 +130,13 @@ def command_make_shards(args) -> int:
 
     if args.resume and not args.csv:
         raise UserError("--resume continues a CSV conversion (--csv); built-in scenes are rendered whole into a new --out")
-    if not args.resume:
-        require_empty_folder(args.out)  # before anything is read or rendered
+    if not args.resume and Path(args.out).exists():
+        require_empty_folder(args.out)  # before anything is read or rendered (a new folder is made when written)
     if args.csv:
+        names = {"path": "--csv", "image_key": "--image-key", "caption_key": "--caption-key", "separator": "--separator"}
         paths, counter = csv_to_shards(args.csv, args.out, image_key=args.image_key, caption_key=args.caption_key,
-                                       samples_per_shard=args.samples_per_shard, image_size=args.image_size,
-                                       resume=args.resume, progress=True)
+                                       separator=args.separator, samples_per_shard=args.samples_per_shard,
+                                       image_size=args.image_size, resume=args.resume, progress=True, names=names)
         print(counter.describe())
     else:
         from topoclip.data.scenes import SceneDataset
@@ -177,6 +179,7 @@ def add_data(commands) -> None:
     shards.add_argument("--csv", help="CSV/TSV with image paths and captions (default: render the built-in scenes)")
     shards.add_argument("--image-key", default="filepath")
     shards.add_argument("--caption-key", default="title")
+    shards.add_argument("--separator", help="the CSV's column separator (default: a tab for .tsv / .tab, else a comma)")
     shards.add_argument("--image-size", type=whole(1), help="resize images so the shorter side is this (CSV only)")
     shards.add_argument("--preset", default=DEFAULT_PRESET, help="scenes: the preset whose data.scenes settings to use")
     shards.add_argument("--split", default="train", choices=["train", "val", "test"])

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -24,8 +24,14 @@ import torch.utils.data
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample
+from topoclip.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+
+
+# What a table's problems are fixed with, named in its errors: training's settings; a command passes its flags.
+SETTINGS = {"path": "setting data.train_data", "image_key": "setting data.csv_image_key",
+            "caption_key": "setting data.csv_caption_key", "separator": "setting data.csv_separator"}
 
 
 def sniff_separator(path: Union[str, Path]) -> str:
@@ -47,15 +53,15 @@ class CaptionTable:
     """
 
     def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
-                 separator: Optional[str] = None):
-        self.path = Path(path)
+                 separator: Optional[str] = None, names: Mapping[str, str] = SETTINGS):
+        self.path, self.names = Path(path), names
         if not self.path.is_file():
-            raise FileNotFoundError(f"caption table {self.path} does not exist (setting data.train_data)")
+            raise FileNotFoundError(f"caption table {self.path} does not exist ({names['path']})")
         self.separator = sniff_separator(self.path) if separator is None else separator
         with self._open() as file:
             header = self.header = self._header(csv.reader(file, delimiter=self.separator))
         columns = {}
-        for key, setting in ((image_key, "data.csv_image_key"), (caption_key, "data.csv_caption_key")):
+        for key, name in ((image_key, "image_key"), (caption_key, "caption_key")):
             if key is None:
                 continue
             if key not in header:
@@ -63,10 +69,8 @@ class CaptionTable:
                 if len(header) == 1:
                     other = "\t" if self.separator != "\t" else ","
                     if other in header[0]:
-                        hint = f" The header contains {other!r}: set data.csv_separator to {other!r}."
-                raise ValueError(
-                    f"{self.path} has no column {key!r} (setting {setting}); columns found: {header}.{hint}"
-                )
+                        hint = f" The header contains {other!r}: make that the separator ({names['separator']})."
+                raise ConfigError(f"{self.path} has no column {key!r} ({names[name]}); columns found: {header}.{hint}")
             columns[key] = header.index(key)
         self.image_column, self.caption_column = columns[image_key], columns.get(caption_key)
 
@@ -76,7 +80,7 @@ class CaptionTable:
     def _header(self, reader) -> list[str]:
         header = next(reader, None)
         if header is None:
-            raise ValueError(f"{self.path} is empty; it needs a header row naming the image and caption columns")
+            raise ConfigError(f"{self.path} is empty; it needs a header row naming the image and caption columns")
         return [name.lstrip("\ufeff").strip() for name in header]
 
     def __iter__(self) -> Iterator[tuple[str, Optional[str]]]:
@@ -84,7 +88,7 @@ class CaptionTable:
         with self._open() as file:
             reader = csv.reader(file, delimiter=self.separator)
             if self._header(reader) != self.header:  # the columns were found in another file
-                raise ValueError(f"{self.path} was replaced after it was opened (its header changed); read it again")
+                raise ConfigError(f"{self.path} was replaced after it was opened (its header changed); read it again")
             while True:
                 try:
                     row = next(reader)
@@ -205,7 +209,7 @@ class CsvDataset(torch.utils.data.IterableDataset):
         self.allow_outside_paths = allow_outside_paths  # absolute / ".." image paths (else path_outside_root)
         self.rows = PackedRows(CaptionTable(self.path, image_key, caption_key, separator))
         if not len(self.rows):
-            raise ValueError(f"{self.path} has a header but no rows")
+            raise ConfigError(f"{self.path} has a header but no rows")
         self.image_root = Path(image_root) if image_root is not None else self.path.parent
         self.transform = transform
         self.batch_size = int(batch_size)

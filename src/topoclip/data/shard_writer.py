@@ -19,13 +19,13 @@ import re
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 from PIL import Image
 
 from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, write_text_atomic
-from topoclip.data.csv import CaptionTable
+from topoclip.data.csv import SETTINGS, CaptionTable
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.errors import UserError
@@ -62,8 +62,8 @@ def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 CONVERSION = "conversion.json"  # a CSV conversion's settings: what resuming it checks
 # What a conversion writes into its folder (shards, their stats, its settings, and their scratch copies).
-_NAMES = r"(?:\d{5}\.tar|\d{5}_stats\.json|conversion\.json)"
-_WRITTEN = re.compile(rf"{_NAMES}|\.{_NAMES}\.[0-9a-f]{{12}}{re.escape(SCRATCH_SUFFIX)}")
+_WRITTEN = re.compile(r"(?P<scratch>\.)?(?:(?P<shard>\d{5,})(?:\.tar|_stats\.json)|conversion\.json)"
+                      rf"(?(scratch)\.[0-9a-f]{{12}}{re.escape(SCRATCH_SUFFIX)})")
 
 
 def require_empty_folder(out_dir: Union[str, Path]) -> Path:
@@ -185,6 +185,7 @@ def csv_to_shards(
     allow_outside_paths: bool = False,
     resume: bool = False,
     progress: bool = False,
+    names: Mapping[str, str] = SETTINGS,
 ) -> tuple[list[Path], BadSampleCounter]:
     """Convert a CSV / TSV of image path + caption into tar shards, skipping and counting bad rows.
 
@@ -193,26 +194,32 @@ def csv_to_shards(
     downscaled to it and re-encoded as `image_format`; without, JPEG / PNG / WebP files are copied
     byte for byte and other formats re-encoded. Returns (every shard of the folder, counter of kept and skipped rows).
 
-    The folder is new or empty, and locked while it is written; `resume`: it holds this conversion (the same CSV,
-    byte for byte, and settings), stopped part-way, and it continues after its last finished shard, writing the
-    same shards an uninterrupted conversion writes. `progress`: a progress bar of the rows read.
+    The folder is new or empty, and locked while it is written. Each shard's stats cover the rows read since the last
+    one's, the last shard's every row to the end; conversion.json holds the settings, and the totals once it has
+    finished. `resume`: the folder holds this conversion (the same CSV, byte for byte, and settings), stopped
+    part-way, and it continues after its last finished shard, writing what an uninterrupted conversion writes.
+    `progress`: a progress bar of the rows read. `names`: the options the errors name (CaptionTable's).
     """
     csv_path = Path(csv_path)
-    rows = CaptionTable(csv_path, image_key, caption_key, separator)  # header checked now, rows read as written
+    rows = CaptionTable(csv_path, image_key, caption_key, separator, names)  # header checked now, rows read as written
     root = Path(image_root) if image_root is not None else csv_path.parent
     settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode
     record = {"csv": str(csv_path.resolve()), "csv_sha256": _sha256(csv_path), "image_key": image_key,
-              "caption_key": caption_key, "separator": rows.separator, "image_root": str(root.resolve()),
+              "caption_key": caption_key, "separator": rows.separator,
+              "image_root": None if image_root is None else str(root.resolve()),  # None: the CSV's folder, wherever
               "samples_per_shard": samples_per_shard, "image_format": image_format.lower().lstrip("."),
               "image_size": image_size, "quality": quality, "decode": dataclasses.asdict(decode),
               "allow_outside_paths": allow_outside_paths}
     out_dir = Path(out_dir)
     if resume and not (out_dir / CONVERSION).is_file():
-        raise UserError(f"{out_dir} holds no conversion to resume ({CONVERSION} is missing); convert into it without "
-                        f"--resume")
+        fix = ("convert into it without --resume" if not out_dir.is_dir() or not any(out_dir.iterdir())
+               else "remove its files, or choose another --out")
+        raise UserError(f"{out_dir} holds no conversion to resume ({CONVERSION} is missing); {fix}")
     with claim_folder(out_dir, "shard folder"):
         if resume:
-            first_shard, first_row, counter = _resume_point(out_dir, record)
+            first_shard, first_row, counter, finished = _resume_point(out_dir, record)
+            if finished:
+                return _shards(out_dir), counter
         else:
             require_empty_folder(out_dir)
             write_text_atomic(out_dir / CONVERSION, json.dumps(record, indent=1) + "\n")
@@ -224,48 +231,73 @@ def csv_to_shards(
             nonlocal read
             from tqdm.auto import tqdm
 
-            for written, raw_caption in tqdm(itertools.islice(rows, first_row, None), desc="convert", unit=" rows",
-                                             initial=first_row, disable=not progress):
-                read += 1
-                try:
-                    caption = clean_caption(raw_caption)
-                    if not written.strip():
-                        raise BadSample("missing_file", f"data row {read} has no image path")
-                    path = resolve_image_path(written, root, allow_outside_paths)
+            with tqdm(itertools.islice(rows, first_row, None), desc="convert", unit=" rows", initial=first_row,
+                      disable=not progress) as bar:
+                for written, raw_caption in bar:
+                    read += 1
                     try:
-                        data = path.read_bytes()
-                    except OSError as error:
-                        raise BadSample("missing_file", f"{path}: {error}") from None
-                    image = decode_image(data, **dataclasses.asdict(settings))
-                except BadSample as bad:
-                    logger.debug("skipped data row %d of %s: %s", read, csv_path, bad)
-                    counter.add(bad.kind)
-                    continue
-                counter.keep()
-                metadata = {"caption": caption, "source": written, "width": image.width, "height": image.height}
-                if image_size is not None and min(image.size) > image_size:
-                    scale = image_size / min(image.size)
-                    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-                    image = image.resize(size, Image.Resampling.BICUBIC)
-                    metadata.update(width=image.width, height=image.height)
-                    yield image, caption, metadata
-                elif image_size is None and _sniff_extension(data) in ("jpg", "png", "webp"):
-                    yield data, caption, metadata
-                else:
-                    yield image, caption, metadata
+                        caption = clean_caption(raw_caption)
+                        if not written.strip():
+                            raise BadSample("missing_file", f"data row {read} has no image path")
+                        path = resolve_image_path(written, root, allow_outside_paths)
+                        try:
+                            data = path.read_bytes()
+                        except OSError as error:
+                            raise BadSample("missing_file", f"{path}: {error}") from None
+                        image = decode_image(data, **dataclasses.asdict(settings))
+                    except BadSample as bad:
+                        logger.debug("skipped data row %d of %s: %s", read, csv_path, bad)
+                        counter.add(bad.kind)
+                        continue
+                    counter.keep()
+                    metadata = {"caption": caption, "source": written, "width": image.width, "height": image.height}
+                    if image_size is not None and min(image.size) > image_size:
+                        scale = image_size / min(image.size)
+                        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+                        image = image.resize(size, Image.Resampling.BICUBIC)
+                        metadata.update(width=image.width, height=image.height)
+                        yield image, caption, metadata
+                    elif image_size is None and _sniff_extension(data) in ("jpg", "png", "webp"):
+                        yield data, caption, metadata
+                    else:
+                        yield image, caption, metadata
 
-        def record_shard(path: Path) -> None:  # img2dataset's NNNNN_stats.json, with the rows the shard covers
+        def record_shard(path: Path, previous: Optional[dict] = None) -> None:
+            """img2dataset's NNNNN_stats.json: the rows since the last shard's (added to `previous`, its stats)."""
             nonlocal shard_start, before
-            skipped = {kind: count - before.bad.get(kind, 0) for kind, count in counter.bad.items()
-                       if count > before.bad.get(kind, 0)}
-            stats = {"rows": [shard_start, read], "count": read - shard_start, "successes": counter.kept - before.kept,
-                     "skipped": skipped}
+            stats = previous or {"rows": [shard_start, shard_start], "count": 0, "successes": 0, "skipped": {}}
+            skipped = dict(stats["skipped"])
+            for kind, count in counter.bad.items():
+                if count > before.bad.get(kind, 0):
+                    skipped[kind] = skipped.get(kind, 0) + count - before.bad.get(kind, 0)
+            stats = {"rows": [stats["rows"][0], read], "count": stats["count"] + read - shard_start,
+                     "successes": stats["successes"] + counter.kept - before.kept, "skipped": skipped}
             write_text_atomic(path.with_name(f"{path.stem}_stats.json"), json.dumps(stats) + "\n")
             shard_start, before = read, BadSampleCounter(counter.kept, counter.bad)
 
-        write_shards(good_samples(), out_dir, samples_per_shard, image_format, quality, first_shard=first_shard,
-                     on_shard=record_shard)
-    return sorted(out_dir.glob("[0-9][0-9][0-9][0-9][0-9].tar")), counter
+        samples = good_samples()
+        try:
+            write_shards(samples, out_dir, samples_per_shard, image_format, quality, first_shard=first_shard,
+                         on_shard=record_shard)
+        finally:
+            samples.close()  # the progress bar ends before any message
+        shards = _shards(out_dir)
+        if read > shard_start and shards:  # the rows after the last full shard, all skipped: its stats take them
+            last = shards[-1].with_name(f"{shards[-1].stem}_stats.json")
+            record_shard(shards[-1], json.loads(last.read_text()))
+        finished = {"rows": read, "successes": counter.kept, "skipped": counter.bad}
+        write_text_atomic(out_dir / CONVERSION, json.dumps({**record, "finished": finished}, indent=1) + "\n")
+    return shards, counter
+
+
+def _number(name: str) -> int:
+    """The shard number of a shard's tar or stats file name."""
+    return int(_WRITTEN.fullmatch(name)["shard"])
+
+
+def _shards(out_dir: Path) -> list[Path]:
+    """The finished shards of a conversion's folder, in order."""
+    return sorted((path for path in out_dir.glob("*.tar") if _WRITTEN.fullmatch(path.name)), key=lambda p: _number(p.name))
 
 
 def _sha256(path: Path) -> str:
@@ -276,40 +308,60 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _resume_point(out_dir: Path, record: dict) -> tuple[int, int, BadSampleCounter]:
-    """(the next shard's number, the next CSV row, the counts so far) of the conversion `record` stopped in
-    `out_dir`; what it wrote after its last finished shard (a shard without its stats, scratch files) is removed.
-    UserError when the folder holds another conversion, or files it did not write."""
+def _read_stats(path: Path, row: int, fix: str) -> tuple[int, int, dict[str, int]]:
+    """(the row after the shard's last, kept, skipped by kind) from a shard's stats, which must start at `row`."""
+    try:
+        stats = json.loads(path.read_text())
+        (first, last), kept, skipped = stats["rows"], stats["successes"], stats["skipped"]
+        numbers = [first, last, kept, stats["count"], *skipped.values()]
+        if not all(type(n) is int and n >= 0 for n in numbers) or not all(isinstance(k, str) for k in skipped) \
+                or stats["count"] != last - first or kept + sum(skipped.values()) != last - first:
+            raise ValueError("its rows, count, successes and skipped do not add up")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise UserError(f"{path} cannot be read ({error}); {fix}") from None
+    if first != row:
+        raise UserError(f"{path} starts at row {first}, not {row}: the shards are not one conversion; {fix}")
+    return last, kept, skipped
+
+
+def _resume_point(out_dir: Path, record: dict) -> tuple[int, int, BadSampleCounter, bool]:
+    """(the next shard's number, the next CSV row, the counts so far, whether it had finished) of the conversion
+    `record` stopped in `out_dir`; what it wrote after its last finished shard (that shard's tar without its stats,
+    scratch files) is removed. UserError when the folder holds another conversion, or files it did not write."""
     fix = "convert into another --out"
     try:
         saved = json.loads((out_dir / CONVERSION).read_text())
+        if not isinstance(saved, dict):
+            raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         raise UserError(f"{out_dir / CONVERSION} cannot be read ({error}); {fix}") from None
-    changed = [key for key in record if key != "csv" and saved.get(key) != record[key]]  # (a moved CSV is the same)
+    changed = [f"{key}: {saved.get(key)!r} then, {record[key]!r} now" for key in record
+               if key != "csv" and saved.get(key) != record[key]]  # (a moved CSV is the same)
     if changed:
-        raise UserError(f"{out_dir} holds a conversion with other settings ({', '.join(changed)} differ): resume it "
-                        f"with the same CSV and options, or {fix}")
-    foreign = sorted(entry.name for entry in out_dir.iterdir()  # (claim_folder refused links and special files)
-                     if entry.name != LOCK and (entry.is_dir() or not _WRITTEN.fullmatch(entry.name)))
-    if foreign:
-        raise UserError(f"{out_dir} holds files a conversion does not write ({', '.join(foreign[:3])}); {fix}")
+        raise UserError(f"{out_dir} holds a conversion with other settings ({'; '.join(changed)}): resume it with the "
+                        f"same CSV and options, or {fix}")
+    entries = {entry.name: entry for entry in out_dir.iterdir() if entry.name != LOCK}
+    foreign = sorted(name for name, entry in entries.items() if entry.is_dir() or not _WRITTEN.fullmatch(name))
+    if foreign:  # (claim_folder refused links and special files)
+        raise UserError(f"{out_dir} holds files a conversion does not write ({', '.join(foreign[:3])}): remove them, "
+                        f"or {fix}")
     shard, row, counter = 0, 0, BadSampleCounter()
-    while (out_dir / f"{shard:05d}.tar").is_file() and (stats_path := out_dir / f"{shard:05d}_stats.json").is_file():
-        try:
-            stats = json.loads(stats_path.read_text())
-            first, last = stats["rows"]
-            kept, skipped = int(stats["successes"]), dict(stats["skipped"])
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise UserError(f"{stats_path} cannot be read ({error}); {fix}") from None
-        if first != row:
-            raise UserError(f"{stats_path} starts at row {first}, not {row}: the shards are not one conversion; {fix}")
-        row, shard = last, shard + 1
+    redo = f"remove it and every later shard and stats file (they are written again), or {fix}"
+    while f"{shard:05d}.tar" in entries and f"{shard:05d}_stats.json" in entries:
+        row, kept, skipped = _read_stats(entries[f"{shard:05d}_stats.json"], row, redo)
         counter.keep(kept)
         counter += skipped
-    unfinished = [entry for entry in out_dir.iterdir() if entry.name not in (CONVERSION, LOCK)
-                  and (entry.name.endswith(SCRATCH_SUFFIX) or int(entry.name[:5]) >= shard)]
-    for entry in unfinished:
-        entry.unlink()
-    print(f"topoclip: resuming {out_dir} at shard {shard:05d}, CSV row {row + 1}"
-          + (f" (removed {len(unfinished)} unfinished file(s))" if unfinished else ""), file=sys.stderr)
-    return shard, row, counter
+        shard += 1
+    unfinished = [name for name in entries if name.endswith(SCRATCH_SUFFIX) or name == f"{shard:05d}.tar"]
+    later = sorted((name for name in entries if name not in unfinished and name != CONVERSION and _number(name) >= shard),
+                   key=_number)
+    if later:
+        raise UserError(f"{out_dir} lacks shard {shard:05d}'s tar or stats, though later ones exist ({later[0]}): "
+                        f"restore it, or remove every shard and stats file from {shard:05d} on (they are written again)")
+    for name in unfinished:
+        entries[name].unlink()
+    finished = "finished" in saved
+    state = "finished" if finished else f"resuming at shard {shard:05d}, CSV row {row + 1}"
+    print(f"topoclip: {out_dir}: {state}" + (f" (removed {len(unfinished)} unfinished file(s))" if unfinished else ""),
+          file=sys.stderr)
+    return shard, row, counter, finished
