@@ -266,6 +266,10 @@ def test_make_shards_refuses_a_folder_that_holds_anything(tmp_path, capsys):
     table.write_text("filepath\ttitle\nx.jpg\thello\n")
     assert main(["data", "make-shards", "--csv", str(table), "--out", str(tmp_path / "new")]) == 2
     assert "no column 'filepath' (--image-key)" in (line := one_line_error(capsys)) and "(--separator)" in line
+    assert main(["data", "make-shards", "--csv", str(table), "--separator", "\\t", "--out", str(tmp_path / "tab")]) == 0
+    assert "skipped missing_file 1" in capsys.readouterr().out  # '\t' as a shell passes it: a tab
+    assert main(["data", "make-shards", "--csv", str(table), "--separator", "ab", "--out", str(tmp_path / "x")]) == 2
+    assert "'ab' is not one character" in one_line_error(capsys)
     table.write_text("")
     assert main(["data", "make-shards", "--csv", str(table), "--out", str(tmp_path / "new")]) == 2
     assert "is empty" in one_line_error(capsys) and not (tmp_path / "new").exists()  # no folder left behind

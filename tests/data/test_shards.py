@@ -205,3 +205,66 @@ def test_a_resume_refuses_what_is_not_its_conversion_in_one_line(tmp_path):
     with pytest.raises(UserError, match="no conversion to resume .* without --resume"):
         csv_to_shards(path, tmp_path / "new", samples_per_shard=3, resume=True)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_resume_mends_what_a_stop_or_a_user_left_and_refuses_what_it_cannot_trust(tmp_path, monkeypatch, capsys):
+    """A finished conversion whose last shard was removed writes it again; an all-bad CSV's totals survive a resume;
+    a folder that holds only a stopped first write's scratch is a new one; a deeply nested, a misnamed or an empty
+    file is refused in one line, as is a CSV moved without its images; a write that fails mid-shard leaves no scratch;
+    an image path that is a FIFO is skipped, not read forever."""
+    import errno
+    import os
+    import topoclip.data.shard_writer as writer
+    from topoclip.errors import UserError
+
+    path, good, expected = write_caption_table(tmp_path / "source")
+    out = tmp_path / "out"
+    paths, counter = csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE)
+    reference = {p.name: p.read_bytes() for p in out.iterdir()}
+    for name in (paths[-1].name, f"{paths[-1].stem}_stats.json"):
+        (out / name).unlink()
+    assert csv_to_shards(path, out, samples_per_shard=3, image_size=SIZE, resume=True)[1].bad == counter.bad
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == reference
+
+    def refused(match, folder=out, csv=path, **options):
+        with pytest.raises(UserError, match=match):
+            csv_to_shards(csv, folder, samples_per_shard=3, image_size=SIZE, resume=True, **options)
+    (out / "00001_stats.json").write_text("[" * 100_000)
+    refused("00001_stats.json cannot be read")
+    (out / "00001_stats.json").write_bytes(reference["00001_stats.json"])
+    (out / "000003.tar").write_bytes(b"")  # six digits with a leading zero: not a name the writer gives
+    refused(r"does not write \(000003.tar\)")
+    (out / "000003.tar").unlink()
+    last = paths[-1]
+    last.write_bytes(b"")
+    refused(f"{last.name} cannot be read")
+    last.write_bytes(reference[last.name])
+    moved = tmp_path / "moved.csv"  # the CSV without its images
+    moved.write_bytes(path.read_bytes())
+    refused("images this conversion read are not where the CSV points now", csv=moved)
+
+    bad_only = tmp_path / "bad.csv"
+    bad_only.write_text("filepath,title\nnot_there.jpg,a caption\n")
+    first = csv_to_shards(bad_only, tmp_path / "bad", samples_per_shard=3)[1]
+    again = csv_to_shards(bad_only, tmp_path / "bad", samples_per_shard=3, resume=True)[1]
+    assert (first.seen, first.bad) == (again.seen, again.bad) == (1, {"missing_file": 1})
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / ".conversion.json.0123456789ab.partial").write_text("{")
+    csv_to_shards(path, stopped, samples_per_shard=3, image_size=SIZE)
+    assert {p.name: p.read_bytes() for p in stopped.iterdir()} == reference
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(writer, "_add_member", disk_full)
+    with pytest.raises(OSError):
+        csv_to_shards(path, tmp_path / "full", samples_per_shard=3, image_size=SIZE)
+    assert not [p.name for p in (tmp_path / "full").iterdir() if p.name.endswith(".partial")]
+    monkeypatch.undo()
+
+    fifo_table = tmp_path / "fifo" / "t.csv"
+    fifo_table.parent.mkdir()
+    os.mkfifo(fifo_table.parent / "x.png")
+    fifo_table.write_text("filepath,title\nx.png,a caption\n")
+    assert csv_to_shards(fifo_table, tmp_path / "fifo-out")[1].bad == {"missing_file": 1}

@@ -1,6 +1,7 @@
 """`topoclip convert`, `export` and `shards`: checkpoints and data in and out."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from topoclip.cli.common import add_command, add_overrides, number, whole
@@ -151,6 +152,14 @@ def command_make_shards(args) -> int:
     return 0
 
 
+def separator(text: str) -> str:
+    """An argparse type: one character; "\\t" (as typed in a shell) or "tab" is a tab."""
+    value = {"\\t": "\t", "tab": "\t"}.get(text, text)
+    if len(value) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one character (a tab: '\\t' or tab)")
+    return value
+
+
 def command_ceiling(args) -> int:
     import json
 
@@ -179,7 +188,8 @@ def add_data(commands) -> None:
     shards.add_argument("--csv", help="CSV/TSV with image paths and captions (default: render the built-in scenes)")
     shards.add_argument("--image-key", default="filepath")
     shards.add_argument("--caption-key", default="title")
-    shards.add_argument("--separator", help="the CSV's column separator (default: a tab for .tsv / .tab, else a comma)")
+    shards.add_argument("--separator", type=separator, help="the CSV's column separator, one character ('\\t' or tab: "
+                        "a tab; default: a tab for .tsv / .tab, else a comma)")
     shards.add_argument("--image-size", type=whole(1), help="resize images so the shorter side is this (CSV only)")
     shards.add_argument("--preset", default=DEFAULT_PRESET, help="scenes: the preset whose data.scenes settings to use")
     shards.add_argument("--split", default="train", choices=["train", "val", "test"])

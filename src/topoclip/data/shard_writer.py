@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import tarfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -62,8 +63,14 @@ def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 CONVERSION = "conversion.json"  # a CSV conversion's settings: what resuming it checks
 # What a conversion writes into its folder (shards, their stats, its settings, and their scratch copies).
-_WRITTEN = re.compile(r"(?P<scratch>\.)?(?:(?P<shard>\d{5,})(?:\.tar|_stats\.json)|conversion\.json)"
+_WRITTEN = re.compile(r"(?P<scratch>\.)?(?:(?P<shard>\d{5}|[1-9]\d{5,})(?:\.tar|_stats\.json)|conversion\.json)"
                       rf"(?(scratch)\.[0-9a-f]{{12}}{re.escape(SCRATCH_SUFFIX)})")
+
+
+def _contents(out_dir: Path) -> list[Path]:
+    """What a folder holds, but its lock and the scratch files a stopped writer left (removed when it is written)."""
+    return [entry for entry in out_dir.iterdir() if entry.name != LOCK and not
+            ((match := _WRITTEN.fullmatch(entry.name)) and match["scratch"] and entry.is_file())]
 
 
 def require_empty_folder(out_dir: Union[str, Path]) -> Path:
@@ -71,7 +78,7 @@ def require_empty_folder(out_dir: Union[str, Path]) -> Path:
     shards would mix two sets and keep the old tail)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    present = sorted(entry.name for entry in out_dir.iterdir() if entry.name != LOCK)
+    present = sorted(entry.name for entry in _contents(out_dir))
     if CONVERSION in present:
         raise UserError(f"{out_dir} holds a CSV conversion; continue it with --resume (the same --csv and options), "
                         f"or choose another --out")
@@ -110,12 +117,15 @@ def write_shards(
     index_digits = len(str(samples_per_shard - 1))
     paths: list[Path] = []
     tar: Optional[tarfile.TarFile] = None
-    temporary: Optional[Path] = None
+    file = temporary = None
 
-    def finish() -> None:  # the open shard is complete: into place, then announced
+    def finish() -> None:  # the open shard is complete: on disk, into place, then announced
         nonlocal tar
         tar.close()
         tar = None
+        file.flush()
+        os.fsync(file.fileno())  # (a power loss after the rename finds the whole shard, not an empty file)
+        file.close()
         os.replace(temporary, paths[-1])
         if on_shard is not None:
             on_shard(paths[-1])
@@ -127,9 +137,8 @@ def write_shards(
             if tar is None:
                 paths.append(out_dir / f"{shard:05d}.tar")
                 temporary = scratch_name(paths[-1])
-                with open(temporary, "xb"):  # a new name: never a file of the user's
-                    pass
-                tar = tarfile.open(temporary, "w", format=tarfile.GNU_FORMAT)
+                file = open(temporary, "xb")  # a new name: never a file of the user's
+                tar = tarfile.open(fileobj=file, mode="w", format=tarfile.GNU_FORMAT)
             image, caption, metadata = (tuple(sample) + (None,))[:3]
             key = f"{shard:05d}{index:0{index_digits}d}"
             if isinstance(image, (bytes, bytearray, memoryview)):
@@ -152,10 +161,12 @@ def write_shards(
         if tar is not None:
             finish()
     finally:
-        if tar is not None:  # an error mid-shard: leave no half-written shard behind
-            tar.close()
-            temporary.unlink(missing_ok=True)
-            paths.pop()
+        if file is not None and not file.closed:  # an error mid-shard: leave no half-written shard behind
+            try:
+                file.close()  # (not the tar's close, which writes its end and fails again on a full disk)
+            finally:
+                temporary.unlink(missing_ok=True)
+                paths.pop()
     return paths
 
 
@@ -212,16 +223,19 @@ def csv_to_shards(
               "allow_outside_paths": allow_outside_paths}
     out_dir = Path(out_dir)
     if resume and not (out_dir / CONVERSION).is_file():
-        fix = ("convert into it without --resume" if not out_dir.is_dir() or not any(out_dir.iterdir())
+        fix = ("convert into it without --resume" if not out_dir.is_dir() or not _contents(out_dir)
                else "remove its files, or choose another --out")
         raise UserError(f"{out_dir} holds no conversion to resume ({CONVERSION} is missing); {fix}")
     with claim_folder(out_dir, "shard folder"):
         if resume:
-            first_shard, first_row, counter, finished = _resume_point(out_dir, record)
+            first_shard, first_row, counter, finished = _resume_point(out_dir, record, root, allow_outside_paths)
             if finished:
                 return _shards(out_dir), counter
         else:
             require_empty_folder(out_dir)
+            for entry in out_dir.iterdir():  # a stopped first write's scratch (we hold the lock: nobody writes it)
+                if entry.name != LOCK:
+                    entry.unlink()
             write_text_atomic(out_dir / CONVERSION, json.dumps(record, indent=1) + "\n")
             first_shard, first_row, counter = 0, 0, BadSampleCounter()
         read = first_row  # rows read so far; a shard covers the rows read since the last one ended
@@ -239,11 +253,7 @@ def csv_to_shards(
                         caption = clean_caption(raw_caption)
                         if not written.strip():
                             raise BadSample("missing_file", f"data row {read} has no image path")
-                        path = resolve_image_path(written, root, allow_outside_paths)
-                        try:
-                            data = path.read_bytes()
-                        except OSError as error:
-                            raise BadSample("missing_file", f"{path}: {error}") from None
+                        data = _read_image_file(resolve_image_path(written, root, allow_outside_paths), decode)
                         image = decode_image(data, **dataclasses.asdict(settings))
                     except BadSample as bad:
                         logger.debug("skipped data row %d of %s: %s", read, csv_path, bad)
@@ -277,10 +287,14 @@ def csv_to_shards(
 
         samples = good_samples()
         try:
-            write_shards(samples, out_dir, samples_per_shard, image_format, quality, first_shard=first_shard,
-                         on_shard=record_shard)
+            with warnings.catch_warnings(record=True) as said:  # (the table's: said below the progress bar)
+                warnings.simplefilter("always")
+                write_shards(samples, out_dir, samples_per_shard, image_format, quality, first_shard=first_shard,
+                             on_shard=record_shard)
         finally:
             samples.close()  # the progress bar ends before any message
+        for warning in said:
+            print(f"topoclip: warning: {warning.message}", file=sys.stderr)
         shards = _shards(out_dir)
         if read > shard_start and shards:  # the rows after the last full shard, all skipped: its stats take them
             last = shards[-1].with_name(f"{shards[-1].stem}_stats.json")
@@ -288,6 +302,22 @@ def csv_to_shards(
         finished = {"rows": read, "successes": counter.kept, "skipped": counter.bad}
         write_text_atomic(out_dir / CONVERSION, json.dumps({**record, "finished": finished}, indent=1) + "\n")
     return shards, counter
+
+
+def _read_image_file(path: Path, decode: DecodeSettings) -> bytes:
+    """The bytes of an image file; BadSample "missing_file" for what is not a regular file (a link to a device or a
+    FIFO would be read forever), "huge_image" past the largest file an allowed image needs: max_pixels stored raw at
+    4 bytes a pixel (RGBA BMP / PPM), plus 1 MiB of header and metadata."""
+    try:
+        size = path.stat().st_size if path.is_file() else None
+        if size is None:
+            raise BadSample("missing_file", f"{path} does not exist or is not a file")
+        if size > decode.max_pixels * 4 + 2**20:
+            raise BadSample("huge_image", f"{path}: {size:,} bytes, more than an image of max_pixels "
+                                          f"{decode.max_pixels:,} needs")
+        return path.read_bytes()
+    except OSError as error:
+        raise BadSample("missing_file", f"{path}: {error}") from None
 
 
 def _number(name: str) -> int:
@@ -308,6 +338,34 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _valid_totals(totals: dict) -> bool:
+    rows, kept, skipped = totals.get("rows"), totals.get("successes"), totals.get("skipped")
+    return (kept == 0 and isinstance(skipped, dict) and all(type(n) is int and n >= 0 for n in (rows, *skipped.values()))
+            and sum(skipped.values()) == rows)
+
+
+def _check_last_shard(tar_path: Path, kept: int, root: Path, allow_outside: bool, fix: str) -> None:
+    """The last finished shard holds its stats' samples, and their images are still where the CSV points (a CSV moved
+    without its images would count every later row missing)."""
+    redo = f"remove it and every later shard and stats file (they are written again), or {fix}"
+    try:
+        with tarfile.open(tar_path) as tar:
+            sources = [json.loads(tar.extractfile(member).read())["source"] for member in tar.getmembers()
+                       if member.name.endswith(".json")]
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError, RecursionError) as error:
+        raise UserError(f"{tar_path} cannot be read ({type(error).__name__}: {error}); {redo}") from None
+    if len(sources) != kept:
+        raise UserError(f"{tar_path} holds {len(sources)} samples, its stats {kept}; {redo}")
+    for source in sources:
+        try:
+            found = resolve_image_path(source, root, allow_outside).is_file()
+        except BadSample:
+            found = False
+        if not found:
+            raise UserError(f"the images this conversion read are not where the CSV points now ({source!r} under "
+                            f"{root} is missing): resume with the CSV where it was, or {fix}")
+
+
 def _read_stats(path: Path, row: int, fix: str) -> tuple[int, int, dict[str, int]]:
     """(the row after the shard's last, kept, skipped by kind) from a shard's stats, which must start at `row`."""
     try:
@@ -317,23 +375,24 @@ def _read_stats(path: Path, row: int, fix: str) -> tuple[int, int, dict[str, int
         if not all(type(n) is int and n >= 0 for n in numbers) or not all(isinstance(k, str) for k in skipped) \
                 or stats["count"] != last - first or kept + sum(skipped.values()) != last - first:
             raise ValueError("its rows, count, successes and skipped do not add up")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise UserError(f"{path} cannot be read ({error}); {fix}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise UserError(f"{path} cannot be read ({type(error).__name__}: {error}); {fix}") from None
     if first != row:
         raise UserError(f"{path} starts at row {first}, not {row}: the shards are not one conversion; {fix}")
     return last, kept, skipped
 
 
-def _resume_point(out_dir: Path, record: dict) -> tuple[int, int, BadSampleCounter, bool]:
+def _resume_point(out_dir: Path, record: dict, root: Path, allow_outside: bool) -> tuple[int, int, BadSampleCounter, bool]:
     """(the next shard's number, the next CSV row, the counts so far, whether it had finished) of the conversion
     `record` stopped in `out_dir`; what it wrote after its last finished shard (that shard's tar without its stats,
-    scratch files) is removed. UserError when the folder holds another conversion, or files it did not write."""
+    scratch files) is removed. UserError when the folder holds another conversion, or files it did not write, or
+    when the images its last finished shard read are no longer where the CSV (under `root`) points."""
     fix = "convert into another --out"
     try:
         saved = json.loads((out_dir / CONVERSION).read_text())
         if not isinstance(saved, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise UserError(f"{out_dir / CONVERSION} cannot be read ({error}); {fix}") from None
     changed = [f"{key}: {saved.get(key)!r} then, {record[key]!r} now" for key in record
                if key != "csv" and saved.get(key) != record[key]]  # (a moved CSV is the same)
@@ -358,9 +417,17 @@ def _resume_point(out_dir: Path, record: dict) -> tuple[int, int, BadSampleCount
     if later:
         raise UserError(f"{out_dir} lacks shard {shard:05d}'s tar or stats, though later ones exist ({later[0]}): "
                         f"restore it, or remove every shard and stats file from {shard:05d} on (they are written again)")
+    if shard:
+        _check_last_shard(entries[f"{shard - 1:05d}.tar"], kept, root, allow_outside, fix)
     for name in unfinished:
         entries[name].unlink()
-    finished = "finished" in saved
+    # Finished: its totals are the stats' (a shard removed from the end since is written again).
+    finished = saved.get("finished") == {"rows": row, "successes": counter.kept, "skipped": counter.bad} and shard > 0
+    if "finished" in saved and not shard:  # no shard (every row bad): the totals are conversion.json's alone
+        totals = saved["finished"]
+        finished = isinstance(totals, dict) and _valid_totals(totals)
+        if finished:
+            counter, row = BadSampleCounter(totals["successes"], totals["skipped"]), totals["rows"]
     state = "finished" if finished else f"resuming at shard {shard:05d}, CSV row {row + 1}"
     print(f"topoclip: {out_dir}: {state}" + (f" (removed {len(unfinished)} unfinished file(s))" if unfinished else ""),
           file=sys.stderr)
