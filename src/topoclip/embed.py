@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from topoclip.atomic import sha256_file
 from topoclip.data.images import DecodeSettings, decode_image, image_files, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.errors import DiskFullError, UserError, is_disk_full
@@ -232,14 +233,6 @@ def embed_texts(clip, texts: Sequence[str], out: Path, flat: bool = False, batch
     return _embed_in_shards(ShardWriter(out, "text"), len(texts), shard_size, "text", progress, embed_range)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _sha256_lines(lines: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -290,7 +283,7 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
         # What the shards were made from: a resume against other weights or another listing would mix two
         # models' vectors, or write rows under shard numbers that now mean other inputs.
         settings = {"model": str(model_source), "flat": flat, "shard_size": shard_size, "images": images,
-                    "texts": texts, "weights_sha256": _sha256_file(weights_file(clip.checkpoint)) if clip.checkpoint else None,
+                    "texts": texts, "weights_sha256": sha256_file(weights_file(clip.checkpoint)) if clip.checkpoint else None,
                     "images_sha256": _sha256_lines([item.key for item in inputs]) if images else None,
                     "texts_sha256": _sha256_lines(lines) if texts else None}
         if summary_path.is_file():

@@ -12,7 +12,6 @@ import dataclasses
 import io
 import json
 import logging
-import hashlib
 import itertools
 import os
 import re
@@ -25,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import numpy as np
 from PIL import Image
 
-from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, write_text_atomic
+from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, sha256_file, write_text_atomic
 from topoclip.data.csv import SETTINGS, CaptionTable
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
@@ -215,7 +214,7 @@ def csv_to_shards(
     rows = CaptionTable(csv_path, image_key, caption_key, separator, names)  # header checked now, rows read as written
     root = Path(image_root) if image_root is not None else csv_path.parent
     settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode
-    record = {"csv": str(csv_path.resolve()), "csv_sha256": _sha256(csv_path), "image_key": image_key,
+    record = {"csv": str(csv_path.resolve()), "csv_sha256": sha256_file(csv_path), "image_key": image_key,
               "caption_key": caption_key, "separator": rows.separator,
               "image_root": None if image_root is None else str(root.resolve()),  # None: the CSV's folder, wherever
               "samples_per_shard": samples_per_shard, "image_format": image_format.lower().lstrip("."),
@@ -328,14 +327,6 @@ def _number(name: str) -> int:
 def _shards(out_dir: Path) -> list[Path]:
     """The finished shards of a conversion's folder, in order."""
     return sorted((path for path in out_dir.glob("*.tar") if _WRITTEN.fullmatch(path.name)), key=lambda p: _number(p.name))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _valid_totals(totals: dict) -> bool:
