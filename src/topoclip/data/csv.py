@@ -54,7 +54,7 @@ class CaptionTable:
 
     def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
                  separator: Optional[str] = None, names: Mapping[str, str] = SETTINGS):
-        self.path, self.names = Path(path), names
+        self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"caption table {self.path} does not exist ({names['path']})")
         self.separator = sniff_separator(self.path) if separator is None else separator
