@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
 import logging
-import itertools
 import os
 import re
 import sys
