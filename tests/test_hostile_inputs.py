@@ -266,13 +266,39 @@ def test_make_shards_refuses_a_folder_that_holds_anything(tmp_path, capsys):
     table.write_text("filepath\ttitle\nx.jpg\thello\n")
     assert main(["data", "make-shards", "--csv", str(table), "--out", str(tmp_path / "new")]) == 2
     assert "no column 'filepath' (--image-key)" in (line := one_line_error(capsys)) and "(--separator)" in line
-    assert main(["data", "make-shards", "--csv", str(table), "--separator", "\\t", "--out", str(tmp_path / "tab")]) == 0
-    assert "skipped missing_file 1" in capsys.readouterr().out  # '\t' as a shell passes it: a tab
+    assert main(["data", "make-shards", "--csv", str(table), "--separator", "\\t", "--out", str(tmp_path / "tab")]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]  # (below the progress bar of the rows)
+    assert error.startswith("topoclip: error: no row of") and "skipped missing_file 1" in error  # '\t': a tab
     assert main(["data", "make-shards", "--csv", str(table), "--separator", "ab", "--out", str(tmp_path / "x")]) == 2
     assert "'ab' is not one character" in one_line_error(capsys)
     table.write_text("")
     assert main(["data", "make-shards", "--csv", str(table), "--out", str(tmp_path / "new")]) == 2
     assert "is empty" in one_line_error(capsys) and not (tmp_path / "new").exists()  # no folder left behind
+    table.write_text("filepath,title\n")  # a header and no rows: no shard is an error, not a success
+    assert main(["data", "make-shards", "--csv", str(table), "--out", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("t.csv has no data rows")
+
+
+@pytest.mark.parametrize("command", ["make-shards", "make-shards --resume", "embed", "ablate"])
+def test_ctrl_c_in_a_resumable_command_says_how_to_go_on(command, tmp_path, monkeypatch, capsys):
+    """Ctrl-C exits with status 130 and, where the command keeps what it finished, the command line that goes on."""
+    import topoclip.data.shard_writer as writer
+    import topoclip.embed as embedding
+    import topoclip.experiments.runner as runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    for module, name in ((writer, "csv_to_shards"), (embedding, "embed"), (runner, "ablate")):
+        monkeypatch.setattr(module, name, interrupted)
+    out = str(tmp_path / "out")
+    argv = {"make-shards": ["data", "make-shards", "--csv", "t.csv", "--out", out],
+            "make-shards --resume": ["data", "make-shards", "--csv", "t.csv", "--out", out, "--resume"],
+            "embed": ["embed", "run", "--texts", "t.txt", "--out", out],
+            "ablate": ["ablate", "--grid", "topology", "--out", out]}[command]
+    assert main(argv) == 130
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("topoclip: interrupted; ") and out in said and "\n" not in said
+    assert said.endswith("run the same command with --resume to continue after them") == (command == "make-shards")
 
 
 @pytest.fixture()

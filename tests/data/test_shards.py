@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from topoclip.data.shard_writer import csv_to_shards, shard_pattern, write_shards
-from topoclip.data.shards import ShardDataset, expand_shard_sources, read_captions
+from topoclip.data.shards import ShardDataset, expand_shard_sources, expand_urls, read_captions
 from topoclip.transforms import ToTensor
 
 from _user_data import (SIZE, TRANSFORM, bad_images, collect, encode, good_images, noise, write_broken_shards,
@@ -26,6 +26,20 @@ def test_write_shards_names_and_pattern(tmp_path):
     captions = read_captions(pattern, limit=100)  # bad captions skipped, the lonely caption included
     assert len(captions) == len(good_images()) + len(bad_images()) + 1
     assert read_captions(pattern, limit=3) == ["good rgb_jpeg", "good cmyk_jpeg", "good grey_png"]
+
+
+def test_shard_pattern_expands_to_its_shards_past_99999(tmp_path):
+    """The names grow a digit at shard 100,000; the pattern still expands (as webdataset expands it) to exactly the
+    shards written, in order."""
+    images = [noise(7, 7, seed) for seed in range(4)]
+    paths = write_shards(((image, "a caption") for image in images), tmp_path, samples_per_shard=1,
+                         image_format="png", first_shard=99_998)
+    assert [p.name for p in paths] == ["99998.tar", "99999.tar", "100000.tar", "100001.tar"]
+    for written in (paths, paths[1:3], paths[:1]):
+        assert expand_urls(shard_pattern(written)) == [str(p) for p in written]
+    every = [str(tmp_path / f"{shard:05d}.tar") for shard in range(100_002)]  # a whole conversion's names
+    assert expand_urls(shard_pattern(every)) == every  # (one range would pad 00000..99999 to six digits)
+
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_shard_dataset_skips_and_counts_every_bad_kind(tmp_path, num_workers):

@@ -7,7 +7,8 @@ the exit status. `COMMANDS` lists the registrations; a new command is one more p
 Errors are handled once, in `main()`, for every command: a UserError (a setting, a file, the data,
 the disk, the device; ConfigError is one) or an OSError (a missing or unwritable file) prints one
 line `topoclip: error: ...` and exits with status 2; anything else is a bug and keeps its
-traceback. `--debug` shows the traceback of every error.
+traceback. `--debug` shows the traceback of every error. Ctrl-C exits with status 130, saying how to go on
+where the command set `args.on_interrupt`.
 """
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print("topoclip: interrupted", file=sys.stderr)
+        hint = getattr(args, "on_interrupt", None)  # what a resumable command keeps, and how to go on
+        print("topoclip: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return INTERRUPTED_STATUS
     except BrokenPipeError:  # the reader of our output went away (`topoclip presets | head`): nothing to say
         # Python's recipe: point stdout at devnull so the flush at exit does not fail a second time.

@@ -212,6 +212,7 @@ def add_benchmark(commands) -> None:
 def command_embed(args) -> int:
     from topoclip.embed import embed
 
+    args.on_interrupt = f"the finished shards in {args.out} are kept: run the same command to continue after them"
     summary = embed(args.checkpoint, args.out, images=args.images, texts=args.texts, flat=args.flat,
                     image_key=args.image_key, batch_size=args.batch_size, shard_size=args.shard_size,
                     num_workers=args.workers, device=args.device, progress=not args.quiet)

@@ -170,13 +170,15 @@ def write_shards(
 
 
 def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
-    """A brace pattern for consecutive shards written by write_shards, e.g. 'out/{00000..00009}.tar'."""
+    """A brace pattern for consecutive shards written by write_shards, e.g. 'out/{00000..00009}.tar'.
+
+    A range is written per name width: braceexpand pads every number of '{00000..100001}' to six digits, so past
+    shard 99,999 the pattern is '{{00000..99999},{100000..100001}}'."""
     if not paths:
         raise ValueError("no shard paths")
-    first, last = Path(paths[0]), Path(paths[-1])
-    if len(paths) == 1:
-        return str(first)
-    return str(first.parent / f"{{{first.stem}..{last.stem}}}.tar")
+    groups = [list(group) for _, group in itertools.groupby((Path(path).stem for path in paths), key=len)]
+    ranges = [group[0] if len(group) == 1 else f"{{{group[0]}..{group[-1]}}}" for group in groups]
+    return str(Path(paths[0]).parent / (f"{ranges[0]}.tar" if len(ranges) == 1 else f"{{{','.join(ranges)}}}.tar"))
 
 
 def csv_to_shards(
