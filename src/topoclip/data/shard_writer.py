@@ -337,10 +337,9 @@ def _valid_totals(totals: dict) -> bool:
             and sum(skipped.values()) == rows)
 
 
-def _check_last_shard(tar_path: Path, kept: int, root: Path, allow_outside: bool, fix: str) -> None:
+def _check_last_shard(tar_path: Path, kept: int, root: Path, allow_outside: bool, fix: str, redo: str) -> None:
     """The last finished shard holds its stats' samples, and their images are still where the CSV points (a CSV moved
-    without its images would count every later row missing)."""
-    redo = f"remove it and every later shard and stats file (they are written again), or {fix}"
+    without its images would count every later row missing). `fix`: the way out of a refusal; `redo`: of a shard's."""
     try:
         with tarfile.open(tar_path) as tar:
             sources = [json.loads(tar.extractfile(member).read())["source"] for member in tar.getmembers()
@@ -411,7 +410,7 @@ def _resume_point(out_dir: Path, record: dict, root: Path, allow_outside: bool) 
         raise UserError(f"{out_dir} lacks shard {shard:05d}'s tar or stats, though later ones exist ({later[0]}): "
                         f"restore it, or remove every shard and stats file from {shard:05d} on (they are written again)")
     if shard:
-        _check_last_shard(entries[f"{shard - 1:05d}.tar"], kept, root, allow_outside, fix)
+        _check_last_shard(entries[f"{shard - 1:05d}.tar"], kept, root, allow_outside, fix, redo)
     for name in unfinished:
         entries[name].unlink()
     # Finished: its totals are the stats' (a shard removed from the end since is written again).
