@@ -301,6 +301,28 @@ def test_ctrl_c_in_a_resumable_command_says_how_to_go_on(command, tmp_path, monk
     assert said.endswith("run the same command with --resume to continue after them") == (command == "make-shards")
 
 
+def test_ctrl_c_in_train_names_the_resume_once_a_checkpoint_is_saved(tmp_path, monkeypatch, capsys):
+    """Before the first checkpoint there is nothing to go on from; after it, the line gives the command that goes on,
+    and that command finishes the run."""
+    import topoclip.training.trainer as trainer
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    settings = [a for s in SMALL + ["train.steps=2", "train.checkpoint_every=1"] for a in ("--set", s)]
+    real = trainer.train_steps
+    monkeypatch.setattr(trainer, "train_steps", interrupted)
+    assert main(["train", "--preset", "tiny", "--quiet", "--out", str(tmp_path / "early"), *settings]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "topoclip: interrupted"
+    monkeypatch.setattr(trainer, "train_steps", real)
+    monkeypatch.setattr(trainer, "finish", interrupted)  # after both steps' checkpoints, before the evaluation
+    folder = tmp_path / "late"
+    assert main(["train", "--preset", "tiny", "--quiet", "--out", str(folder), *settings]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"topoclip: interrupted; {folder} keeps its checkpoints: "
+                                                        f"continue from the newest with `topoclip train --resume {folder}`")
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(folder), "--quiet"]) == 0 and (folder / "eval.json").is_file()
+
+
 @pytest.fixture()
 def images(tmp_path) -> Path:
     folder = tmp_path / "images"

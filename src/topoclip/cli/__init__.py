@@ -8,7 +8,7 @@ Errors are handled once, in `main()`, for every command: a UserError (a setting,
 the disk, the device; ConfigError is one) or an OSError (a missing or unwritable file) prints one
 line `topoclip: error: ...` and exits with status 2; anything else is a bug and keeps its
 traceback. `--debug` shows the traceback of every error. Ctrl-C exits with status 130, saying how to go on
-where the command set `args.on_interrupt`.
+where the command set `args.on_interrupt` (a line, or a function that returns one or None).
 """
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
         if args.debug:
             raise
         hint = getattr(args, "on_interrupt", None)  # what a resumable command keeps, and how to go on
+        hint = hint() if callable(hint) else hint
         print("topoclip: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return INTERRUPTED_STATUS
     except BrokenPipeError:  # the reader of our output went away (`topoclip presets | head`): nothing to say

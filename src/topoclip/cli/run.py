@@ -18,8 +18,9 @@ from topoclip.evaluation.zeroshot import TEMPLATE_MODES
 def command_train(args) -> int:
     from topoclip.cli.openclip_flags import overrides, pretrained_name
     from topoclip.data.sources import epoch_steps
+    from topoclip.run_folder import RunFolder
     from topoclip.training.resume import resume_config
-    from topoclip.training.trainer import train
+    from topoclip.training.trainer import new_run_dir, train
 
     name = pretrained_name(args)
     if name is not None:
@@ -63,7 +64,13 @@ def command_train(args) -> int:
     if args.print_config:
         print(json.dumps(to_dict(config), indent=2))
         return 0
-    train(config, out_dir=args.out, resume=args.resume, progress=not args.quiet)
+    run_dir = Path(args.resume or args.out or new_run_dir(config))
+
+    def on_interrupt():  # (said when Ctrl-C stops it: where it can go on from, if it saved a checkpoint yet)
+        if RunFolder(run_dir).step_checkpoints():
+            return f"{run_dir} keeps its checkpoints: continue from the newest with `topoclip train --resume {run_dir}`"
+    args.on_interrupt = on_interrupt
+    train(config, out_dir=None if args.resume else run_dir, resume=args.resume, progress=not args.quiet)
     return 0
 
 
