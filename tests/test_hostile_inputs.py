@@ -286,7 +286,12 @@ def test_ctrl_c_in_a_resumable_command_says_how_to_go_on(command, tmp_path, monk
     import topoclip.embed as embedding
     import topoclip.experiments.runner as runner
 
+    began = [True]
+
     def interrupted(*args, **kwargs):
+        if command.startswith("make-shards") and began[0]:  # (stopped once the conversion began: its settings written)
+            (tmp_path / "out").mkdir(exist_ok=True)
+            (tmp_path / "out" / writer.CONVERSION).write_text("{}")
         raise KeyboardInterrupt
     for module, name in ((writer, "csv_to_shards"), (embedding, "embed"), (runner, "ablate")):
         monkeypatch.setattr(module, name, interrupted)
@@ -299,28 +304,48 @@ def test_ctrl_c_in_a_resumable_command_says_how_to_go_on(command, tmp_path, monk
     said = capsys.readouterr().err.strip()
     assert said.startswith("topoclip: interrupted; ") and out in said and "\n" not in said
     assert said.endswith("run the same command with --resume to continue after them") == (command == "make-shards")
+    if command == "make-shards":  # stopped before the conversion began (hashing the CSV): nothing to resume
+        (tmp_path / "out" / writer.CONVERSION).unlink()
+        began[0] = False
+        assert main(argv) == 130 and capsys.readouterr().err.strip() == "topoclip: interrupted"
 
 
 def test_ctrl_c_in_train_names_the_resume_once_a_checkpoint_is_saved(tmp_path, monkeypatch, capsys):
-    """Before the first checkpoint there is nothing to go on from; after it, the line gives the command that goes on,
-    and that command finishes the run."""
+    """Ctrl-C inside the first checkpoint's torch.save (whose zip writer then fails with "unexpected pos") is said as
+    an interrupt, leaving no half checkpoint and nothing to go on from; after a checkpoint, the line gives the command
+    that goes on, and that command finishes the run."""
+    import topoclip.checkpoint as checkpoint
     import topoclip.training.trainer as trainer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     settings = [a for s in SMALL + ["train.steps=2", "train.checkpoint_every=1"] for a in ("--set", s)]
-    real = trainer.train_steps
-    monkeypatch.setattr(trainer, "train_steps", interrupted)
-    assert main(["train", "--preset", "tiny", "--quiet", "--out", str(tmp_path / "early"), *settings]) == 130
-    assert capsys.readouterr().err.splitlines()[-1] == "topoclip: interrupted"
-    monkeypatch.setattr(trainer, "train_steps", real)
+    real_write, writes = checkpoint._WholeWrites.write, []
+
+    def write_then_interrupt(self, data):
+        writes.append(len(data))
+        if len(writes) == 5:  # inside the training state's zip archive
+            raise KeyboardInterrupt
+        return real_write(self, data)
+    monkeypatch.setattr(checkpoint._WholeWrites, "write", write_then_interrupt)
+    early = tmp_path / "early"
+    assert main(["train", "--preset", "tiny", "--quiet", "--out", str(early), *settings]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "topoclip: interrupted" and len(writes) == 5
+    assert not list((early / "checkpoints").iterdir())  # (the scratch of the checkpoint removed)
+    monkeypatch.setattr(checkpoint._WholeWrites, "write", real_write)
     monkeypatch.setattr(trainer, "finish", interrupted)  # after both steps' checkpoints, before the evaluation
     folder = tmp_path / "late"
     assert main(["train", "--preset", "tiny", "--quiet", "--out", str(folder), *settings]) == 130
-    assert capsys.readouterr().err.splitlines()[-1] == (f"topoclip: interrupted; {folder} keeps its checkpoints: "
-                                                        f"continue from the newest with `topoclip train --resume {folder}`")
+    assert capsys.readouterr().err.splitlines()[-1] == (f"topoclip: interrupted; {folder} keeps its checkpoints: run "
+                                                        f"`topoclip train --resume {folder}` to continue from the newest")
+    resume = ["train", "--resume", str(folder), "--quiet", "--set", "train.steps=3"]  # (a longer run: the same again)
+    assert main(resume) == 130
+    assert capsys.readouterr().err.splitlines()[-1].endswith("keeps its checkpoints: run the same command to continue "
+                                                             "from the newest")
+    monkeypatch.setenv("RANK", "1")  # under torchrun only rank 0 says it
+    assert main(resume) == 130 and capsys.readouterr().err.splitlines()[-1] == "topoclip: interrupted"
     monkeypatch.undo()
-    assert main(["train", "--resume", str(folder), "--quiet"]) == 0 and (folder / "eval.json").is_file()
+    assert main(resume) == 0 and (folder / "eval.json").is_file()
 
 
 @pytest.fixture()

@@ -85,13 +85,15 @@ def save_checkpoint(path: Path, model: CLIP, config: Config, tokenizer=None,
                 torch.save(training_state, _WholeWrites(handle))
         for name, folder in (folders or {}).items():
             os.replace(folder, temporary / name)
-    except (OSError, RuntimeError, SafetensorError) as error:
+    except (OSError, RuntimeError, SafetensorError, KeyboardInterrupt) as error:
         shutil.rmtree(temporary, ignore_errors=True)  # frees the space the partial files took
         for folder in (folders or {}).values():
             shutil.rmtree(folder, ignore_errors=True)
         if is_disk_full(error):
             raise DiskFullError(f"no space left on {path.parent} while writing checkpoint {path.name}",
                                 path.parent) from error
+        if isinstance(error.__context__, KeyboardInterrupt):  # Ctrl-C mid torch.save: its zip writer's cleanup
+            raise error.__context__  # fails ("unexpected pos") and hides the interrupt; say the interrupt
         raise
     try:
         if path.exists():  # re-saving the same step, or an empty destination folder: replace it

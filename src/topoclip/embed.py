@@ -177,15 +177,15 @@ def _embed_in_shards(writer: ShardWriter, total: int, shard_size: int, unit: str
     """Shards `writer.complete()` … of `total` inputs, each from embed_range(start, stop, counter) -> (rows, keys);
     the counts cover every shard, those of an earlier, interrupted run too."""
     done = writer.complete()
-    bar = tqdm(total=total, initial=min(done * shard_size, total), desc=unit + "s", unit=unit, disable=not progress)
     shards = -(-total // shard_size)
-    for shard in range(done, shards):
-        start, stop = shard * shard_size, min((shard + 1) * shard_size, total)
-        counter = BadSampleCounter()
-        embeddings, keys = embed_range(start, stop, counter)
-        writer.write(shard, embeddings, keys, counter)
-        bar.update(stop - start)
-    bar.close()
+    with tqdm(total=total, initial=min(done * shard_size, total), desc=unit + "s", unit=unit,
+              disable=not progress) as bar:  # (closed on any error too: a message after it starts a line)
+        for shard in range(done, shards):
+            start, stop = shard * shard_size, min((shard + 1) * shard_size, total)
+            counter = BadSampleCounter()
+            embeddings, keys = embed_range(start, stop, counter)
+            writer.write(shard, embeddings, keys, counter)
+            bar.update(stop - start)
     return {"inputs": total, "resumed_after_shards": done, **writer.counts(shards).as_dict()}
 
 

@@ -39,6 +39,9 @@ def test_shard_pattern_expands_to_its_shards_past_99999(tmp_path):
         assert expand_urls(shard_pattern(written)) == [str(p) for p in written]
     every = [str(tmp_path / f"{shard:05d}.tar") for shard in range(100_002)]  # a whole conversion's names
     assert expand_urls(shard_pattern(every)) == every  # (one range would pad 00000..99999 to six digits)
+    for wrong in ([paths[0], paths[2]], paths[::-1], [paths[0], tmp_path / "x" / "99999.tar"], [tmp_path / "a.tar"], []):
+        with pytest.raises(ValueError, match="consecutive shards of one folder"):
+            shard_pattern(wrong)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -257,11 +260,14 @@ def test_a_resume_mends_what_a_stop_or_a_user_left_and_refuses_what_it_cannot_tr
     moved.write_bytes(path.read_bytes())
     refused("images this conversion read are not where the CSV points now", csv=moved)
 
-    bad_only = tmp_path / "bad.csv"
+    bad_only = tmp_path / "bad.csv"  # no shard: refused, and the folder is new again (not one to resume)
     bad_only.write_text("filepath,title\nnot_there.jpg,a caption\n")
-    first = csv_to_shards(bad_only, tmp_path / "bad", samples_per_shard=3)[1]
-    again = csv_to_shards(bad_only, tmp_path / "bad", samples_per_shard=3, resume=True)[1]
-    assert (first.seen, first.bad) == (again.seen, again.bad) == (1, {"missing_file": 1})
+    with pytest.raises(UserError, match=r"no row of .* gave a sample \(kept 0 of 1; skipped missing_file 1\)"):
+        csv_to_shards(bad_only, tmp_path / "bad", samples_per_shard=3)
+    refused("no conversion to resume", folder=tmp_path / "bad", csv=bad_only)
+    (tmp_path / "source" / "not_there.jpg").write_bytes(good_images()["rgb_jpeg"][0])
+    (tmp_path / "source" / "bad.csv").write_bytes(bad_only.read_bytes())
+    assert csv_to_shards(tmp_path / "source" / "bad.csv", tmp_path / "bad", samples_per_shard=3)[1].kept == 1
 
     stopped = tmp_path / "stopped"
     stopped.mkdir()
@@ -281,4 +287,5 @@ def test_a_resume_mends_what_a_stop_or_a_user_left_and_refuses_what_it_cannot_tr
     fifo_table.parent.mkdir()
     os.mkfifo(fifo_table.parent / "x.png")
     fifo_table.write_text("filepath,title\nx.png,a caption\n")
-    assert csv_to_shards(fifo_table, tmp_path / "fifo-out")[1].bad == {"missing_file": 1}
+    with pytest.raises(UserError, match="skipped missing_file 1"):  # (the only row: no shard)
+        csv_to_shards(fifo_table, tmp_path / "fifo-out")

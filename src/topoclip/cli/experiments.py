@@ -23,7 +23,7 @@ def command_ablate(args) -> int:
     from topoclip.experiments.runner import ablate
 
     out = Path(args.out or Path("ablations") / Path(args.grid).stem)
-    args.on_interrupt = f"the finished runs in {out} are kept: run the same command to train the rest"
+    args.on_interrupt = f"{out} keeps the runs it finished: run the same command to train the rest"
     ablate(args.grid, out, seeds=args.seeds, steps=args.steps, overrides=args.overrides, jobs=args.jobs,
            preset=args.preset, probe_size=args.probe_size, cells=args.cells, reuse=args.reuse or (),
            command=recorded_command(), first_seed=args.first_seed)

@@ -126,7 +126,7 @@ def add_push(commands) -> None:
 
 
 def command_make_shards(args) -> int:
-    from topoclip.data.shard_writer import csv_to_shards, require_empty_folder, shard_pattern, write_shards
+    from topoclip.data.shard_writer import CONVERSION, csv_to_shards, require_empty_folder, shard_pattern, write_shards
     from topoclip.errors import UserError
 
     if args.resume and not args.csv:
@@ -135,16 +135,13 @@ def command_make_shards(args) -> int:
         require_empty_folder(args.out)  # before anything is read or rendered (a new folder is made when written)
     if args.csv:
         names = {"path": "--csv", "image_key": "--image-key", "caption_key": "--caption-key", "separator": "--separator"}
-        args.on_interrupt = (f"the finished shards in {args.out} are kept: run the same command"
-                             + ("" if args.resume else " with --resume") + " to continue after them")
+        again = "the same command" + ("" if args.resume else " with --resume")
+        args.on_interrupt = lambda: (f"{args.out} keeps the shards it finished: run {again} to continue after them"
+                                     if (Path(args.out) / CONVERSION).is_file() else None)  # (the conversion began)
         paths, counter = csv_to_shards(args.csv, args.out, image_key=args.image_key, caption_key=args.caption_key,
                                        separator=args.separator, samples_per_shard=args.samples_per_shard,
                                        image_size=args.image_size, resume=args.resume, progress=True, names=names)
         print(counter.describe())
-        if not paths:  # (recorded as finished: a --resume says so again)
-            raise UserError(f"{args.csv} has no data rows" if not counter.seen else
-                            f"no row of {args.csv} gave a sample ({counter.describe()}), so {args.out} holds no "
-                            f"shard: fix the image paths (relative to the CSV's folder) or the images")
     else:
         from topoclip.data.scenes import SceneDataset
         from tqdm.auto import tqdm

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 from pathlib import Path
 
 from topoclip.cli.common import add_command, add_overrides, whole
@@ -66,9 +68,14 @@ def command_train(args) -> int:
         return 0
     run_dir = Path(args.resume or args.out or new_run_dir(config))
 
-    def on_interrupt():  # (said when Ctrl-C stops it: where it can go on from, if it saved a checkpoint yet)
-        if RunFolder(run_dir).step_checkpoints():
-            return f"{run_dir} keeps its checkpoints: continue from the newest with `topoclip train --resume {run_dir}`"
+    def on_interrupt():  # (said by rank 0 when Ctrl-C stops it, once it saved a checkpoint to go on from)
+        if int(os.environ.get("RANK", "0")) or not RunFolder(run_dir).step_checkpoints():
+            return None
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        command = ("run the same command" if args.resume else
+                   f"run `topoclip train --resume {shlex.quote(str(run_dir))}`")
+        return (f"{run_dir} keeps its checkpoints: {command} to continue from the newest"
+                + (f", launched as this one was ({world} processes)" if world > 1 else ""))
     args.on_interrupt = on_interrupt
     train(config, out_dir=None if args.resume else run_dir, resume=args.resume, progress=not args.quiet)
     return 0
@@ -219,7 +226,7 @@ def add_benchmark(commands) -> None:
 def command_embed(args) -> int:
     from topoclip.embed import embed
 
-    args.on_interrupt = f"the finished shards in {args.out} are kept: run the same command to continue after them"
+    args.on_interrupt = f"{args.out} keeps the shards it finished: run the same command to continue after them"
     summary = embed(args.checkpoint, args.out, images=args.images, texts=args.texts, flat=args.flat,
                     image_key=args.image_key, batch_size=args.batch_size, shard_size=args.shard_size,
                     num_workers=args.workers, device=args.device, progress=not args.quiet)

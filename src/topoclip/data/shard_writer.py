@@ -174,11 +174,15 @@ def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
 
     A range is written per name width: braceexpand pads every number of '{00000..100001}' to six digits, so past
     shard 99,999 the pattern is '{{00000..99999},{100000..100001}}'."""
-    if not paths:
-        raise ValueError("no shard paths")
-    groups = [list(group) for _, group in itertools.groupby((Path(path).stem for path in paths), key=len)]
+    paths = [Path(path) for path in paths]
+    numbers = [int(path.stem) if path.stem.isdigit() else -1 for path in paths]
+    if not paths or min(numbers) < 0 or numbers != list(range(numbers[0], numbers[0] + len(paths))) \
+            or len({path.parent for path in paths}) > 1:
+        raise ValueError(f"shard_pattern takes consecutive shards of one folder, as write_shards returns them; got "
+                         f"{[str(path) for path in paths[:3]]}{' ...' if len(paths) > 3 else ''}")
+    groups = [list(group) for _, group in itertools.groupby((path.stem for path in paths), key=len)]
     ranges = [group[0] if len(group) == 1 else f"{{{group[0]}..{group[-1]}}}" for group in groups]
-    return str(Path(paths[0]).parent / (f"{ranges[0]}.tar" if len(ranges) == 1 else f"{{{','.join(ranges)}}}.tar"))
+    return str(paths[0].parent / (f"{ranges[0]}.tar" if len(ranges) == 1 else f"{{{','.join(ranges)}}}.tar"))
 
 
 def csv_to_shards(
@@ -204,7 +208,8 @@ def csv_to_shards(
     Image paths must stay inside the CSV's folder (or `image_root`) unless `allow_outside_paths`
     (as CsvDataset; else "path_outside_root"). Every image is decoded to check it. With `image_size`, images whose shorter side is larger are
     downscaled to it and re-encoded as `image_format`; without, JPEG / PNG / WebP files are copied
-    byte for byte and other formats re-encoded. Returns (every shard of the folder, counter of kept and skipped rows).
+    byte for byte and other formats re-encoded. Returns (every shard of the folder, counter of kept and skipped rows);
+    UserError when no row gave a sample (conversion.json removed: the folder is new again).
 
     The folder is new or empty, and locked while it is written. Each shard's stats cover the rows read since the last
     one's, the last shard's every row to the end; conversion.json holds the settings, and the totals once it has
@@ -297,7 +302,12 @@ def csv_to_shards(
         for warning in said:
             print(f"topoclip: warning: {warning.message}", file=sys.stderr)
         shards = _shards(out_dir)
-        if read > shard_start and shards:  # the rows after the last full shard, all skipped: its stats take them
+        if not shards:  # nothing to train on: refused, and nothing left that a new conversion must resume
+            (out_dir / CONVERSION).unlink()
+            raise UserError(f"{csv_path} has no data rows" if not read else
+                            f"no row of {csv_path} gave a sample ({counter.describe()}), so no shard was written: fix "
+                            f"what the counts name (image paths are read relative to {root}) and convert again")
+        if read > shard_start:  # the rows after the last full shard, all skipped: its stats take them
             last = shards[-1].with_name(f"{shards[-1].stem}_stats.json")
             record_shard(shards[-1], json.loads(last.read_text()))
         finished = {"rows": read, "successes": counter.kept, "skipped": counter.bad}
@@ -329,12 +339,6 @@ def _number(name: str) -> int:
 def _shards(out_dir: Path) -> list[Path]:
     """The finished shards of a conversion's folder, in order."""
     return sorted((path for path in out_dir.glob("*.tar") if _WRITTEN.fullmatch(path.name)), key=lambda p: _number(p.name))
-
-
-def _valid_totals(totals: dict) -> bool:
-    rows, kept, skipped = totals.get("rows"), totals.get("successes"), totals.get("skipped")
-    return (kept == 0 and isinstance(skipped, dict) and all(type(n) is int and n >= 0 for n in (rows, *skipped.values()))
-            and sum(skipped.values()) == rows)
 
 
 def _check_last_shard(tar_path: Path, kept: int, root: Path, allow_outside: bool, fix: str, redo: str) -> None:
@@ -415,11 +419,6 @@ def _resume_point(out_dir: Path, record: dict, root: Path, allow_outside: bool) 
         entries[name].unlink()
     # Finished: its totals are the stats' (a shard removed from the end since is written again).
     finished = saved.get("finished") == {"rows": row, "successes": counter.kept, "skipped": counter.bad} and shard > 0
-    if "finished" in saved and not shard:  # no shard (every row bad): the totals are conversion.json's alone
-        totals = saved["finished"]
-        finished = isinstance(totals, dict) and _valid_totals(totals)
-        if finished:
-            counter, row = BadSampleCounter(totals["successes"], totals["skipped"]), totals["rows"]
     state = "finished" if finished else f"resuming at shard {shard:05d}, CSV row {row + 1}"
     print(f"topoclip: {out_dir}: {state}" + (f" (removed {len(unfinished)} unfinished file(s))" if unfinished else ""),
           file=sys.stderr)
