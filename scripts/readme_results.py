@@ -352,12 +352,15 @@ def convergence_table(spec: dict) -> str:
     {"about", "short": grid, "long": grid, "cells": [...]}). "Converged" only where, in the long grid, validation mean
     recall and τ each change over the last quarter by less than their seed-to-seed sd and not significantly (paired t,
     5 %), and the long schedule's test mean recall is not significantly better than the short one's (Welch's t);
-    otherwise "at the end of the schedule"."""
-    long = load_results(spec["long"])
+    otherwise "at the end of the schedule". A cell that either grid has not run yet says so (its runs under way)."""
+    long, short = load_results(spec["long"]), load_results(spec["short"])
     lines = [spec["about"], "", "| cell | validation mean recall, last quarter (sd) | τ, last quarter (sd) | test mean recall, "
-             f"{long['steps']:,} − {load_results(spec['short'])['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
+             f"{long['steps']:,} − {short['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
     for cell in spec["cells"]:
         runs = [r for r in long["runs"] if r["cell"] == cell]
+        if not runs or not any(r["cell"] == cell for r in short["runs"]):
+            lines.append(f"| {cell} | | | | not run yet |")
+            continue
         if len(runs) < 2:
             raise ValueError(f"{spec['long']}: cell {cell} has {len(runs)} runs; the rule needs ≥ 2")
         changes = last_quarter(runs, long["steps"])

@@ -251,6 +251,12 @@ def test_convergence_needs_both_curves_flat_and_the_longer_schedule_no_better(tm
     assert "19,200 − 9,600 steps" in table and "| flat | +0.0 (" in table and "(2.0) |" in table
     with pytest.raises(ValueError, match="no validation evaluation at step 19,200"):
         readme_results.last_quarter([{**long[0], "evaluations": long[0]["evaluations"][:1]}], 19200)
+    (tmp_path / "long" / "ablation.json").write_text(json.dumps({"steps": 19200, "runs": long[:3]}))
+    table = readme_results.convergence_table({"about": "A.", "short": "short", "long": "long", "cells": ["flat", "tau"]})
+    assert "| flat | +0.0 (" in table and "| tau | | | | not run yet |" in table  # (its runs under way)
+    with pytest.raises(ValueError, match="cell flat has 1 runs"):
+        (tmp_path / "long" / "ablation.json").write_text(json.dumps({"steps": 19200, "runs": long[:1]}))
+        readme_results.convergence_table({"about": "A.", "short": "short", "long": "long", "cells": ["flat"]})
 
 
 def test_the_full_scenes_presets_are_the_preregistered_task_at_each_familys_chosen_lr():
