@@ -96,10 +96,12 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     chosen = readme_results.lr_choice(readme_results.load_results("lr-choice-hard-lr-9600"))
     lrs = {family: cell.split("_lr-")[1] for family, cell in chosen.items()}
     assert f"(Multi {lrs['multi']}, the sphere {lrs['sphere']})" in answer
-    lead = points["full scenes", readme_results.EACH_FAMILYS_LR, 0, 9600]["in-domain"]  # the 2 × 2's cells at their own range
+    lead, before = (points["full scenes", readme_results.EACH_FAMILYS_LR, 0, steps]["in-domain"]  # the 2 × 2's cells
+                    for steps in (19200, 9600))  # at their own range: the pre-registered primary endpoint, at 19,200
     assert readme_results.lr_name(readme_results.EACH_FAMILYS_LR) == f"{lrs['multi']} multi, {lrs['sphere']} sphere"
-    assert (f"Multi is {lead['effect']:+.1f} points of mean recall ahead (95 % interval {lead['low']:+.1f} to "
-            f"{lead['high']:+.1f}, five seeds a side") in answer and lead["n_a"] == lead["n_b"] == 5
+    assert (f"at the end of 19,200 steps Multi is {lead['effect']:+.1f} points of mean recall ahead (95 % interval "
+            f"{lead['low']:+.1f} to {lead['high']:+.1f}, five seeds a side; {before['effect']:+.1f} at 9,600 steps)") in answer
+    assert lead["n_a"] == lead["n_b"] == before["n_a"] == before["n_b"] == 5
 
 
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
