@@ -24,11 +24,12 @@ def launch_env() -> dict:
     return env
 
 
-def torchrun(cwd, *arguments: str, world: int = 2) -> subprocess.CompletedProcess:
-    """`topoclip train ARGUMENTS --quiet` in `world` processes; fails the test with the output when it fails."""
+def torchrun(cwd, *arguments: str, world: int = 2, script=None) -> subprocess.CompletedProcess:
+    """`topoclip train ARGUMENTS --quiet` (or `python SCRIPT ARGUMENTS`) in `world` processes; fails the test with the
+    output when it fails."""
+    program = [str(script), *arguments] if script else ["-m", "topoclip", "train", *arguments, "--quiet"]
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "topoclip", "train",
-               *arguments, "--quiet"]
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *program]
     # A launch takes ~10 s; one past the timeout hangs. Then every process of it (torchrun starts each rank in a
     # session of its own) prints where each of its threads stands (faulthandler, on SIGABRT) before the test fails,
     # so a rare hang in CI names its place; SIGKILL follows for any that SIGABRT did not end.

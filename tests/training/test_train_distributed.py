@@ -5,6 +5,7 @@ local loss against the batch gathered from all ranks, two ranks take exactly the
 one process on the global batch: τ and the gradient norm logged by rank 0 equal a one-process run's.
 """
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,15 @@ def test_a_csv_stream_resumed_under_torchrun_continues_every_rank_exactly(tmp_pa
     expected, got = step_records(whole), step_records(killed)
     assert [r["step"] for r in got] == list(range(1, 7))
     assert [(r["loss"], r["data"]) for r in got] == [(r["loss"], r["data"]) for r in expected]
+
+
+@pytest.mark.slow
+def test_each_rank_trains_in_rank_0s_folder(tmp_path):
+    """Before the fix, each rank kept the folder it was given: the default runs/NAME-TIMESTAMP holds the second each
+    process started, so rank 1 could name a folder rank 0 never wrote."""
+    work = tmp_path / "work"
+    worker = Path(__file__).resolve().parents[1] / "_run_dir_worker.py"
+    done = torchrun(tmp_path, str(work), *SETTINGS, "train.steps=1", script=worker)
+    assert sorted(p.name for p in work.iterdir()) == ["rank0"]
+    assert sorted(line for line in done.stdout.splitlines() if "trained in" in line) == [
+        f"rank {rank} trained in {work / 'rank0'}" for rank in range(WORLD)]

@@ -128,6 +128,9 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     if (settings.batch_size // info.world_size) % settings.accumulation_steps:
         raise ConfigError(f"the per-process batch {settings.batch_size // info.world_size} is not divisible by "
                           f"train.accumulation_steps={settings.accumulation_steps}")
+    # The default folder's name holds the second its process started, which two ranks need not share: rank 0's
+    # folder is the run's on every rank.
+    run_dir = Path(broadcast_object(str(run_dir)))
     # The user's evaluation sets are listed now, not found broken after hours of training.
     on_main(info.rank == 0, lambda: check_evaluation_sets(config))
     lock = on_main(info.rank == 0, lambda: claim_run_folder(run_dir, resuming))
