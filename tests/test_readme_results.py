@@ -256,8 +256,8 @@ def test_convergence_needs_both_curves_flat_and_the_longer_schedule_no_better(tm
     (tmp_path / "long" / "ablation.json").write_text(json.dumps({"steps": 19200, "runs": long[:3]}))
     table = readme_results.convergence_table({"about": "A.", "short": "short", "long": "long", "cells": ["flat", "tau"]})
     assert "| flat | +0.0 (" in table and "| tau | | | | not run yet |" in table  # (its runs under way)
+    (tmp_path / "long" / "ablation.json").write_text(json.dumps({"steps": 19200, "runs": long[:1]}))
     with pytest.raises(ValueError, match="cell flat has 1 runs"):
-        (tmp_path / "long" / "ablation.json").write_text(json.dumps({"steps": 19200, "runs": long[:1]}))
         readme_results.convergence_table({"about": "A.", "short": "short", "long": "long", "cells": ["flat"]})
 
 
