@@ -260,6 +260,9 @@ def test_make_shards_refuses_a_folder_that_holds_anything(tmp_path, capsys):
     assert (out / "00000.tar").read_bytes() == b"an earlier set"
     assert main(["data", "make-shards", "--preset", "tiny", "--resume", "--out", str(out)]) == 2
     assert "--resume continues a CSV conversion" in one_line_error(capsys)
+    assert main(["data", "make-shards", "--preset", "tiny", "--count", "4", "--out", str(tmp_path / "a::b")]) == 2
+    assert "holds '::', which webdataset reads as a separator" in one_line_error(capsys)
+    assert not (tmp_path / "a::b").exists()
     table = tmp_path / "t.csv"
     assert main(["data", "make-shards", "--csv", str(table), "--resume", "--out", str(out)]) == 2
     assert "does not exist (--csv)" in one_line_error(capsys)  # (a missing CSV: one line, before the folder is looked at)

@@ -6,6 +6,7 @@ import tarfile
 import numpy as np
 import pytest
 import torch
+import webdataset as wds
 
 from topoclip.data.shard_writer import csv_to_shards, shard_pattern, write_shards
 from topoclip.data.shards import ShardDataset, expand_shard_sources, expand_urls, read_captions
@@ -42,6 +43,19 @@ def test_shard_pattern_expands_to_its_shards_past_99999(tmp_path):
     for wrong in ([paths[0], paths[2]], paths[::-1], [paths[0], tmp_path / "x" / "99999.tar"], [tmp_path / "a.tar"], []):
         with pytest.raises(ValueError, match="consecutive shards of one folder"):
             shard_pattern(wrong)
+
+
+@pytest.mark.parametrize("folder", ["out{1..2}", "a,b{c}", "back\\slash", "${HOME}", "$HOME{", "}{"])
+def test_shard_pattern_names_a_folder_whose_name_holds_pattern_characters(tmp_path, folder, monkeypatch):
+    """Braces, a backslash or '${NAME}' in the folder are taken literally, by our expansion and by webdataset's own."""
+    monkeypatch.setenv("WDS_HOME", "elsewhere")  # (unescaped, webdataset would read ${HOME} as $WDS_HOME)
+    paths = write_shards(((noise(7, 7, seed), "a caption") for seed in range(3)), tmp_path / folder, samples_per_shard=1,
+                         image_format="png")
+    for expand in (expand_urls, wds.shardlists.expand_urls):
+        assert expand(shard_pattern(paths)) == [str(p) for p in paths]
+        assert expand(shard_pattern(paths[:1])) == [str(paths[0])]
+    with pytest.raises(ValueError, match="holds '::', which webdataset reads as a separator"):
+        shard_pattern([tmp_path / "a::b" / "00000.tar"])
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

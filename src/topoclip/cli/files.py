@@ -131,6 +131,9 @@ def command_make_shards(args) -> int:
 
     if args.resume and not args.csv:
         raise UserError("--resume continues a CSV conversion (--csv); built-in scenes are rendered whole into a new --out")
+    if "::" in args.out:
+        raise UserError(f"--out {args.out} holds '::', which webdataset reads as a separator between shard patterns, so "
+                        f"no pattern could name its shards: choose a folder without it")
     if not args.resume and Path(args.out).exists():
         require_empty_folder(args.out)  # before anything is read or rendered (a new folder is made when written)
     if args.csv:

@@ -173,8 +173,13 @@ def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
     """A brace pattern for consecutive shards written by write_shards, e.g. 'out/{00000..00009}.tar'.
 
     A range is written per name width: braceexpand pads every number of '{00000..100001}' to six digits, so past
-    shard 99,999 the pattern is '{{00000..99999},{100000..100001}}'."""
+    shard 99,999 the pattern is '{{00000..99999},{100000..100001}}'. The folder's braces and backslashes are
+    escaped, which also keeps a '${NAME}' in it from webdataset's variable substitution; a folder holding '::' (which
+    webdataset reads as a separator between patterns) cannot be named and is refused."""
     paths = [Path(path) for path in paths]
+    if paths and "::" in str(paths[0].parent):
+        raise ValueError(f"shard folder {str(paths[0].parent)!r} holds '::', which webdataset reads "
+                         f"as a separator between shard patterns; write the shards into a folder without it")
     numbers = [int(path.stem) if path.stem.isdigit() else -1 for path in paths]
     if not paths or min(numbers) < 0 or numbers != list(range(numbers[0], numbers[0] + len(paths))) \
             or len({path.parent for path in paths}) > 1:
@@ -182,7 +187,8 @@ def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
                          f"{[str(path) for path in paths[:3]]}{' ...' if len(paths) > 3 else ''}")
     groups = [list(group) for _, group in itertools.groupby((path.stem for path in paths), key=len)]
     ranges = [group[0] if len(group) == 1 else f"{{{group[0]}..{group[-1]}}}" for group in groups]
-    return str(paths[0].parent / (f"{ranges[0]}.tar" if len(ranges) == 1 else f"{{{','.join(ranges)}}}.tar"))
+    folder = re.sub(r"([\\{}])", r"\\\1", str(paths[0].parent))  # a backslash before each backslash and brace
+    return os.path.join(folder, f"{ranges[0]}.tar" if len(ranges) == 1 else f"{{{','.join(ranges)}}}.tar")
 
 
 def csv_to_shards(
