@@ -230,14 +230,14 @@ def difference(item: dict):
     return welch(*(cell_values(source, cell, item["metric"], item.get("set", "")) for source, cell in (item["a"], item["b"])))
 
 
-def tested(items: list[dict]) -> str:
-    """"label: +15.2 (95 % CI …; Welch's t, p = …, Holm p = …; n = 3 and 3); …": Welch's t between two cells
-    (`a` − `b`, each [source, cell]) on one metric, for each comparison of a claim, with the p-values adjusted by
-    Holm's method over the claim's comparisons (those with a spread to test)."""
+def tested(items: list[dict]) -> list[str]:
+    """"label: +15.2 (95 % CI …; Welch's t, p = …, Holm p = …; n = 3 and 3)" for each comparison of a claim: Welch's t
+    between two cells (`a` − `b`, each [source, cell]) on one metric, with the p-values adjusted by Holm's method over
+    the claim's comparisons (those with a spread to test)."""
     differences = [difference(item) for item in items]
     adjusted = iter(holm([d.p for d in differences if not d.unvaried]))
-    return "; ".join(f"{item['label']}: {d.describe(item.get('digits', 1), None if d.unvaried else next(adjusted))}"
-                     for item, d in zip(items, differences)) or "—"
+    return [f"{item['label']}: {d.describe(item.get('digits', 1), None if d.unvaried else next(adjusted))}"
+            for item, d in zip(items, differences)]
 
 
 def comparison_table(spec: dict) -> str:
@@ -408,14 +408,15 @@ def claims_summary_table(claims: dict) -> str:
     """Markdown, one screen: each claim in a few words, our verdict in a few more, the comparisons that carry it
     (Welch's t, recomputed) and the page with the detail."""
     lines = ["| claim | verdict | the numbers that carry it (a − b, 95 % CI, p, n) | detail |", "|---|---|---|---|"]
-    for claim in claims["claims"]:
+    for number, claim in enumerate(claims["claims"], 1):
         numbers = []
         for key in claim["key"]:
             item = claim["tests"][key["test"]]
             d, digits = difference(item), item.get("digits", 1)
             numbers.append(f"{key['label']}: {d.effect:+.{digits}f} ({d.low:+.{digits}f} to {d.high:+.{digits}f}), "
                            f"{format_p(d.p)}, n {d.n_a}/{d.n_b}")
-        lines.append(f"| {claim['short']} | **{claim['answer']}** | {'; '.join(numbers)} | [{claim['page']}]({claim['page']}) |")
+        lines.append(f"| {claim['short']} | **{claim['answer']}** | {'; '.join(numbers)} | [the tests](claims.md#claim-{number}); "
+                     f"[{claim['page']}]({claim['page']}) |")
     return "\n".join(lines)
 
 
@@ -466,6 +467,7 @@ def headline_points() -> list[dict]:
         if min(d.n_a for d in differences.values()) < 2 or min(d.n_b for d in differences.values()) < 2:
             continue
         points.append({"task": task, "lr": lr, "noise": noise, "steps": load_results(grids[0])["steps"], "grids": grids,
+                       "cells": [multi, sphere],
                        **{name: d.as_dict() for name, d in differences.items()}})
     return points
 
@@ -484,7 +486,21 @@ def headline_table(points: list[dict]) -> str:
                      + " | ".join(cells) + " | " + ", ".join(f"[{grid}]({grid}/ablation.json)" for grid in point["grids"]) + " |")
     return "\n".join(lines + ["", "Each cell: the difference of the seed means and its 95 % interval (Welch's t); bold where "
                                    "the interval excludes 0. Where a row names two grids, the second added seeds of the same "
-                                   "recipe after the first's results were known. Drawn in headline.png."])
+                                   "recipe after the first's results were known." + reused_runs(points) + " Drawn in headline.png."])
+
+
+def reused_runs(points: list[dict]) -> str:
+    """" N of the M runs of GRID's row are SOURCE's (…)": a row's runs that are copies (`ablate --reuse`) of another
+    grid's, which are then not new evidence beside that grid (e.g. the runs that chose an lr)."""
+    said = []
+    for point in points:
+        for grid in point["grids"]:
+            runs = [r for r in load_results(grid)["runs"] if r["cell"] in point["cells"]]
+            origins = [run_origin({grid: load_results(grid)}, grid, r).split("/runs/")[0].rsplit("/", 1)[-1]
+                       for r in runs if r.get("reused_from")]
+            said += [f" {origins.count(source)} of the {len(runs)} runs of {grid}'s row are {source}'s (the same recipe "
+                     f"and seed, copied with `ablate --reuse`)." for source in dict.fromkeys(origins)]
+    return "".join(said)
 
 
 FINGERPRINT_KEY = "topoclip-points-sha256"  # the PNG text chunk that holds it
@@ -562,17 +578,17 @@ def plot_headline(points: list[dict], path: Path) -> Path:
 
 
 def claims_table(claims: dict) -> str:
-    """Markdown: each claim of the paper with the paper's numbers, ours (mean ± sample std over seeds), Welch's
-    t for the comparisons the claim rests on, and the verdict."""
-    lines = ["| the paper's claim | the paper's numbers | measured here (mean ± sample std over seeds) | "
-             "the comparisons (Welch's t: difference of means, 95 % CI, p, n per cell) | verdict |",
-             "|---|---|---|---|---|"]
-    for claim in claims["claims"]:
-        numbers = "; ".join(measured(item) for item in claim["measured"])
-        tests = tested(claim.get("tests", []))
-        lines.append(f"| {claim['claim']} | {claim['paper']} | {numbers} | {tests} | **{claim['verdict']}**: "
-                     f"{claim['why']} |")
-    return "\n".join(lines)
+    """Markdown, a section per claim (anchor claim-N, which the short table links): the paper's claim and numbers, ours
+    (mean ± sample std over seeds), Welch's t for each comparison the claim rests on, and the verdict with its why."""
+    lines = []
+    for number, claim in enumerate(claims["claims"], 1):
+        lines += [f'<a id="claim-{number}"></a>', "", f"### {number}. {claim['short']}", "", f"**The claim.** {claim['claim']}",
+                  "", f"**The paper's numbers.** {claim['paper']}", "", "**Measured here** (mean ± sample std over seeds): "
+                  + "; ".join(measured(item) for item in claim["measured"]) + ".", "",
+                  "**The comparisons** (Welch's t: difference of means, 95 % CI, p, Holm's p over the claim's comparisons, "
+                  "n per cell):", "", *(f"- {line}" for line in tested(claim.get("tests", [])) or ["—"]), "",
+                  f"**Verdict: {claim['verdict']}.** {claim['why']}", ""]
+    return "\n".join(lines[:-1])
 
 
 CEILING_ROWS = (("text → image R@1", "image_retrieval_recall@1"), ("text → image R@5", "image_retrieval_recall@5"),

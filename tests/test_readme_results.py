@@ -57,6 +57,9 @@ def test_the_report_fits_a_reader_and_each_claim_row_a_screen():
         assert len(row) <= 600, row[:80]
         page = re.search(r"\]\(([\w-]+\.md)\)", row).group(1)
         assert (ROOT / "docs" / "results" / page).is_file(), page
+    claims = (ROOT / "docs" / "results" / "claims.md").read_text()
+    anchors = re.findall(r"\(claims\.md#(claim-\d+)\)", rows)
+    assert len(anchors) == len(rows.splitlines()) - 2 and all(f'<a id="{anchor}"></a>' in claims for anchor in anchors)
 
 
 def test_every_committed_plot_is_shown_and_any_other_drawn_on_demand(tmp_path):
@@ -103,6 +106,32 @@ def test_every_number_of_the_five_line_answer_is_its_json():
             f"{lead['low']:+.1f} to {lead['high']:+.1f}, five seeds a side; {before['effect']:+.1f} at 9,600 steps)") in answer
     assert lead["n_a"] == lead["n_b"] == before["n_a"] == before["n_b"] == 5
 
+
+
+def test_the_front_pages_figures_of_multi_against_the_sphere_are_their_json():
+    """The project README (and claims.md's summary) quote the same Multi − sphere figures as the report's answer: each
+    recomputed here."""
+    readme = " ".join((ROOT / "README.md").read_text().replace("−", "-").split())
+    points = {(p["task"], p["lr"], p["noise"], p["steps"]): p["in-domain"] for p in readme_results.headline_points()}
+    best, lead = points["built-in", 1e-3, 0, 9600], points["full scenes", readme_results.EACH_FAMILYS_LR, 0, 19200]
+    assert f"({best['effect']:+.1f}, interval {best['low']:+.1f} to {best['high']:+.1f}, ten seeds a side;" in readme
+    assert best["n_a"] == best["n_b"] == 10 and lead["n_a"] == lead["n_b"] == 5
+    said = (f"leads by {lead['effect']:+.1f} points of mean recall at the end of 19,200 steps (interval "
+            f"{lead['low']:+.1f} to {lead['high']:+.1f}, five seeds a side")
+    assert f"it {said})" in readme
+    assert said in " ".join((ROOT / "docs" / "results" / "claims.md").read_text().replace("−", "-").split())
+    for name in ("ceiling", "ceiling-hard"):
+        value = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())["ceiling"]["this_set"]["mean_recall"]
+        assert f"ceiling{',' if name == 'ceiling' else ''} {value:.1f})" in readme
+
+
+def test_the_count_of_comparisons_is_the_tables_shown():
+    """methods.md's count of the comparisons in the report's tables: each row × metric of every comparison table a page
+    shows, so a table that lands (or a row added to a spec) changes it."""
+    shown = {name for document in readme_results.DOCUMENTS
+             for name in re.findall(r"<!-- results:([\w-]+-tests) -->", document.read_text())}
+    count = sum(len(spec["rows"]) * len(spec["metrics"]) for spec in map(readme_results.load_results, shown))
+    assert f"({count} in its comparison tables alone)" in (ROOT / "docs" / "results" / "methods.md").read_text()
 
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
     for task, lr, noise, grids, multi, sphere in readme_results.HEADLINE:
