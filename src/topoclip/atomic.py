@@ -44,10 +44,15 @@ def write_text_atomic(path, text: str) -> None:
     write_atomic(path, lambda file: file.write(text.encode("utf-8")))
 
 
-def sha256_file(path) -> str:
-    """The hex sha256 of a file's bytes, read 1 MiB at a time."""
+def sha256_file(path, progress: bool = False) -> str:
+    """The hex sha256 of a file's bytes, read 1 MiB at a time; `progress`: a bar of the bytes read (a CSV of
+    LAION's size takes minutes)."""
+    from tqdm.auto import tqdm
+
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
+    with open(path, "rb") as file, tqdm(total=os.fstat(file.fileno()).st_size, unit="B", unit_scale=True,
+                                        desc=f"hash {os.path.basename(path)}", disable=not progress) as bar:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
+            bar.update(len(block))
     return digest.hexdigest()

@@ -1,5 +1,6 @@
 """WebDataset tar shards: written, read back, every bad kind and an unreadable or truncated shard skipped
 and counted, weighted and resampled sources, split over ranks."""
+import hashlib
 import json
 import tarfile
 
@@ -162,6 +163,17 @@ def test_csv_to_shards_checks_images_and_counts(tmp_path):
         names = tar.getnames()
         first_image = tar.extractfile(names[0]).read()
     assert first_image == good_images()[good[0].removeprefix("good ")][0]
+
+
+def test_csv_to_shards_shows_a_bar_while_it_hashes_the_csv_then_one_of_the_rows(tmp_path, capsys):
+    """The CSV's sha256 (its identity for --resume) reads the whole file before the first row: a bar of its bytes."""
+    path, good, expected = write_caption_table(tmp_path / "source")
+    _, counter = csv_to_shards(path, tmp_path / "shards", samples_per_shard=4, progress=True)
+    shown = capsys.readouterr().err
+    assert f"hash {path.name}: 100%" in shown and "convert" in shown  # (every byte read)
+    assert shown.index("hash") < shown.index("convert")
+    recorded = json.loads((tmp_path / "shards" / "conversion.json").read_text())["csv_sha256"]
+    assert recorded == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_a_stopped_csv_conversion_resumes_into_the_shards_an_uninterrupted_one_writes(tmp_path, monkeypatch, capsys):

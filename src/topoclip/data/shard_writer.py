@@ -227,7 +227,7 @@ def csv_to_shards(
     rows = CaptionTable(csv_path, image_key, caption_key, separator, names)  # header checked now, rows read as written
     root = Path(image_root) if image_root is not None else csv_path.parent
     settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode
-    record = {"csv": str(csv_path.resolve()), "csv_sha256": sha256_file(csv_path), "image_key": image_key,
+    record = {"csv": str(csv_path.resolve()), "csv_sha256": sha256_file(csv_path, progress), "image_key": image_key,
               "caption_key": caption_key, "separator": rows.separator,
               "image_root": None if image_root is None else str(root.resolve()),  # None: the CSV's folder, wherever
               "samples_per_shard": samples_per_shard, "image_format": image_format.lower().lstrip("."),
