@@ -496,10 +496,11 @@ def reused_runs(points: list[dict]) -> str:
     for point in points:
         for grid in point["grids"]:
             runs = [r for r in load_results(grid)["runs"] if r["cell"] in point["cells"]]
-            origins = [run_origin({grid: load_results(grid)}, grid, r).split("/runs/")[0].rsplit("/", 1)[-1]
+            # reused_from is relative to the grid's folder or to its run's: the grid copied is the first named part
+            sources = [next(part for part in Path(os.path.normpath(f"{grid}/{r['reused_from']}")).parts if part != "..")
                        for r in runs if r.get("reused_from")]
-            said += [f" {origins.count(source)} of the {len(runs)} runs of {grid}'s row are {source}'s (the same recipe "
-                     f"and seed, copied with `ablate --reuse`)." for source in dict.fromkeys(origins)]
+            said += [f" {sources.count(source)} of the {len(runs)} runs of {grid}'s row are {source}'s (the same recipe "
+                     f"and seed, copied with `ablate --reuse`)." for source in dict.fromkeys(sources)]
     return "".join(said)
 
 

@@ -107,7 +107,6 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     assert lead["n_a"] == lead["n_b"] == before["n_a"] == before["n_b"] == 5
 
 
-
 def test_the_front_pages_figures_of_multi_against_the_sphere_are_their_json():
     """The project README (and claims.md's summary) quote the same Multi − sphere figures as the report's answer: each
     recomputed here."""
@@ -132,6 +131,7 @@ def test_the_count_of_comparisons_is_the_tables_shown():
              for name in re.findall(r"<!-- results:([\w-]+-tests) -->", document.read_text())}
     count = sum(len(spec["rows"]) * len(spec["metrics"]) for spec in map(readme_results.load_results, shown))
     assert f"({count} in its comparison tables alone)" in (ROOT / "docs" / "results" / "methods.md").read_text()
+
 
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
     for task, lr, noise, grids, multi, sphere in readme_results.HEADLINE:
@@ -165,6 +165,12 @@ def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_
     assert pooled["in-domain"]["effect"] == pytest.approx(13.5 - 10.5)  # the four seeds a side, seed 3 from "more"
     assert re.search(r"\| 4, 4 \| (\*\*)?\+3\.0(\*\*)? \(", readme_results.headline_table([pooled]))
     assert "[g](g/ablation.json), [more](more/ablation.json) |" in readme_results.headline_table([pooled])
+    assert "copied with" not in readme_results.headline_table([pooled])
+    more = json.loads((tmp_path / "more" / "ablation.json").read_text())  # its Multi run a copy of another grid's
+    more["runs"][0]["reused_from"] = "../lr-grid/runs/m_lr-1e-3/seed-3"
+    (tmp_path / "more" / "ablation.json").write_text(json.dumps(more))
+    assert ("| 4, 4 |" in readme_results.headline_table([pooled]) and " 1 of the 2 runs of more's row are lr-grid's (the "
+            "same recipe and seed, copied with `ablate --reuse`)." in readme_results.headline_table([pooled]))
     # The full scenes' 2 × 2 (each family at its preset's lr) is one more line, labelled with the presets' lrs.
     each = {**point, "lr": readme_results.EACH_FAMILYS_LR}
     assert "| t | 1e-3 multi, 5e-4 sphere | 0 % |" in readme_results.headline_table([point, each])

@@ -2,6 +2,7 @@
 and counted, weighted and resampled sources, split over ranks."""
 import hashlib
 import json
+import os
 import tarfile
 
 import numpy as np
@@ -10,7 +11,8 @@ import torch
 import webdataset as wds
 
 from topoclip.data.shard_writer import csv_to_shards, shard_pattern, write_shards
-from topoclip.data.shards import ShardDataset, expand_shard_sources, expand_urls, read_captions
+from topoclip.data.shards import ShardDataset, command_urls, expand_shard_sources, expand_urls, read_captions
+from topoclip.errors import UserError
 from topoclip.transforms import ToTensor
 
 from _user_data import (SIZE, TRANSFORM, bad_images, collect, encode, good_images, noise, write_broken_shards,
@@ -46,15 +48,21 @@ def test_shard_pattern_expands_to_its_shards_past_99999(tmp_path):
             shard_pattern(wrong)
 
 
-@pytest.mark.parametrize("folder", ["out{1..2}", "a,b{c}", "back\\slash", "${HOME}", "$HOME{", "}{"])
-def test_shard_pattern_names_a_folder_whose_name_holds_pattern_characters(tmp_path, folder, monkeypatch):
-    """Braces, a backslash or '${NAME}' in the folder are taken literally, by our expansion and by webdataset's own."""
+@pytest.mark.parametrize("relative", [False, True])
+@pytest.mark.parametrize("folder", ["out{1..2}", "a,b{c}", "back\\slash", "${HOME}", "$HOME{", "}{", "run:2", "pipe:x",
+                                    "shards-T10:00", "."])
+def test_shard_pattern_names_a_folder_whose_name_holds_pattern_characters(tmp_path, folder, relative, monkeypatch):
+    """Braces, a backslash, '${NAME}' or a leading 'word:' (a URL scheme to webdataset, 'pipe:' a command) in the folder
+    are taken literally, by our expansion and by webdataset's own, whether the folder is given absolute or relative."""
     monkeypatch.setenv("WDS_HOME", "elsewhere")  # (unescaped, webdataset would read ${HOME} as $WDS_HOME)
-    paths = write_shards(((noise(7, 7, seed), "a caption") for seed in range(3)), tmp_path / folder, samples_per_shard=1,
-                         image_format="png")
+    monkeypatch.chdir(tmp_path)
+    paths = write_shards(((noise(7, 7, seed), "a caption") for seed in range(3)), folder if relative else tmp_path / folder,
+                         samples_per_shard=1, image_format="png")
     for expand in (expand_urls, wds.shardlists.expand_urls):
-        assert expand(shard_pattern(paths)) == [str(p) for p in paths]
-        assert expand(shard_pattern(paths[:1])) == [str(paths[0])]
+        for written in (paths, paths[:1]):
+            pattern = shard_pattern(written)
+            assert [os.path.normpath(url) for url in expand(pattern)] == [os.path.normpath(p) for p in written]
+            assert command_urls(pattern) == []  # local files: nothing webdataset would run or fetch
     with pytest.raises(ValueError, match="holds '::', which webdataset reads as a separator"):
         shard_pattern([tmp_path / "a::b" / "00000.tar"])
 
@@ -174,6 +182,9 @@ def test_csv_to_shards_shows_a_bar_while_it_hashes_the_csv_then_one_of_the_rows(
     assert shown.index("hash") < shown.index("convert")
     recorded = json.loads((tmp_path / "shards" / "conversion.json").read_text())["csv_sha256"]
     assert recorded == hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(UserError, match="holds no conversion to resume"):  # refused before minutes of hashing
+        csv_to_shards(path, tmp_path / "none", resume=True, progress=True)
+    assert "hash" not in capsys.readouterr().err
 
 
 def test_a_stopped_csv_conversion_resumes_into_the_shards_an_uninterrupted_one_writes(tmp_path, monkeypatch, capsys):

@@ -187,8 +187,14 @@ def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
                          f"{[str(path) for path in paths[:3]]}{' ...' if len(paths) > 3 else ''}")
     groups = [list(group) for _, group in itertools.groupby((path.stem for path in paths), key=len)]
     ranges = [group[0] if len(group) == 1 else f"{{{group[0]}..{group[-1]}}}" for group in groups]
-    folder = re.sub(r"([\\{}])", r"\\\1", str(paths[0].parent))  # a backslash before each backslash and brace
-    return os.path.join(folder, f"{ranges[0]}.tar" if len(ranges) == 1 else f"{{{','.join(ranges)}}}.tar")
+    from topoclip.data.shards import is_local
+
+    folder = str(paths[0].parent)
+    if not is_local(folder):  # a relative 'run:2' or 'shards-T10:00' would read as a URL scheme, 'pipe:x' as a command
+        folder = f".{os.sep}{folder}"
+    folder = re.sub(r"([\\{}])", r"\\\1", folder)  # a backslash before each backslash and brace
+    # '/' and not os.sep: after a Windows folder's (escaped) backslash, one more would escape the pattern's brace.
+    return f"{folder}/{ranges[0]}.tar" if len(ranges) == 1 else f"{folder}/{{{','.join(ranges)}}}.tar"
 
 
 def csv_to_shards(
@@ -221,23 +227,23 @@ def csv_to_shards(
     one's, the last shard's every row to the end; conversion.json holds the settings, and the totals once it has
     finished. `resume`: the folder holds this conversion (the same CSV, byte for byte, and settings), stopped
     part-way, and it continues after its last finished shard, writing what an uninterrupted conversion writes.
-    `progress`: a progress bar of the rows read. `names`: the options the errors name (CaptionTable's).
+    `progress`: a bar of the CSV's bytes while they are hashed, then one of the rows read. `names`: the options the errors name (CaptionTable's).
     """
     csv_path = Path(csv_path)
     rows = CaptionTable(csv_path, image_key, caption_key, separator, names)  # header checked now, rows read as written
     root = Path(image_root) if image_root is not None else csv_path.parent
     settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode
+    out_dir = Path(out_dir)
+    if resume and not (out_dir / CONVERSION).is_file():
+        fix = ("convert into it without --resume" if not out_dir.is_dir() or not _contents(out_dir)
+               else "remove its files, or choose another --out")
+        raise UserError(f"{out_dir} holds no conversion to resume ({CONVERSION} is missing); {fix}")
     record = {"csv": str(csv_path.resolve()), "csv_sha256": sha256_file(csv_path, progress), "image_key": image_key,
               "caption_key": caption_key, "separator": rows.separator,
               "image_root": None if image_root is None else str(root.resolve()),  # None: the CSV's folder, wherever
               "samples_per_shard": samples_per_shard, "image_format": image_format.lower().lstrip("."),
               "image_size": image_size, "quality": quality, "decode": dataclasses.asdict(decode),
               "allow_outside_paths": allow_outside_paths}
-    out_dir = Path(out_dir)
-    if resume and not (out_dir / CONVERSION).is_file():
-        fix = ("convert into it without --resume" if not out_dir.is_dir() or not _contents(out_dir)
-               else "remove its files, or choose another --out")
-        raise UserError(f"{out_dir} holds no conversion to resume ({CONVERSION} is missing); {fix}")
     with claim_folder(out_dir, "shard folder"):
         if resume:
             first_shard, first_row, counter, finished = _resume_point(out_dir, record, root, allow_outside_paths)

@@ -69,7 +69,7 @@ def command_urls(specs: Union[str, Sequence[str]]) -> list[str]:
     scheme but file: (pipe:, http(s): and s3: run curl, aws or a shell), and "-" (stdin). Braces and
     ${WDS_VAR} are expanded first, so a command hidden inside braces is found like a plain one."""
     specs = [specs] if isinstance(specs, str) else list(specs)
-    return [url for spec in specs for url in expand_urls(spec) if not _is_local(url.strip())
+    return [url for spec in specs for url in expand_urls(spec) if not is_local(url.strip())
             and not url.strip().lower().startswith("file:")]
 
 
@@ -103,7 +103,7 @@ def expand_shard_sources(
     return shards, shard_weights
 
 
-def _is_local(url: str) -> bool:
+def is_local(url: str) -> bool:
     """A plain file path (not a URL scheme such as https:, pipe:, file:, or '-' for stdin)."""
     return re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", url) is None and url != "-"
 
@@ -159,7 +159,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             )
         if resampled and samples_per_epoch is None:
             raise ValueError("resampled shards form an endless stream: set data.samples_per_epoch")
-        missing = [url for url in self.shards if _is_local(url) and not os.path.isfile(url)]
+        missing = [url for url in self.shards if is_local(url) and not os.path.isfile(url)]
         if missing:
             raise FileNotFoundError(
                 f"{len(missing)} of {len(self.shards)} shards do not exist, e.g. {missing[:3]}; check the "
