@@ -318,6 +318,7 @@ def test_ctrl_c_in_train_names_the_resume_once_a_checkpoint_is_saved(tmp_path, m
     an interrupt, leaving no half checkpoint and nothing to go on from; after a checkpoint, the line gives the command
     that goes on, and that command finishes the run."""
     import topoclip.checkpoint as checkpoint
+    import topoclip.distributed as distributed
     import topoclip.training.trainer as trainer
 
     def interrupted(*args, **kwargs):
@@ -345,7 +346,7 @@ def test_ctrl_c_in_train_names_the_resume_once_a_checkpoint_is_saved(tmp_path, m
     assert main(resume) == 130
     assert capsys.readouterr().err.splitlines()[-1].endswith("keeps its checkpoints: run the same command to continue "
                                                              "from the newest")
-    monkeypatch.setenv("RANK", "1")  # under torchrun only rank 0 says it
+    monkeypatch.setattr(distributed, "launch_rank", lambda: 1)  # under torchrun or srun only rank 0 says it
     assert main(resume) == 130 and capsys.readouterr().err.splitlines()[-1] == "topoclip: interrupted"
     monkeypatch.undo()
     assert main(resume) == 0 and (folder / "eval.json").is_file()

@@ -232,6 +232,22 @@ def test_resuming_a_finished_run_changes_nothing(finished_run, tmp_path, capsys)
     assert snapshot(run) == before
 
 
+def test_a_later_srun_task_resuming_a_finished_run_leaves_it_to_task_0(finished_run, tmp_path, capsys, monkeypatch):
+    """Before the process group exists only the launcher's variables say which process this is: srun sets
+    SLURM_PROCID, not RANK, and task 1 took task 0's part (the folder's lock, the note) as well."""
+    run = copy_run(finished_run, tmp_path / "run")
+    before = snapshot(run)
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert main(["train", "--resume", str(run)]) == 0
+    assert "is complete" not in capsys.readouterr().out and snapshot(run) == before
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert main(["train", "--resume", str(run)]) == 0
+    assert "is complete" in capsys.readouterr().out and snapshot(run) == before
+
+
 def test_print_config_prints_and_writes_nothing(finished_run, tmp_path, capsys):
     """main had no way to see the resolved config without training."""
     out_dir = tmp_path / "new"

@@ -115,6 +115,12 @@ def _launch_env() -> tuple[int, int, int]:
     return rank, local_rank, world
 
 
+def launch_rank() -> int:
+    """This process's rank as the launcher gave it (torchrun's RANK, srun's SLURM_PROCID), 0 without one; it changes no
+    variable, so it holds before init_distributed (which sets RANK for an srun-only launch)."""
+    return _launch_counts()[0]
+
+
 def launch_world_size() -> int:
     """The number of processes the launcher started (torchrun's WORLD_SIZE, srun's SLURM_NTASKS), 1 without one;
     it changes no variable."""

@@ -196,6 +196,15 @@ def test_srun_without_torchrun_sets_the_env_that_torch_reads(monkeypatch):
     assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"]) == ("3", "4", "1")
 
 
+def test_the_launch_rank_is_read_before_any_variable_is_set(monkeypatch):
+    monkeypatch.setattr(os, "environ", {"SLURM_NTASKS": "4", "SLURM_PROCID": "3"})
+    assert (distributed.launch_rank(), distributed.launch_world_size()) == (3, 4) and "RANK" not in os.environ
+    monkeypatch.setattr(os, "environ", {"WORLD_SIZE": "2", "RANK": "1", "SLURM_NTASKS": "4", "SLURM_PROCID": "3"})
+    assert (distributed.launch_rank(), distributed.launch_world_size()) == (1, 2)  # torchrun's, inside an srun step
+    monkeypatch.setattr(os, "environ", {})
+    assert (distributed.launch_rank(), distributed.launch_world_size()) == (0, 1)
+
+
 def test_one_slurm_task_or_torchrun_env_wins(monkeypatch):
     monkeypatch.setattr(os, "environ", {"SLURM_NTASKS": "1", "SLURM_PROCID": "0"})
     assert distributed._launch_env() == (0, 0, 1)  # python inside sbatch: a single process

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from topoclip.evaluation.zeroshot import TEMPLATE_MODES
 def command_train(args) -> int:
     from topoclip.cli.openclip_flags import overrides, pretrained_name
     from topoclip.data.sources import epoch_steps
+    from topoclip.distributed import launch_rank, launch_world_size
     from topoclip.run_folder import RunFolder
     from topoclip.training.resume import resume_config
     from topoclip.training.trainer import new_run_dir, train
@@ -69,9 +69,9 @@ def command_train(args) -> int:
     run_dir = Path(args.resume or args.out or new_run_dir(config))
 
     def on_interrupt():  # (said by rank 0 when Ctrl-C stops it, once it saved a checkpoint to go on from)
-        if int(os.environ.get("RANK", "0")) or not RunFolder(run_dir).step_checkpoints():
+        if launch_rank() or not RunFolder(run_dir).step_checkpoints():
             return None
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = launch_world_size()
         command = ("run the same command" if args.resume else
                    f"run `topoclip train --resume {shlex.quote(str(run_dir))}`")
         return (f"{run_dir} keeps its checkpoints: {command} to continue from the newest"

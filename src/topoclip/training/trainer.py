@@ -22,7 +22,6 @@ loss is inf/NaN and stop the run, in one line, on weights that became inf/NaN.
 from __future__ import annotations
 
 import json
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,8 +35,8 @@ from tqdm.auto import tqdm
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.data.sources import get_source
-from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects,
-                                  init_distributed, sum_across_ranks)
+from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects, init_distributed,
+                                  launch_rank, sum_across_ranks)
 from topoclip.errors import CheckpointError, UserError, require_device
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
@@ -92,7 +91,7 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
     if resume is not None:
         note = finished(run_dir, config)
         if note is not None:
-            if int(os.environ.get("RANK", "0")) == 0:
+            if launch_rank() == 0:  # (no process group yet: the launcher's variables say which process this is)
                 with claim_run_folder(run_dir, resuming=True):
                     finish_leftovers(run_dir, config)
                 print(note)
