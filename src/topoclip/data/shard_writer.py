@@ -176,6 +176,8 @@ def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
     shard 99,999 the pattern is '{{00000..99999},{100000..100001}}'. The folder's braces and backslashes are
     escaped, which also keeps a '${NAME}' in it from webdataset's variable substitution; a folder holding '::' (which
     webdataset reads as a separator between patterns) cannot be named and is refused."""
+    from topoclip.data.shards import is_local
+
     paths = [Path(path) for path in paths]
     if paths and "::" in str(paths[0].parent):
         raise ValueError(f"shard folder {str(paths[0].parent)!r} holds '::', which webdataset reads "
@@ -187,11 +189,9 @@ def shard_pattern(paths: Sequence[Union[str, Path]]) -> str:
                          f"{[str(path) for path in paths[:3]]}{' ...' if len(paths) > 3 else ''}")
     groups = [list(group) for _, group in itertools.groupby((path.stem for path in paths), key=len)]
     ranges = [group[0] if len(group) == 1 else f"{{{group[0]}..{group[-1]}}}" for group in groups]
-    from topoclip.data.shards import is_local
-
     folder = str(paths[0].parent)
     if not is_local(folder):  # a relative 'run:2' or 'shards-T10:00' would read as a URL scheme, 'pipe:x' as a command
-        folder = f".{os.sep}{folder}"
+        folder = f"./{folder}"
     folder = re.sub(r"([\\{}])", r"\\\1", folder)  # a backslash before each backslash and brace
     # '/' and not os.sep: after a Windows folder's (escaped) backslash, one more would escape the pattern's brace.
     return f"{folder}/{ranges[0]}.tar" if len(ranges) == 1 else f"{folder}/{{{','.join(ranges)}}}.tar"
@@ -227,7 +227,8 @@ def csv_to_shards(
     one's, the last shard's every row to the end; conversion.json holds the settings, and the totals once it has
     finished. `resume`: the folder holds this conversion (the same CSV, byte for byte, and settings), stopped
     part-way, and it continues after its last finished shard, writing what an uninterrupted conversion writes.
-    `progress`: a bar of the CSV's bytes while they are hashed, then one of the rows read. `names`: the options the errors name (CaptionTable's).
+    `progress`: a bar of the CSV's bytes while they are hashed, then one of the rows read. `names`: the options the
+    errors name (CaptionTable's).
     """
     csv_path = Path(csv_path)
     rows = CaptionTable(csv_path, image_key, caption_key, separator, names)  # header checked now, rows read as written
