@@ -4,6 +4,7 @@
     python scripts/readme_results.py write                             # rewrite the documents' blocks, draw headline.png
     python scripts/readme_results.py check                             # exit 1 when a document or headline.png disagrees
     python scripts/readme_results.py plot GRID OUT                     # OUT/curves.png of docs/results/GRID
+    python scripts/readme_results.py land OUT                          # docs/results/NAME/ablation.json of an ablate --out
 
 The documents hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``.
 The source of each is in docs/results/: NAME.json (``default-run``: `topoclip train`'s eval.json plus
@@ -725,21 +726,27 @@ def tau_last_quarter(runs: list[dict]):
 def tau_late_rise() -> list[dict]:
     """Every learnable-τ cell of the committed grids at ≥ 9,600 steps, each run once (a cell another grid copied with
     `--reuse`, whole or in part, is counted where it was trained): τ at three quarters of the schedule and at its end (the
-    seeds' curves), and the paired t of the change."""
+    seeds' curves), and the paired t of the change. The cells of a grid trained in parts (`pooled`) are its pool's."""
     grids = {file.parent.name: json.loads(file.read_text()) for file in sorted(RESULTS.glob("*/ablation.json"))}
+    pool_of = {}
+    for file in sorted(RESULTS.glob("*.json")):
+        results = json.loads(file.read_text())
+        if isinstance(results, dict) and "parts" in results:
+            pooled(file.stem, results["parts"])  # refuses parts that are not one grid
+            pool_of.update(dict.fromkeys(results["parts"], file.stem))
     cells: dict[tuple[str, str], list[dict]] = {}
     for name, grid in grids.items():
         if (grid.get("steps") or 0) >= 9600:
             for run in grid["runs"]:
                 if run.get("learnable", True) and run["curve"]["steps"]:
-                    cells.setdefault((name, run["cell"]), []).append(run)
+                    cells.setdefault((pool_of.get(name, name), run["cell"]), []).append({**run, "folder": name})
     found, counted = [], set()
     # Each run once: the larger cells first, so that three of five seeds copied elsewhere (or three seeds that
     # another grid extended to five) are counted in the five; among cells of one size, the one trained in its grid
     # first, so that a set of runs is named where it was trained. A cell sharing a run with one counted is left out.
     for (name, cell), runs in sorted(cells.items(), key=lambda item: (-len(item[1]),
                                                                       any(r.get("reused_from") for r in item[1]))):
-        origins = {run_origin(grids, name, run) for run in runs}
+        origins = {run_origin(grids, run["folder"], run) for run in runs}
         if len(runs) < 2 or origins & counted:
             continue
         counted |= origins
@@ -853,8 +860,8 @@ RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "comp
 
 
 def load_results(name: str):
-    """docs/results/NAME.json, NAME/ablation.json, or the list of NAME/*.json (one analysis per run, each with
-    its file's stem added as "file")."""
+    """docs/results/NAME.json (a grid trained in parts: `pooled`), NAME/ablation.json, or the list of NAME/*.json (one
+    analysis per run, each with its file's stem added as "file")."""
     if name == "tau-late-rise":  # computed from every grid's curves
         return tau_late_rise()
     if name == "headline":  # computed from the grids of HEADLINE
@@ -866,13 +873,33 @@ def load_results(name: str):
     if name == "claims-summary":
         return json.loads((RESULTS / "claims.json").read_text())
     if (RESULTS / f"{name}.json").is_file():
-        return json.loads((RESULTS / f"{name}.json").read_text())
+        results = json.loads((RESULTS / f"{name}.json").read_text())
+        return pooled(name, results["parts"]) if isinstance(results, dict) and "parts" in results else results
     if (RESULTS / name / "ablation.json").is_file():
         return json.loads((RESULTS / name / "ablation.json").read_text())
     runs = sorted((RESULTS / name).glob("*.json"))
     if not runs:
         raise FileNotFoundError(f"no results for block {name!r} in {RESULTS}")
     return [{**json.loads(path.read_text()), "file": path.stem} for path in runs]
+
+
+def pooled(name: str, parts: list[str]) -> dict:
+    """A grid trained in parts (docs/results/NAME.json: {"about", "parts": [folder, ...]}): `topoclip ablate` runs of
+    one grid, each into its own folder (`--cells`, `--first-seed K --seeds N`), where one sitting of the machine cannot
+    train it whole. Their runs as one ablation; refused where a run (cell and seed) is in two parts, or the parts
+    differ in grid or schedule."""
+    grids = [load_results(part) for part in parts]
+    for key in ("grid", "steps"):
+        values = {str(grid.get(key)) for grid in grids}
+        if len(values) > 1:
+            raise ValueError(f"{name}'s parts differ in {key} ({', '.join(sorted(values))}): one grid, one schedule")
+    runs = [run for grid in grids for run in grid["runs"]]
+    seen = [(run["cell"], run["seed"]) for run in runs]
+    twice = sorted({key for key in seen if seen.count(key) > 1})
+    if twice:
+        raise ValueError(f"{name}: {twice[0][0]} seed {twice[0][1]} is in two of its parts; a run would count twice")
+    return {"analysis": "ablation", "grid": grids[0].get("grid"), "steps": grids[0].get("steps"), "parts": parts,
+            "runs": runs}
 
 
 # A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.
@@ -928,6 +955,19 @@ def record(run_dir: Path, wall_seconds: float, command: str) -> Path:
     return path
 
 
+def land(out_dir: Path) -> Path:
+    """docs/results/NAME/ablation.json from `topoclip ablate --out OUT` (NAME: OUT's name): its ablation.json alone
+    (table.md repeats it; the plots are drawn on demand, `plot`), without indentation; `ablate` records its command
+    with X/ for each absolute path, so the file names no machine path."""
+    results = json.loads((out_dir / "ablation.json").read_text(encoding="utf-8"))
+    if results.get("analysis") != "ablation":
+        raise ValueError(f"{out_dir}/ablation.json is not what `topoclip ablate` writes")
+    path = RESULTS / out_dir.resolve().name / "ablation.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -938,11 +978,17 @@ def main() -> int:
     plotter = commands.add_parser("plot", help="draw a committed grid's validation curves (curves.png) into a folder")
     plotter.add_argument("grid", help="a folder of docs/results with an ablation.json, e.g. table3-lr1e-3-9600")
     plotter.add_argument("out", type=Path)
+    lander = commands.add_parser("land", help="copy a finished ablation's ablation.json into docs/results/NAME/ "
+                                               "(NAME: the folder's name)")
+    lander.add_argument("out", type=Path, help="the --out folder of a finished `topoclip ablate`")
     commands.add_parser("write", help="rewrite the README's generated blocks")
     commands.add_parser("check", help="exit 1 when the README's blocks differ from the results files")
     args = parser.parse_args()
     if args.command == "record":
         print(f"wrote {record(args.run_dir, args.wall_seconds, args.as_command)}")
+        return 0
+    if args.command == "land":
+        print(f"wrote {land(args.out).relative_to(ROOT)}")
         return 0
     if args.command == "plot":
         print(f"wrote {plot_grid(args.grid, args.out)}")

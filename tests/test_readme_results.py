@@ -353,6 +353,52 @@ def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_pa
     assert "Where one more seed lands.\n\n| one more seed of | cut |" in drawn and "| a | 95.0 (72.2 to 100.0) |" in drawn
 
 
+def test_a_landed_grid_is_its_ablation_json_in_a_folder_of_its_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path / "results")
+    out = tmp_path / "sweep" / "grid-19200"
+    out.mkdir(parents=True)
+    results = {"analysis": "ablation", "description": "2 × 2", "runs": [{"cell": "a", "seed": 0}]}
+    (out / "ablation.json").write_text(json.dumps(results, indent=1))
+    landed = readme_results.land(out)
+    assert landed == tmp_path / "results" / "grid-19200" / "ablation.json"
+    assert landed.read_text(encoding="utf-8") == '{"analysis":"ablation","description":"2 × 2","runs":[{"cell":"a","seed":0}]}'
+    (out / "ablation.json").write_text(json.dumps({"analysis": "compare"}))
+    with pytest.raises(ValueError, match="not what `topoclip ablate` writes"):
+        readme_results.land(out)
+
+
+def test_a_grid_trained_in_parts_is_one_grid_to_every_reader(tmp_path, monkeypatch):
+    """docs/results/NAME.json {"parts": [...]}: `ablate` runs of one grid, each into its own folder, read as one
+    ablation (a comparison's source, τ's late rise: one cell, each run once); a run in two parts, or parts of other
+    schedules, refused."""
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+
+    def run(cell, seed, value):
+        return {"cell": cell, "seed": seed, "run_dir": f"runs/{cell}/seed-{seed}", "zero_shot_top1": value,
+                "curve": {"steps": [2400, 7200, 9600], "scale": [10.0, 10.0, 11.0 + 0.1 * seed]}}
+    parts = {"own": [run("a", k, 50.0 + k) for k in range(3)], "b-seeds0-1": [run("b", k, 40.0 + k) for k in range(2)],
+             "b-seeds2-2": [run("b", 2, 42.0)]}
+    for name, runs in parts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ablation.json").write_text(json.dumps({"grid": "g", "steps": 9600, "runs": runs}))
+    (tmp_path / "whole.json").write_text(json.dumps({"about": "A.", "parts": list(parts)}))
+    whole = readme_results.load_results("whole")
+    assert whole["steps"] == 9600 and [(r["cell"], r["seed"]) for r in whole["runs"]] == [
+        ("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    table = readme_results.comparison_table({"source": "whole", "rows": [{"label": "a − b", "a": "a", "b": "b"}],
+                                             "metrics": [{"metric": "zero_shot_top1", "label": "top-1"}]})
+    assert "| a − b | **+10.0**" in table and "n = 3 and 3 runs" in table
+    assert [(row["grid"], row["cell"], row["n"]) for row in readme_results.tau_late_rise()] == [("whole", "a", 3),
+                                                                                              ("whole", "b", 3)]
+    (tmp_path / "whole.json").write_text(json.dumps({"parts": ["own", "b-seeds0-1", "b-seeds0-1"]}))
+    with pytest.raises(ValueError, match="b seed 0 is in two of its parts"):
+        readme_results.load_results("whole")
+    (tmp_path / "b-seeds2-2" / "ablation.json").write_text(json.dumps({"grid": "g", "steps": 19200, "runs": parts["b-seeds2-2"]}))
+    (tmp_path / "whole.json").write_text(json.dumps({"parts": list(parts)}))
+    with pytest.raises(ValueError, match="parts differ in steps"):
+        readme_results.tau_late_rise()
+
+
 def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
     runs = [{"cell": cell, "final_t": 0.0, "zero_shot_top1": top1} for cell, top1 in
