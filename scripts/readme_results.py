@@ -4,12 +4,13 @@
     python scripts/readme_results.py write                             # rewrite the documents' blocks, draw headline.png
     python scripts/readme_results.py check                             # exit 1 when a document or headline.png disagrees
     python scripts/readme_results.py plot GRID OUT                     # OUT/curves.png of docs/results/GRID
-    python scripts/readme_results.py land OUT                          # docs/results/NAME/ablation.json of an ablate --out
+    python scripts/readme_results.py land OUT [--pool POOL]            # docs/results/NAME/ablation.json of an ablate --out
 
 The documents hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``.
 The source of each is in docs/results/: NAME.json (``default-run``: `topoclip train`'s eval.json plus
 how it was run; ``compare``: what `topoclip compare` wrote; ``claims``: the paper's claims, which
-cells measure each, and our verdict), or NAME/ablation.json (what `topoclip ablate` wrote), or
+cells measure each, and our verdict; {"parts": [...]}: a grid trained in parts, `pooled`), or
+NAME/ablation.json (what `topoclip ablate` wrote), or
 NAME/*.json (``experts``, ``equilibrium``, ``similarities``: that `topoclip analyze` command on each run).
 tests/test_readme_results.py runs `check`.
 """
@@ -22,7 +23,10 @@ import math
 import os
 import platform
 import re
+import shlex
+import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -76,6 +80,9 @@ def compare_table(results: dict) -> str:
 
 def ablation_table(results: dict) -> str:
     """Markdown of `topoclip ablate`'s JSON: how it was run, then the table it wrote (its rows)."""
+    if "parts" in results:
+        raise ValueError(f"{', '.join(results['parts'])} are parts of one grid, each with its own table; a block of the "
+                         f"whole is a -tests or -convergence spec that reads it")
     minutes = sorted(r["train_seconds"] / 60 for r in results["runs"])
     reused = sum(r["reused_from"] is not None for r in results["runs"])
     seeds = f"{results['seeds']} seed{'s' * (results['seeds'] != 1)}"
@@ -211,9 +218,10 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
         return [r["headline"][metric.split(":", 1)[1]] for r in runs]
     if metric.startswith("retrieval:"):  # retrieval:SET/KEY, any metric of the final retrieval evaluation
         set_name, key = metric.split(":", 1)[1].split("/", 1)
-        if any("retrieval" not in r for r in runs):
-            raise KeyError(f"{source}'s ablation.json predates the runs' retrieval metrics; re-run its ablate command to "
-                           f"tabulate it again (nothing is retrained)")
+        old = next((r for r in runs if "retrieval" not in r), None)
+        if old is not None:  # a grid in parts (`pooled`): the part's
+            raise KeyError(f"{old.get('part', source)}'s ablation.json predates the runs' retrieval metrics; re-run its "
+                           f"ablate command to tabulate it again (nothing is retrained)")
         return [r["retrieval"][set_name][key] for r in runs]
     return [r[metric] for r in runs]
 
@@ -243,8 +251,9 @@ def tested(items: list[dict]) -> list[str]:
 
 def comparison_table(spec: dict) -> str:
     """Markdown: Welch's t of each comparison (a − b) on each metric; spec is docs/results/NAME.json:
-    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}]}, where a
-    and b are cells of the source, or [ablation, cell] pairs for cells of other results. Bold: the 95 % interval
+    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}], "seeds"?}, where a
+    and b are cells of the source, or [ablation, cell] pairs for cells of other results; "seeds": the runs a cell was
+    registered with, fewer (a grid still running) refused. Bold: the 95 % interval
     excludes 0; †: so does Holm's adjustment over every test of the table. A metric with "permutation": true (values
     bimodal across seeds) also gets, under the table, each row's values seed by seed and the exact permutation p."""
     metrics = spec["metrics"]
@@ -252,6 +261,8 @@ def comparison_table(spec: dict) -> str:
     def sides(row: dict, metric: dict) -> tuple[list[float], list[float]]:
         a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
                 for ref in (row["a"], row["b"]))
+        if min(len(a), len(b)) < spec.get("seeds", 0):
+            raise ValueError(f"{row['label']}: {len(a)} and {len(b)} runs of the {spec['seeds']} a cell registered")
         return a, b
 
     differences = [[welch(*sides(row, metric)) for metric in metrics] for row in spec["rows"]]
@@ -350,10 +361,11 @@ def last_quarter(runs: list[dict], steps: int) -> dict:
 
 def convergence_table(spec: dict) -> str:
     """Markdown: the pre-registered convergence rule for each cell of a schedule pair (docs/results/NAME-convergence.json:
-    {"about", "short": grid, "long": grid, "cells": [...]}). "Converged" only where, in the long grid, validation mean
+    {"about", "short": grid, "long": grid, "cells": [...], "seeds"?}). "Converged" only where, in the long grid, validation mean
     recall and τ each change over the last quarter by less than their seed-to-seed sd and not significantly (paired t,
     5 %), and the long schedule's test mean recall is not significantly better than the short one's (Welch's t);
-    otherwise "at the end of the schedule". A cell that either grid has not run yet says so (its runs under way)."""
+    otherwise "at the end of the schedule". A cell that either grid has not run yet, or not with all its "seeds" (the
+    runs it was registered with), says so (its runs under way)."""
     long, short = load_results(spec["long"]), load_results(spec["short"])
     lines = [spec["about"], "", "| cell | validation mean recall, last quarter (sd) | τ, last quarter (sd) | test mean recall, "
              f"{long['steps']:,} − {short['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
@@ -361,6 +373,9 @@ def convergence_table(spec: dict) -> str:
         runs = [r for r in long["runs"] if r["cell"] == cell]
         if not runs or not any(r["cell"] == cell for r in short["runs"]):
             lines.append(f"| {cell} | | | | not run yet |")
+            continue
+        if len(runs) < spec.get("seeds", 0):
+            lines.append(f"| {cell} | | | | {len(runs)} of its {spec['seeds']} seeds so far |")
             continue
         if len(runs) < 2:
             raise ValueError(f"{spec['long']}: cell {cell} has {len(runs)} runs; the rule needs ≥ 2")
@@ -733,7 +748,9 @@ def tau_late_rise() -> list[dict]:
         results = json.loads(file.read_text())
         if isinstance(results, dict) and "parts" in results:
             pooled(file.stem, results["parts"])  # refuses parts that are not one grid
-            pool_of.update(dict.fromkeys(results["parts"], file.stem))
+            for part in results["parts"]:
+                if pool_of.setdefault(part, file.stem) != file.stem:
+                    raise ValueError(f"{part} is a part of both {pool_of[part]} and {file.stem}: its runs would count twice")
     cells: dict[tuple[str, str], list[dict]] = {}
     for name, grid in grids.items():
         if (grid.get("steps") or 0) >= 9600:
@@ -883,23 +900,47 @@ def load_results(name: str):
     return [{**json.loads(path.read_text()), "file": path.stem} for path in runs]
 
 
+# `topoclip ablate`'s options that choose which runs of a grid it trains and where, not how they train
+PART_OPTIONS = ("--cells", "--first-seed", "--seeds", "--jobs", "--out", "--reuse")
+
+
+def run_settings(command: str) -> list[tuple[str, ...]]:
+    """The options of an `ablate` command line that set how its runs train (PART_OPTIONS left out), each with its
+    values, sorted: the parts of one grid have the same."""
+    options: list[list[str]] = [[]]
+    for token in shlex.split(command):
+        if token.startswith("--"):
+            options.append([])
+        options[-1].append(token)
+    return sorted(tuple(option) for option in options if option and option[0].split("=")[0] not in PART_OPTIONS)
+
+
 def pooled(name: str, parts: list[str]) -> dict:
     """A grid trained in parts (docs/results/NAME.json: {"about", "parts": [folder, ...]}): `topoclip ablate` runs of
-    one grid, each into its own folder (`--cells`, `--first-seed K --seeds N`), where one sitting of the machine cannot
-    train it whole. Their runs as one ablation; refused where a run (cell and seed) is in two parts, or the parts
-    differ in grid or schedule."""
-    grids = [load_results(part) for part in parts]
-    for key in ("grid", "steps"):
-        values = {str(grid.get(key)) for grid in grids}
+    one grid with the same settings, each into its own folder (`--cells`, `--first-seed K --seeds N`), where one
+    sitting of the machine cannot train it whole. Their runs as one ablation ("runs", "steps", "grid", "parts": what a
+    comparison, a convergence rule and τ's late rise read; not a grid's own table). Refused: a part that is not a landed
+    ablation folder, parts of other grids, schedules or settings, and a run (cell and seed) in two parts."""
+    if not parts:
+        raise ValueError(f"{name}.json lists no parts")
+    grids = {}
+    for part in parts:
+        path = RESULTS / part / "ablation.json"
+        grids[part] = json.loads(path.read_text()) if path.is_file() else {}
+        if grids[part].get("analysis") != "ablation":
+            raise ValueError(f"{name}: part {part} is not an ablation folder of docs/results; land it first "
+                             f"(python scripts/readme_results.py land OUT --pool {name})")
+    for what, read in (("grid", lambda g: g.get("grid")), ("steps", lambda g: g.get("steps")),
+                       ("preset", lambda g: g.get("preset")), ("settings", lambda g: run_settings(g.get("command", "")))):
+        values = {json.dumps(read(grid)) for grid in grids.values()}
         if len(values) > 1:
-            raise ValueError(f"{name}'s parts differ in {key} ({', '.join(sorted(values))}): one grid, one schedule")
-    runs = [run for grid in grids for run in grid["runs"]]
-    seen = [(run["cell"], run["seed"]) for run in runs]
-    twice = sorted({key for key in seen if seen.count(key) > 1})
+            raise ValueError(f"{name}'s parts differ in {what} ({' and '.join(sorted(values))}): one grid, one recipe")
+    runs = [{**run, "part": part} for part, grid in grids.items() for run in grid["runs"]]
+    twice = [key for key, count in Counter((run["cell"], run["seed"]) for run in runs).items() if count > 1]
     if twice:
         raise ValueError(f"{name}: {twice[0][0]} seed {twice[0][1]} is in two of its parts; a run would count twice")
-    return {"analysis": "ablation", "grid": grids[0].get("grid"), "steps": grids[0].get("steps"), "parts": parts,
-            "runs": runs}
+    first = grids[parts[0]]
+    return {"analysis": "ablation", "grid": first.get("grid"), "steps": first.get("steps"), "parts": parts, "runs": runs}
 
 
 # A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.
@@ -955,16 +996,33 @@ def record(run_dir: Path, wall_seconds: float, command: str) -> Path:
     return path
 
 
-def land(out_dir: Path) -> Path:
+def land(out_dir: Path, pool: Optional[str] = None) -> Path:
     """docs/results/NAME/ablation.json from `topoclip ablate --out OUT` (NAME: OUT's name): its ablation.json alone
     (table.md repeats it; the plots are drawn on demand, `plot`), without indentation; `ablate` records its command
-    with X/ for each absolute path, so the file names no machine path."""
+    with X/ for each absolute path, so the file names no machine path. pool: a grid trained in parts
+    (docs/results/POOL.json, `pooled`) that NAME is a part of: added to its parts, refused where it does not fit."""
     results = json.loads((out_dir / "ablation.json").read_text(encoding="utf-8"))
+    name = out_dir.resolve().name
     if results.get("analysis") != "ablation":
         raise ValueError(f"{out_dir}/ablation.json is not what `topoclip ablate` writes")
-    path = RESULTS / out_dir.resolve().name / "ablation.json"
+    if (RESULTS / f"{name}.json").is_file():  # load_results would read it, not the folder
+        raise ValueError(f"docs/results/{name}.json exists and would hide docs/results/{name}/: rename {out_dir}")
+    path = RESULTS / name / "ablation.json"
+    before = path.read_text(encoding="utf-8") if path.is_file() else None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    if pool:
+        spec = json.loads((RESULTS / f"{pool}.json").read_text(encoding="utf-8"))
+        spec["parts"] += [name] * (name not in spec["parts"])
+        try:
+            pooled(pool, spec["parts"])
+        except ValueError:  # landed with its pool or not at all
+            if before is None:
+                shutil.rmtree(path.parent)
+            else:
+                path.write_text(before, encoding="utf-8")
+            raise
+        (RESULTS / f"{pool}.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
 
@@ -981,6 +1039,7 @@ def main() -> int:
     lander = commands.add_parser("land", help="copy a finished ablation's ablation.json into docs/results/NAME/ "
                                                "(NAME: the folder's name)")
     lander.add_argument("out", type=Path, help="the --out folder of a finished `topoclip ablate`")
+    lander.add_argument("--pool", help="the grid in parts (docs/results/POOL.json) this folder is a part of")
     commands.add_parser("write", help="rewrite the README's generated blocks")
     commands.add_parser("check", help="exit 1 when the README's blocks differ from the results files")
     args = parser.parse_args()
@@ -988,7 +1047,12 @@ def main() -> int:
         print(f"wrote {record(args.run_dir, args.wall_seconds, args.as_command)}")
         return 0
     if args.command == "land":
-        print(f"wrote {land(args.out).relative_to(ROOT)}")
+        try:
+            landed = land(args.out, args.pool)
+        except (OSError, ValueError) as error:
+            print(f"land: {error}", file=sys.stderr)
+            return 1
+        print(f"wrote {landed.relative_to(ROOT)}" + (f", a part of {args.pool}" if args.pool else ""))
         return 0
     if args.command == "plot":
         print(f"wrote {plot_grid(args.grid, args.out)}")

@@ -367,36 +367,69 @@ def test_a_landed_grid_is_its_ablation_json_in_a_folder_of_its_name(tmp_path, mo
         readme_results.land(out)
 
 
-def test_a_grid_trained_in_parts_is_one_grid_to_every_reader(tmp_path, monkeypatch):
+def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatch):
     """docs/results/NAME.json {"parts": [...]}: `ablate` runs of one grid, each into its own folder, read as one
-    ablation (a comparison's source, τ's late rise: one cell, each run once); a run in two parts, or parts of other
-    schedules, refused."""
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    ablation by a comparison, the convergence rule and τ's late rise (one cell, each run once); what would pool runs
+    of other recipes, or count a run twice, is refused."""
+    results, out = tmp_path / "results", tmp_path / "out"  # docs/results, and where `ablate` wrote the parts to land
+    monkeypatch.setattr(readme_results, "RESULTS", results)
+    key = readme_results.CHOICE_METRIC
 
     def run(cell, seed, value):
         return {"cell": cell, "seed": seed, "run_dir": f"runs/{cell}/seed-{seed}", "zero_shot_top1": value,
+                "headline": {"scenes-test/mean_recall": value},
+                "evaluations": [{"step": 7200, key: value}, {"step": 9600, key: value + 0.1 * seed}],
                 "curve": {"steps": [2400, 7200, 9600], "scale": [10.0, 10.0, 11.0 + 0.1 * seed]}}
-    parts = {"own": [run("a", k, 50.0 + k) for k in range(3)], "b-seeds0-1": [run("b", k, 40.0 + k) for k in range(2)],
-             "b-seeds2-2": [run("b", 2, 42.0)]}
-    for name, runs in parts.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "ablation.json").write_text(json.dumps({"grid": "g", "steps": 9600, "runs": runs}))
-    (tmp_path / "whole.json").write_text(json.dumps({"about": "A.", "parts": list(parts)}))
+
+    def part(name, runs, command="topoclip ablate --grid g --steps 9600 --seeds 2 --out X/p", where=results, **meta):
+        (where / name).mkdir(parents=True, exist_ok=True)
+        (where / name / "ablation.json").write_text(json.dumps(
+            {"analysis": "ablation", "grid": "g", "steps": 9600, "preset": "cpu", "command": command, "runs": runs, **meta}))
+    part("own", [run("a", k, 50.0 + k) for k in range(3)], "topoclip ablate --grid g --steps 9600 --seeds 3 --jobs 1 --out X/own")
+    part("b-seeds0-1", [run("b", k, 40.0 + k) for k in range(2)], "topoclip ablate --grid g --cells b --steps 9600 "
+         "--first-seed 0 --seeds 2 --jobs 2 --out X/b-seeds0-1")  # the options that choose runs differ, not the recipe
+    part("b-seed2", [run("b", 2, 42.0)], where=out)
+    part("short", [run(c, k, 30.0 + k) for c in "ab" for k in range(3)], steps=4800)
+    (results / "whole.json").write_text(json.dumps({"about": "A.", "parts": ["own", "b-seeds0-1"]}))
+    convergence = {"about": "A.", "short": "short", "long": "whole", "cells": ["a", "b"], "seeds": 3}
+    assert "| b | | | | 2 of its 3 seeds so far |" in readme_results.convergence_table(convergence)
+    comparison = {"source": "whole", "rows": [{"label": "a − b", "a": "a", "b": "b"}], "seeds": 3,
+                  "metrics": [{"metric": "zero_shot_top1", "label": "top-1"}]}
+    with pytest.raises(ValueError, match="3 and 2 runs of the 3 a cell registered"):  # a grid still running
+        readme_results.comparison_table(comparison)
+
+    assert readme_results.land(out / "b-seed2", pool="whole") == results / "b-seed2" / "ablation.json"
+    assert json.loads((results / "whole.json").read_text())["parts"] == ["own", "b-seeds0-1", "b-seed2"]
     whole = readme_results.load_results("whole")
     assert whole["steps"] == 9600 and [(r["cell"], r["seed"]) for r in whole["runs"]] == [
         ("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
-    table = readme_results.comparison_table({"source": "whole", "rows": [{"label": "a − b", "a": "a", "b": "b"}],
-                                             "metrics": [{"metric": "zero_shot_top1", "label": "top-1"}]})
-    assert "| a − b | **+10.0**" in table and "n = 3 and 3 runs" in table
-    assert [(row["grid"], row["cell"], row["n"]) for row in readme_results.tau_late_rise()] == [("whole", "a", 3),
-                                                                                              ("whole", "b", 3)]
-    (tmp_path / "whole.json").write_text(json.dumps({"parts": ["own", "b-seeds0-1", "b-seeds0-1"]}))
-    with pytest.raises(ValueError, match="b seed 0 is in two of its parts"):
-        readme_results.load_results("whole")
-    (tmp_path / "b-seeds2-2" / "ablation.json").write_text(json.dumps({"grid": "g", "steps": 19200, "runs": parts["b-seeds2-2"]}))
-    (tmp_path / "whole.json").write_text(json.dumps({"parts": list(parts)}))
-    with pytest.raises(ValueError, match="parts differ in steps"):
+    assert "| a − b | **+10.0**" in readme_results.comparison_table(comparison)
+    assert "| b | +0.1 (" in readme_results.convergence_table(convergence)
+    assert [(row["grid"], row["cell"], row["n"]) for row in readme_results.tau_late_rise()] == [  # short: < 9,600 steps
+        ("whole", "a", 3), ("whole", "b", 3)]
+    with pytest.raises(ValueError, match="parts of one grid, each with its own table"):
+        readme_results.ablation_table(whole)
+
+    for runs, kwargs, problem in (([run("b", 1, 41.0)], {}, "b seed 1 is in two of its parts"),
+                                  ([run("b", 3, 43.0)], {"steps": 19200}, "parts differ in steps"),
+                                  ([run("b", 3, 43.0)], {"preset": "gpu"}, "parts differ in preset"),
+                                  ([run("b", 3, 43.0)], {"command": "topoclip ablate --grid g --steps 9600 --set "
+                                                                    "train.lr=0.002 --out X/p"}, "parts differ in settings")):
+        part("b-more", runs, where=out, **kwargs)
+        with pytest.raises(ValueError, match=problem):  # refused, and not landed: the pool stays as it was
+            readme_results.land(out / "b-more", pool="whole")
+        assert not (results / "b-more").exists() and len(readme_results.load_results("whole")["runs"]) == 6
+    (results / "other.json").write_text(json.dumps({"parts": ["b-seed2"]}))
+    with pytest.raises(ValueError, match="b-seed2 is a part of both other and whole"):
         readme_results.tau_late_rise()
+    for parts, problem in (([], "lists no parts"), (["missing"], "part missing is not an ablation folder"),
+                           (["whole"], "part whole is not an ablation folder")):
+        (results / "other.json").write_text(json.dumps({"parts": parts}))
+        with pytest.raises(ValueError, match=problem):
+            readme_results.load_results("other")
+    part("whole", [], where=out)
+    with pytest.raises(ValueError, match="whole.json exists and would hide"):
+        readme_results.land(out / "whole")
 
 
 def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypatch):
