@@ -105,6 +105,12 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     assert (f"at the end of 19,200 steps Multi is {lead['effect']:+.1f} points of mean recall ahead (95 % interval "
             f"{lead['low']:+.1f} to {lead['high']:+.1f}, five seeds a side; {before['effect']:+.1f} at 9,600 steps)") in answer
     assert lead["n_a"] == lead["n_b"] == before["n_a"] == before["n_b"] == 5
+    geometry = [readme_results.welch(*(readme_results.cell_values("tau-range-full-scenes-9600", cell,
+                                                                  "headline:scenes-test/mean_recall") for cell in pair))
+                for pair in (("multi-sphere-s-range", "sphere-default-t"), ("multi-default-t", "sphere-multi-s-range"))]
+    assert f"it holds at either initial range, {geometry[0].effect:+.1f} at the sphere's and {geometry[1].effect:+.1f} " \
+           f"at Multi's" in answer
+    assert all(d.significant and d.effect > 0 and d.n_a == d.n_b == 5 for d in geometry)  # "holds": both, five a side
 
 
 def test_the_front_pages_figures_of_multi_against_the_sphere_are_their_json():
