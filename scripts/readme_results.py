@@ -17,14 +17,15 @@ tests/test_readme_results.py runs `check`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import math
 import os
 import platform
 import re
 import shlex
-import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -212,6 +213,8 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
     runs = [r for r in results["runs"] if r["cell"] == cell]
     if not runs:
         raise KeyError(f"{source} has no cell {cell!r}")
+    if cell in results.get("unfinished", {}):  # a grid in parts (`pooled`) still running
+        raise ValueError(f"{source}'s {cell} has {len(runs)} of its {results['seeds']} seeds so far: wait for the rest")
     if metric == "tau":
         return [math.exp(r["final_t"]) for r in runs]
     if metric.startswith("headline:"):
@@ -251,9 +254,8 @@ def tested(items: list[dict]) -> list[str]:
 
 def comparison_table(spec: dict) -> str:
     """Markdown: Welch's t of each comparison (a − b) on each metric; spec is docs/results/NAME.json:
-    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}], "seeds"?}, where a
-    and b are cells of the source, or [ablation, cell] pairs for cells of other results; "seeds": the runs a cell was
-    registered with, fewer (a grid still running) refused. Bold: the 95 % interval
+    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}]}, where a
+    and b are cells of the source, or [ablation, cell] pairs for cells of other results. Bold: the 95 % interval
     excludes 0; †: so does Holm's adjustment over every test of the table. A metric with "permutation": true (values
     bimodal across seeds) also gets, under the table, each row's values seed by seed and the exact permutation p."""
     metrics = spec["metrics"]
@@ -261,8 +263,6 @@ def comparison_table(spec: dict) -> str:
     def sides(row: dict, metric: dict) -> tuple[list[float], list[float]]:
         a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
                 for ref in (row["a"], row["b"]))
-        if min(len(a), len(b)) < spec.get("seeds", 0):
-            raise ValueError(f"{row['label']}: {len(a)} and {len(b)} runs of the {spec['seeds']} a cell registered")
         return a, b
 
     differences = [[welch(*sides(row, metric)) for metric in metrics] for row in spec["rows"]]
@@ -361,11 +361,11 @@ def last_quarter(runs: list[dict], steps: int) -> dict:
 
 def convergence_table(spec: dict) -> str:
     """Markdown: the pre-registered convergence rule for each cell of a schedule pair (docs/results/NAME-convergence.json:
-    {"about", "short": grid, "long": grid, "cells": [...], "seeds"?}). "Converged" only where, in the long grid, validation mean
+    {"about", "short": grid, "long": grid, "cells": [...]}). "Converged" only where, in the long grid, validation mean
     recall and τ each change over the last quarter by less than their seed-to-seed sd and not significantly (paired t,
     5 %), and the long schedule's test mean recall is not significantly better than the short one's (Welch's t);
-    otherwise "at the end of the schedule". A cell that either grid has not run yet, or not with all its "seeds" (the
-    runs it was registered with), says so (its runs under way)."""
+    otherwise "at the end of the schedule". A cell that either grid has not run yet, or not all its seeds (a grid in
+    parts, `pooled`), says so (its runs under way)."""
     long, short = load_results(spec["long"]), load_results(spec["short"])
     lines = [spec["about"], "", "| cell | validation mean recall, last quarter (sd) | τ, last quarter (sd) | test mean recall, "
              f"{long['steps']:,} − {short['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
@@ -374,8 +374,8 @@ def convergence_table(spec: dict) -> str:
         if not runs or not any(r["cell"] == cell for r in short["runs"]):
             lines.append(f"| {cell} | | | | not run yet |")
             continue
-        if len(runs) < spec.get("seeds", 0):
-            lines.append(f"| {cell} | | | | {len(runs)} of its {spec['seeds']} seeds so far |")
+        if cell in long.get("unfinished", {}):
+            lines.append(f"| {cell} | | | | {len(runs)} of its {long['seeds']} seeds so far |")
             continue
         if len(runs) < 2:
             raise ValueError(f"{spec['long']}: cell {cell} has {len(runs)} runs; the rule needs ≥ 2")
@@ -741,22 +741,21 @@ def tau_last_quarter(runs: list[dict]):
 def tau_late_rise() -> list[dict]:
     """Every learnable-τ cell of the committed grids at ≥ 9,600 steps, each run once (a cell another grid copied with
     `--reuse`, whole or in part, is counted where it was trained): τ at three quarters of the schedule and at its end (the
-    seeds' curves), and the paired t of the change. The cells of a grid trained in parts (`pooled`) are its pool's."""
+    seeds' curves), and the paired t of the change. The cells of a grid trained in parts (`pooled`) are its pool's, once all their seeds have landed."""
     grids = {file.parent.name: json.loads(file.read_text()) for file in sorted(RESULTS.glob("*/ablation.json"))}
-    pool_of = {}
-    for file in sorted(RESULTS.glob("*.json")):
-        results = json.loads(file.read_text())
-        if isinstance(results, dict) and "parts" in results:
-            pooled(file.stem, results["parts"])  # refuses parts that are not one grid
-            for part in results["parts"]:
-                if pool_of.setdefault(part, file.stem) != file.stem:
-                    raise ValueError(f"{part} is a part of both {pool_of[part]} and {file.stem}: its runs would count twice")
+    pool_of, unfinished = {}, set()
+    for pool, spec in pools().items():
+        unfinished |= {(pool, cell) for cell in pooled(pool, spec)["unfinished"]}  # still running: not yet counted
+        for part in spec["parts"]:
+            if pool_of.setdefault(part, pool) != pool:
+                raise ValueError(f"{part} is a part of both {pool_of[part]} and {pool}: its runs would count twice")
     cells: dict[tuple[str, str], list[dict]] = {}
     for name, grid in grids.items():
         if (grid.get("steps") or 0) >= 9600:
             for run in grid["runs"]:
-                if run.get("learnable", True) and run["curve"]["steps"]:
-                    cells.setdefault((pool_of.get(name, name), run["cell"]), []).append({**run, "folder": name})
+                key = (pool_of.get(name, name), run["cell"])
+                if run.get("learnable", True) and run["curve"]["steps"] and key not in unfinished:
+                    cells.setdefault(key, []).append({**run, "folder": name})
     found, counted = [], set()
     # Each run once: the larger cells first, so that three of five seeds copied elsewhere (or three seeds that
     # another grid extended to five) are counted in the five; among cells of one size, the one trained in its grid
@@ -891,7 +890,7 @@ def load_results(name: str):
         return json.loads((RESULTS / "claims.json").read_text())
     if (RESULTS / f"{name}.json").is_file():
         results = json.loads((RESULTS / f"{name}.json").read_text())
-        return pooled(name, results["parts"]) if isinstance(results, dict) and "parts" in results else results
+        return pooled(name, results) if isinstance(results, dict) and "parts" in results else results
     if (RESULTS / name / "ablation.json").is_file():
         return json.loads((RESULTS / name / "ablation.json").read_text())
     runs = sorted((RESULTS / name).glob("*.json"))
@@ -901,28 +900,43 @@ def load_results(name: str):
 
 
 # `topoclip ablate`'s options that choose which runs of a grid it trains and where, not how they train
-PART_OPTIONS = ("--cells", "--first-seed", "--seeds", "--jobs", "--out", "--reuse")
+PART_OPTIONS = ("cells", "first_seed", "seeds", "jobs", "out", "reuse", "debug")
 
 
-def run_settings(command: str) -> list[tuple[str, ...]]:
-    """The options of an `ablate` command line that set how its runs train (PART_OPTIONS left out), each with its
-    values, sorted: the parts of one grid have the same."""
-    options: list[list[str]] = [[]]
-    for token in shlex.split(command):
-        if token.startswith("--"):
-            options.append([])
-        options[-1].append(token)
-    return sorted(tuple(option) for option in options if option and option[0].split("=")[0] not in PART_OPTIONS)
+def run_settings(command: str) -> dict:
+    """How the runs of an `ablate` command line train: its options as `topoclip ablate` parses them (defaults, `--opt=v`
+    and the order of --set as it reads them), less those that only choose which runs and where (PART_OPTIONS)."""
+    from topoclip.cli import parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = vars(parser().parse_args(shlex.split(command)[1:]))
+    except SystemExit:
+        raise ValueError(f"{command!r} is not a `topoclip ablate` command line") from None
+    return {key: value for key, value in args.items() if key not in PART_OPTIONS and not callable(value)}
 
 
-def pooled(name: str, parts: list[str]) -> dict:
-    """A grid trained in parts (docs/results/NAME.json: {"about", "parts": [folder, ...]}): `topoclip ablate` runs of
-    one grid with the same settings, each into its own folder (`--cells`, `--first-seed K --seeds N`), where one
+def pools() -> dict[str, dict]:
+    """Every grid trained in parts in docs/results (`pooled`): its name → its file's contents."""
+    found = {}
+    for file in sorted(RESULTS.glob("*.json")):
+        results = json.loads(file.read_text())
+        if isinstance(results, dict) and "parts" in results:
+            found[file.stem] = results
+    return found
+
+
+def pooled(name: str, spec: dict) -> dict:
+    """A grid trained in parts (docs/results/NAME.json: {"about", "parts": [folder, ...], "seeds"?}): `topoclip ablate`
+    runs of one grid with the same settings, each into its own folder (`--cells`, `--first-seed K --seeds N`), where one
     sitting of the machine cannot train it whole. Their runs as one ablation ("runs", "steps", "grid", "parts": what a
-    comparison, a convergence rule and τ's late rise read; not a grid's own table). Refused: a part that is not a landed
-    ablation folder, parts of other grids, schedules or settings, and a run (cell and seed) in two parts."""
-    if not parts:
-        raise ValueError(f"{name}.json lists no parts")
+    comparison, a convergence rule and τ's late rise read; not a grid's own table), and "unfinished": each cell with
+    fewer than its "seeds" (seeds 0 to seeds − 1, the runs it was registered with) so far, which `cell_values` refuses.
+    Refused: a part that is not a landed ablation folder, or listed twice; parts of other schedules, presets or
+    settings (`run_settings`); a run (cell and seed) in two parts, or a seed beyond the registered ones."""
+    parts, seeds = spec["parts"], spec.get("seeds")
+    if not parts or len(set(parts)) < len(parts):
+        raise ValueError(f"{name}.json must list its parts, each once: {parts}")
     grids = {}
     for part in parts:
         path = RESULTS / part / "ablation.json"
@@ -930,17 +944,25 @@ def pooled(name: str, parts: list[str]) -> dict:
         if grids[part].get("analysis") != "ablation":
             raise ValueError(f"{name}: part {part} is not an ablation folder of docs/results; land it first "
                              f"(python scripts/readme_results.py land OUT --pool {name})")
-    for what, read in (("grid", lambda g: g.get("grid")), ("steps", lambda g: g.get("steps")),
-                       ("preset", lambda g: g.get("preset")), ("settings", lambda g: run_settings(g.get("command", "")))):
-        values = {json.dumps(read(grid)) for grid in grids.values()}
-        if len(values) > 1:
-            raise ValueError(f"{name}'s parts differ in {what} ({' and '.join(sorted(values))}): one grid, one recipe")
+    for what, read in (("steps", lambda g: g.get("steps")), ("preset", lambda g: g.get("preset")),
+                       ("settings", lambda g: run_settings(g.get("command", "")))):
+        first = read(grids[parts[0]])
+        other = next((part for part in parts if read(grids[part]) != first), None)
+        if other:
+            raise ValueError(f"{name}: part {other} differs from {parts[0]} in {what} ({read(grids[other])} against "
+                             f"{first}): one grid, one recipe")
     runs = [{**run, "part": part} for part, grid in grids.items() for run in grid["runs"]]
     twice = [key for key, count in Counter((run["cell"], run["seed"]) for run in runs).items() if count > 1]
     if twice:
         raise ValueError(f"{name}: {twice[0][0]} seed {twice[0][1]} is in two of its parts; a run would count twice")
-    first = grids[parts[0]]
-    return {"analysis": "ablation", "grid": first.get("grid"), "steps": first.get("steps"), "parts": parts, "runs": runs}
+    beyond = next((run for run in runs if seeds and not 0 <= run["seed"] < seeds), None)
+    if beyond:
+        raise ValueError(f"{name}: {beyond['part']}'s {beyond['cell']} seed {beyond['seed']} is not one of the "
+                         f"{seeds} seeds registered")
+    counts = Counter(run["cell"] for run in runs)
+    return {"analysis": "ablation", "grid": grids[parts[0]].get("grid"), "steps": grids[parts[0]].get("steps"),
+            "parts": parts, "seeds": seeds, "runs": runs,
+            "unfinished": {cell: n for cell, n in counts.items() if seeds and n < seeds}}
 
 
 # A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.
@@ -999,30 +1021,39 @@ def record(run_dir: Path, wall_seconds: float, command: str) -> Path:
 def land(out_dir: Path, pool: Optional[str] = None) -> Path:
     """docs/results/NAME/ablation.json from `topoclip ablate --out OUT` (NAME: OUT's name): its ablation.json alone
     (table.md repeats it; the plots are drawn on demand, `plot`), without indentation; `ablate` records its command
-    with X/ for each absolute path, so the file names no machine path. pool: a grid trained in parts
-    (docs/results/POOL.json, `pooled`) that NAME is a part of: added to its parts, refused where it does not fit."""
+    with X/ for each absolute path, so the file names no machine path. pool: the grid in parts (docs/results/POOL.json,
+    `pooled`) that NAME is a part of, which gets it. Lands all of it or nothing: refused (and what was there before
+    kept) where the pool does not take it, or where NAME is a part of another pool."""
     results = json.loads((out_dir / "ablation.json").read_text(encoding="utf-8"))
     name = out_dir.resolve().name
     if results.get("analysis") != "ablation":
         raise ValueError(f"{out_dir}/ablation.json is not what `topoclip ablate` writes")
     if (RESULTS / f"{name}.json").is_file():  # load_results would read it, not the folder
         raise ValueError(f"docs/results/{name}.json exists and would hide docs/results/{name}/: rename {out_dir}")
+    found = pools()
+    other = next((other for other, spec in found.items() if name in spec["parts"] and other != pool), None)
+    if other:
+        raise ValueError(f"{name} is a part of {other}: land it with --pool {other}")
+    if pool and pool not in found:
+        raise ValueError(f"docs/results/{pool}.json is not a grid in parts ({{\"about\", \"parts\": [...]}}): write it first")
     path = RESULTS / name / "ablation.json"
-    before = path.read_text(encoding="utf-8") if path.is_file() else None
+    made, before = not path.parent.is_dir(), path.read_text(encoding="utf-8") if path.is_file() else None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
-    if pool:
-        spec = json.loads((RESULTS / f"{pool}.json").read_text(encoding="utf-8"))
-        spec["parts"] += [name] * (name not in spec["parts"])
-        try:
-            pooled(pool, spec["parts"])
-        except ValueError:  # landed with its pool or not at all
-            if before is None:
-                shutil.rmtree(path.parent)
-            else:
-                path.write_text(before, encoding="utf-8")
-            raise
-        (RESULTS / f"{pool}.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    try:
+        if pool:
+            spec = found[pool]
+            spec["parts"] += [name] * (name not in spec["parts"])
+            pooled(pool, spec)
+            (RESULTS / f"{pool}.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    except Exception:
+        if before is not None:
+            path.write_text(before, encoding="utf-8")
+        else:
+            path.unlink()
+            if made:
+                path.parent.rmdir()
+        raise
     return path
 
 
@@ -1049,7 +1080,7 @@ def main() -> int:
     if args.command == "land":
         try:
             landed = land(args.out, args.pool)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, KeyError) as error:
             print(f"land: {error}", file=sys.stderr)
             return 1
         print(f"wrote {landed.relative_to(ROOT)}" + (f", a part of {args.pool}" if args.pool else ""))

@@ -374,9 +374,9 @@ def test_a_landed_grid_is_its_ablation_json_in_a_folder_of_its_name(tmp_path, mo
 
 
 def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatch):
-    """docs/results/NAME.json {"parts": [...]}: `ablate` runs of one grid, each into its own folder, read as one
-    ablation by a comparison, the convergence rule and τ's late rise (one cell, each run once); what would pool runs
-    of other recipes, or count a run twice, is refused."""
+    """docs/results/NAME.json {"parts": [...], "seeds"}: `ablate` runs of one grid, each into its own folder, read as
+    one ablation by a comparison, the convergence rule and τ's late rise (one cell, each run once), each cell only once
+    all its registered seeds have landed; what would pool runs of other recipes, or count a run twice, is refused."""
     results, out = tmp_path / "results", tmp_path / "out"  # docs/results, and where `ablate` wrote the parts to land
     monkeypatch.setattr(readme_results, "RESULTS", results)
     key = readme_results.CHOICE_METRIC
@@ -387,27 +387,31 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
                 "evaluations": [{"step": 7200, key: value}, {"step": 9600, key: value + 0.1 * seed}],
                 "curve": {"steps": [2400, 7200, 9600], "scale": [10.0, 10.0, 11.0 + 0.1 * seed]}}
 
-    def part(name, runs, command="topoclip ablate --grid g --steps 9600 --seeds 2 --out X/p", where=results, **meta):
+    def part(name, runs, command="topoclip ablate --grid g --steps 9600 --set train.lr=0.001 --seeds 2 --out X/p",
+             where=results, **meta):
         (where / name).mkdir(parents=True, exist_ok=True)
         (where / name / "ablation.json").write_text(json.dumps(
             {"analysis": "ablation", "grid": "g", "steps": 9600, "preset": "cpu", "command": command, "runs": runs, **meta}))
-    part("own", [run("a", k, 50.0 + k) for k in range(3)], "topoclip ablate --grid g --steps 9600 --seeds 3 --jobs 1 --out X/own")
+    # The same recipe however the options that only choose runs, the option order or the --opt=value form differ.
+    part("own", [run("a", k, 50.0 + k) for k in range(3)], "topoclip ablate --grid g --seeds 3 --jobs 1 --steps 9600 "
+         "--set=train.lr=0.001 --reuse X/lr --out X/own")
     part("b-seeds0-1", [run("b", k, 40.0 + k) for k in range(2)], "topoclip ablate --grid g --cells b --steps 9600 "
-         "--first-seed 0 --seeds 2 --jobs 2 --out X/b-seeds0-1")  # the options that choose runs differ, not the recipe
+         "--set train.lr=0.001 --first-seed 0 --seeds 2 --jobs 2 --out X/b-seeds0-1")
     part("b-seed2", [run("b", 2, 42.0)], where=out)
     part("short", [run(c, k, 30.0 + k) for c in "ab" for k in range(3)], steps=4800)
-    (results / "whole.json").write_text(json.dumps({"about": "A.", "parts": ["own", "b-seeds0-1"]}))
-    convergence = {"about": "A.", "short": "short", "long": "whole", "cells": ["a", "b"], "seeds": 3}
-    assert "| b | | | | 2 of its 3 seeds so far |" in readme_results.convergence_table(convergence)
-    comparison = {"source": "whole", "rows": [{"label": "a − b", "a": "a", "b": "b"}], "seeds": 3,
+    (results / "whole.json").write_text(json.dumps({"about": "A.", "seeds": 3, "parts": ["own", "b-seeds0-1"]}))
+    convergence = {"about": "A.", "short": "short", "long": "whole", "cells": ["a", "b"]}
+    comparison = {"source": "whole", "rows": [{"label": "a − b", "a": "a", "b": "b"}],
                   "metrics": [{"metric": "zero_shot_top1", "label": "top-1"}]}
-    with pytest.raises(ValueError, match="3 and 2 runs of the 3 a cell registered"):  # a grid still running
+    assert "| b | | | | 2 of its 3 seeds so far |" in readme_results.convergence_table(convergence)
+    with pytest.raises(ValueError, match="whole's b has 2 of its 3 seeds so far"):  # its grid still running
         readme_results.comparison_table(comparison)
+    assert [(row["grid"], row["cell"]) for row in readme_results.tau_late_rise()] == [("whole", "a")]
 
     assert readme_results.land(out / "b-seed2", pool="whole") == results / "b-seed2" / "ablation.json"
     assert json.loads((results / "whole.json").read_text())["parts"] == ["own", "b-seeds0-1", "b-seed2"]
     whole = readme_results.load_results("whole")
-    assert whole["steps"] == 9600 and [(r["cell"], r["seed"]) for r in whole["runs"]] == [
+    assert whole["steps"] == 9600 and whole["unfinished"] == {} and [(r["cell"], r["seed"]) for r in whole["runs"]] == [
         ("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
     assert "| a − b | **+10.0**" in readme_results.comparison_table(comparison)
     assert "| b | +0.1 (" in readme_results.convergence_table(convergence)
@@ -415,27 +419,63 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
         ("whole", "a", 3), ("whole", "b", 3)]
     with pytest.raises(ValueError, match="parts of one grid, each with its own table"):
         readme_results.ablation_table(whole)
+    assert readme_results.land(out / "b-seed2", pool="whole")  # landed again: the same part, listed once
+    assert json.loads((results / "whole.json").read_text())["parts"] == ["own", "b-seeds0-1", "b-seed2"]
 
-    for runs, kwargs, problem in (([run("b", 1, 41.0)], {}, "b seed 1 is in two of its parts"),
-                                  ([run("b", 3, 43.0)], {"steps": 19200}, "parts differ in steps"),
-                                  ([run("b", 3, 43.0)], {"preset": "gpu"}, "parts differ in preset"),
-                                  ([run("b", 3, 43.0)], {"command": "topoclip ablate --grid g --steps 9600 --set "
-                                                                    "train.lr=0.002 --out X/p"}, "parts differ in settings")):
-        part("b-more", runs, where=out, **kwargs)
-        with pytest.raises(ValueError, match=problem):  # refused, and not landed: the pool stays as it was
-            readme_results.land(out / "b-more", pool="whole")
-        assert not (results / "b-more").exists() and len(readme_results.load_results("whole")["runs"]) == 6
+    landed = (results / "b-seed2" / "ablation.json").read_text()
+    for runs, meta, problem in (([run("b", 1, 41.0)], {}, "b seed 1 is in two of its parts"),
+                                ([run("b", 3, 43.0)], {}, "b seed 3 is not one of the 3 seeds registered"),
+                                ([run("b", 2, 43.0)], {"steps": 19200}, "differs from own in steps"),
+                                ([run("b", 2, 43.0)], {"preset": "gpu"}, "differs from own in preset"),
+                                ([run("b", 2, 43.0)], {"command": "topoclip ablate --grid g --steps 9600 --set "
+                                                                  "train.lr=0.002 --out X/p"}, "differs from own in settings"),
+                                ([run("b", 2, 43.0)], {"command": "topoclip ablate --grid g --steps 9600 --set train.lr=0.001 "
+                                                                  "--probe-size 10 --out X/p"}, "differs from own in settings")):
+        part("b-seed2", runs, where=out, **meta)  # b-seed2 landed again, or as a new part, each refused
+        for name in ("b-seed2", "b-more"):
+            if name == "b-more":
+                (out / "b-seed2").rename(out / "b-more")
+            with pytest.raises(ValueError, match=problem):
+                readme_results.land(out / name, pool="whole")
+            assert not (results / "b-more").exists() and (results / "b-seed2" / "ablation.json").read_text() == landed
+            assert json.loads((results / "whole.json").read_text())["parts"] == ["own", "b-seeds0-1", "b-seed2"]
+        shutil.rmtree(out / "b-more")
     (results / "other.json").write_text(json.dumps({"parts": ["b-seed2"]}))
     with pytest.raises(ValueError, match="b-seed2 is a part of both other and whole"):
         readme_results.tau_late_rise()
-    for parts, problem in (([], "lists no parts"), (["missing"], "part missing is not an ablation folder"),
+    (results / "other.json").unlink()
+    part("b-seed2", [run("b", 2, 42.0)], where=out)
+    with pytest.raises(ValueError, match="b-seed2 is a part of whole: land it with --pool whole"):
+        readme_results.land(out / "b-seed2")  # landing a pooled part outside its pool
+    for parts, problem in (([], "must list its parts, each once"), (["own", "own"], "must list its parts, each once"),
+                           (["missing"], "part missing is not an ablation folder"),
                            (["whole"], "part whole is not an ablation folder")):
         (results / "other.json").write_text(json.dumps({"parts": parts}))
         with pytest.raises(ValueError, match=problem):
             readme_results.load_results("other")
+    part("new", [run("c", 0, 1.0)], where=out)
+    (results / "spec-tests.json").write_text(json.dumps({"rows": []}))
+    for pool in ("nowhere", "spec-tests"):
+        with pytest.raises(ValueError, match=f"{pool}.json is not a grid in parts"):
+            readme_results.land(out / "new", pool=pool)
+        assert not (results / "new").exists()
     part("whole", [], where=out)
     with pytest.raises(ValueError, match="whole.json exists and would hide"):
         readme_results.land(out / "whole")
+    monkeypatch.setattr(sys, "argv", ["readme_results.py", "land", str(out / "whole")])
+    assert readme_results.main() == 1  # a refused landing: one line, no traceback
+
+
+def test_a_cell_of_a_grid_in_parts_without_its_newer_metrics_names_the_part(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    for name, runs in (("new", [{"cell": "a", "seed": 0, "retrieval": {"t": {"m": 1.0}}}]),
+                       ("old", [{"cell": "a", "seed": 1}])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ablation.json").write_text(json.dumps(
+            {"analysis": "ablation", "steps": 1, "command": "topoclip ablate --grid g", "runs": runs}))
+    (tmp_path / "both.json").write_text(json.dumps({"parts": ["new", "old"]}))
+    with pytest.raises(KeyError, match="old's ablation.json predates the runs' retrieval metrics"):
+        readme_results.cell_values("both", "a", "retrieval:t/m")
 
 
 def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypatch):
