@@ -741,7 +741,8 @@ def tau_last_quarter(runs: list[dict]):
 def tau_late_rise() -> list[dict]:
     """Every learnable-τ cell of the committed grids at ≥ 9,600 steps, each run once (a cell another grid copied with
     `--reuse`, whole or in part, is counted where it was trained): τ at three quarters of the schedule and at its end (the
-    seeds' curves), and the paired t of the change. The cells of a grid trained in parts (`pooled`) are its pool's, once all their seeds have landed."""
+    seeds' curves), and the paired t of the change. The cells of a grid trained in parts (`pooled`) are its pool's,
+    once all their seeds have landed."""
     grids = {file.parent.name: json.loads(file.read_text()) for file in sorted(RESULTS.glob("*/ablation.json"))}
     pool_of, unfinished = {}, set()
     for pool, spec in pools().items():
@@ -949,8 +950,12 @@ def pooled(name: str, spec: dict) -> dict:
         first = read(grids[parts[0]])
         other = next((part for part in parts if read(grids[part]) != first), None)
         if other:
-            raise ValueError(f"{name}: part {other} differs from {parts[0]} in {what} ({read(grids[other])} against "
-                             f"{first}): one grid, one recipe")
+            theirs = read(grids[other])
+            if what == "settings":  # only the options that differ
+                keys = sorted(key for key in theirs.keys() | first.keys() if theirs.get(key) != first.get(key))
+                theirs, first = ({key: options.get(key) for key in keys} for options in (theirs, first))
+            raise ValueError(f"{name}: part {other} differs from {parts[0]} in {what} ({theirs} against {first}): "
+                             f"one grid, one recipe")
     runs = [{**run, "part": part} for part, grid in grids.items() for run in grid["runs"]]
     twice = [key for key, count in Counter((run["cell"], run["seed"]) for run in runs).items() if count > 1]
     if twice:
