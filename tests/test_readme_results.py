@@ -105,12 +105,21 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     assert (f"at the end of 19,200 steps Multi is {lead['effect']:+.1f} points of mean recall ahead (95 % interval "
             f"{lead['low']:+.1f} to {lead['high']:+.1f}, five seeds a side; {before['effect']:+.1f} at 9,600 steps)") in answer
     assert lead["n_a"] == lead["n_b"] == before["n_a"] == before["n_b"] == 5
-    geometry = [readme_results.welch(*(readme_results.cell_values("tau-range-full-scenes-9600", cell,
-                                                                  "headline:scenes-test/mean_recall") for cell in pair))
-                for pair in (("multi-sphere-s-range", "sphere-default-t"), ("multi-default-t", "sphere-multi-s-range"))]
-    assert f"it holds at either initial range, {geometry[0].effect:+.1f} at the sphere's and {geometry[1].effect:+.1f} " \
-           f"at Multi's" in answer
-    assert all(d.significant and d.effect > 0 and d.n_a == d.n_b == 5 for d in geometry)  # "holds": both, five a side
+    def tests(source, *pairs):
+        return [readme_results.welch(*(readme_results.cell_values(source, cell, "headline:scenes-test/mean_recall")
+                                       for cell in pair)) for pair in pairs]
+
+    at_either_range = (("multi-sphere-s-range", "sphere-default-t"), ("multi-default-t", "sphere-multi-s-range"))
+    geometry = tests("tau-range-full-scenes-19200-2x2", *at_either_range)
+    multi, sphere = tests("tau-range-full-scenes-19200-2x2", ("multi-sphere-s-range", "multi-default-t"),
+                          ("sphere-multi-s-range", "sphere-default-t"))
+    assert (f"Multi leads at either initial range, {geometry[0].effect:+.1f} at the sphere's and "
+            f"{geometry[1].effect:+.1f} at Multi's, and the range adds the rest: Multi loses {-multi.effect:.1f} at the "
+            f"sphere's range, the sphere gains {sphere.effect:.1f} at Multi's") in answer
+    assert multi.effect < 0 < sphere.effect and all(d.significant for d in (multi, sphere))  # "loses", "gains"
+    shorter = tests("tau-range-full-scenes-9600", *at_either_range)
+    assert f"the lead at either range was {shorter[0].effect:+.1f} and {shorter[1].effect:+.1f}" in answer
+    assert all(d.significant and d.effect > 0 and d.n_a == d.n_b == 5 for d in geometry + shorter)  # "leads": both
 
 
 def test_the_front_pages_figures_of_multi_against_the_sphere_are_their_json():
@@ -124,7 +133,14 @@ def test_the_front_pages_figures_of_multi_against_the_sphere_are_their_json():
     said = (f"leads by {lead['effect']:+.1f} points of mean recall at the end of 19,200 steps (interval "
             f"{lead['low']:+.1f} to {lead['high']:+.1f}, five seeds a side")
     assert f"it {said})" in readme
-    assert said in " ".join((ROOT / "docs" / "results" / "claims.md").read_text().replace("−", "-").split())
+    claims = " ".join((ROOT / "docs" / "results" / "claims.md").read_text().replace("−", "-").split())
+    assert said in claims
+    geometry = [readme_results.welch(*(readme_results.cell_values("tau-range-full-scenes-19200-2x2", cell,
+                                                                  "headline:scenes-test/mean_recall") for cell in pair))
+                for pair in (("multi-sphere-s-range", "sphere-default-t"), ("multi-default-t", "sphere-multi-s-range"))]
+    assert all(d.significant and d.effect > 0 and d.n_a == d.n_b == 5 for d in geometry)
+    said = f"started at either model's range, Multi leads by {geometry[0].effect:+.1f} and {geometry[1].effect:+.1f} points"
+    assert said in readme and said in claims
     for name in ("ceiling", "ceiling-hard"):
         value = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())["ceiling"]["this_set"]["mean_recall"]
         assert f"ceiling{',' if name == 'ceiling' else ''} {value:.1f})" in readme
