@@ -73,6 +73,16 @@ def test_every_committed_plot_is_shown_and_any_other_drawn_on_demand(tmp_path):
     assert readme_results.plot_grid("tau-range-4800", tmp_path).stat().st_size > 10_000
 
 
+FULL_SCENES_2X2 = "tau-range-full-scenes-19200-2x2"  # the 2 × 2 on the full scenes at 19,200 steps, trained in parts
+AT_EITHER_RANGE = (("multi-sphere-s-range", "sphere-default-t"), ("multi-default-t", "sphere-multi-s-range"))
+
+
+def in_domain_tests(source, *pairs):
+    """Welch's t of test in-domain mean recall, cell a − cell b, for each (a, b) of docs/results/SOURCE."""
+    return [readme_results.welch(*(readme_results.cell_values(source, cell, "headline:scenes-test/mean_recall")
+                                   for cell in pair)) for pair in pairs]
+
+
 def test_every_number_of_the_five_line_answer_is_its_json():
     """A reader's check (issue #44): each number the front page's answer quotes, recomputed here from the JSON it
     comes from and printed as the answer prints it; a number typed by hand, or one the JSON no longer gives, fails."""
@@ -105,24 +115,22 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     assert (f"at the end of 19,200 steps Multi is {lead['effect']:+.1f} points of mean recall ahead (95 % interval "
             f"{lead['low']:+.1f} to {lead['high']:+.1f}, five seeds a side; {before['effect']:+.1f} at 9,600 steps)") in answer
     assert lead["n_a"] == lead["n_b"] == before["n_a"] == before["n_b"] == 5
-    def tests(source, *pairs):
-        return [readme_results.welch(*(readme_results.cell_values(source, cell, "headline:scenes-test/mean_recall")
-                                       for cell in pair)) for pair in pairs]
-
-    at_either_range = (("multi-sphere-s-range", "sphere-default-t"), ("multi-default-t", "sphere-multi-s-range"))
-    geometry = tests("tau-range-full-scenes-19200-2x2", *at_either_range)
-    multi, sphere = tests("tau-range-full-scenes-19200-2x2", ("multi-sphere-s-range", "multi-default-t"),
-                          ("sphere-multi-s-range", "sphere-default-t"))
-    lead_here = readme_results.welch(*(readme_results.cell_values("tau-range-full-scenes-19200-2x2", cell,
-                                                                  "headline:scenes-test/mean_recall")
-                                       for cell in ("multi-default-t", "sphere-default-t")))
+    geometry = in_domain_tests(FULL_SCENES_2X2, *AT_EITHER_RANGE)
+    multi, sphere = in_domain_tests(FULL_SCENES_2X2, ("multi-sphere-s-range", "multi-default-t"),
+                                    ("sphere-multi-s-range", "sphere-default-t"))
+    (lead_here,) = in_domain_tests(FULL_SCENES_2X2, ("multi-default-t", "sphere-default-t"))
     # "≈": a − d = (a − c) + (c − d) holds exactly for the means, only to their rounding for the figures printed
     assert (f"Multi leads by {geometry[0].effect:+.1f} at the sphere's and {geometry[1].effect:+.1f} at Multi's; the "
             f"larger range adds the rest ({lead_here.effect:.1f} ≈ {geometry[0].effect:.1f} + {-multi.effect:.1f} ≈ "
             f"{geometry[1].effect:.1f} + {sphere.effect:.1f}: Multi loses {-multi.effect:.1f} at the sphere's range, "
-            f"the sphere gains {sphere.effect:.1f} at Multi's") in answer
+            f"the sphere gains {sphere.effect:.1f} at Multi's, p = {sphere.p:.3f}, not after Holm)") in answer
     assert multi.effect < 0 < sphere.effect and all(d.significant for d in (multi, sphere))  # "loses", "gains"
-    shorter = tests("tau-range-full-scenes-9600", *at_either_range)
+    page = (ROOT / "docs" / "results" / "full-scenes.md").read_text()
+    table = page.split("<!-- results:tau-range-full-scenes-19200-tests -->")[1]
+    in_domain = {line.split(" | ")[0].removeprefix("| "): line.split(" | ")[3] for line in table.splitlines()
+                 if line.startswith("| range, ")}  # the generated table's † marks Holm's adjustment over its tests
+    assert "†" not in in_domain["range, sphere: Multi's range − its own"]  # "not after Holm"
+    shorter = in_domain_tests("tau-range-full-scenes-9600", *AT_EITHER_RANGE)
     assert f"the lead at either range was {shorter[0].effect:+.1f} and {shorter[1].effect:+.1f}" in answer
     assert all(d.significant and d.effect > 0 and d.n_a == d.n_b == 5 for d in geometry + shorter)  # "leads": both
 
@@ -140,13 +148,10 @@ def test_the_front_pages_figures_of_multi_against_the_sphere_are_their_json():
     assert f"it {said})" in readme
     claims = " ".join((ROOT / "docs" / "results" / "claims.md").read_text().replace("−", "-").split())
     assert said in claims
-    geometry = [readme_results.welch(*(readme_results.cell_values("tau-range-full-scenes-19200-2x2", cell,
-                                                                  "headline:scenes-test/mean_recall") for cell in pair))
-                for pair in (("multi-sphere-s-range", "sphere-default-t"), ("multi-default-t", "sphere-multi-s-range"))]
+    geometry = in_domain_tests(FULL_SCENES_2X2, *AT_EITHER_RANGE)
     assert all(d.significant and d.effect > 0 and d.n_a == d.n_b == 5 for d in geometry)
-    ranges = [readme_results.welch(*(readme_results.cell_values("tau-range-full-scenes-19200-2x2", cell,
-                                                                "headline:scenes-test/mean_recall") for cell in pair)).effect
-              for pair in (("multi-default-t", "multi-sphere-s-range"), ("sphere-multi-s-range", "sphere-default-t"))]
+    ranges = [d.effect for d in in_domain_tests(FULL_SCENES_2X2, ("multi-default-t", "multi-sphere-s-range"),
+                                                ("sphere-multi-s-range", "sphere-default-t"))]
     assert min(ranges) > 0  # the larger range (Multi's) adds, for either model
     said = (f"its larger logit range adding {math.floor(min(ranges))}–{math.ceil(max(ranges))} points: with both started at "
             f"the same initial range, Multi leads by {geometry[0].effect:+.1f} at the sphere's and "
