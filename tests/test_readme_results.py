@@ -118,10 +118,9 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     geometry = in_domain_tests(FULL_SCENES_2X2, *AT_EITHER_RANGE)
     multi, sphere = in_domain_tests(FULL_SCENES_2X2, ("multi-sphere-s-range", "multi-default-t"),
                                     ("sphere-multi-s-range", "sphere-default-t"))
-    (lead_here,) = in_domain_tests(FULL_SCENES_2X2, ("multi-default-t", "sphere-default-t"))
     # "≈": a − d = (a − c) + (c − d) holds exactly for the means, only to their rounding for the figures printed
     assert (f"Multi leads by {geometry[0].effect:+.1f} at the sphere's and {geometry[1].effect:+.1f} at Multi's; the "
-            f"larger range adds the rest ({lead_here.effect:.1f} ≈ {geometry[0].effect:.1f} + {-multi.effect:.1f} ≈ "
+            f"larger range adds the rest ({lead['effect']:.1f} ≈ {geometry[0].effect:.1f} + {-multi.effect:.1f} ≈ "
             f"{geometry[1].effect:.1f} + {sphere.effect:.1f}: Multi loses {-multi.effect:.1f} at the sphere's range, "
             f"the sphere gains {sphere.effect:.1f} at Multi's, p = {sphere.p:.3f}, not after Holm)") in answer
     assert multi.effect < 0 < sphere.effect and all(d.significant for d in (multi, sphere))  # "loses", "gains"
