@@ -3,11 +3,9 @@ crash sees the old file or the new one, never half of one.
 
 Scratch siblings are named ".NAME.<12 hex digits>.partial" and created exclusively: the name is new, so a
 writer never takes over, nor deletes, a file or folder of the user's (a user's "DST.tmp" stays untouched).
-Also the digest a resumed writer checks its inputs against (`sha256_file`).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 from pathlib import Path
@@ -42,17 +40,3 @@ def save_png_atomic(figure, path, **options) -> None:
 def write_text_atomic(path, text: str) -> None:
     """Replace `path` with `text` (UTF-8) in one step."""
     write_atomic(path, lambda file: file.write(text.encode("utf-8")))
-
-
-def sha256_file(path, progress: bool = False) -> str:
-    """The hex sha256 of a file's bytes, read 1 MiB at a time; `progress`: a bar of the bytes read (a CSV of
-    LAION's size takes minutes)."""
-    from tqdm.auto import tqdm
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as file, tqdm(total=os.fstat(file.fileno()).st_size, unit="B", unit_scale=True,
-                                        desc=f"hash {os.path.basename(path)}", disable=not progress) as bar:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-            bar.update(len(block))
-    return digest.hexdigest()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from topoclip.atomic import SCRATCH_SUFFIX, scratch_name
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
+from topoclip.door import check_inside, is_folder, is_regular, list_folder, open_regular, read_json, regular_file
 from topoclip.errors import CheckpointError, DiskFullError, NonFiniteError, is_disk_full
 from topoclip.model import CLIP
 from topoclip.tokenizer import SAVED_FILE_NAME
@@ -47,7 +49,7 @@ STEP_PREFIX = "step-"
 def config_file(folder) -> Path:
     """The config file of a model or run folder: MODEL_CONFIG, else (earlier layout, run folders) CONFIG."""
     folder = Path(folder)
-    return folder / MODEL_CONFIG if (folder / MODEL_CONFIG).is_file() or not (folder / CONFIG).is_file() \
+    return folder / MODEL_CONFIG if (folder / MODEL_CONFIG).exists() or not (folder / CONFIG).exists() \
         else folder / CONFIG
 
 
@@ -132,13 +134,17 @@ def checkpoint_step(folder: Path) -> int:
 
 
 def step_checkpoints(folder: Path) -> list[Path]:
-    """Complete step checkpoints under `folder`, oldest first."""
+    """Complete step checkpoints under `folder`, oldest first (listed through the door: a link out of `folder` is no
+    checkpoint of it)."""
     folder = Path(folder)
-    if not folder.is_dir():
+    if not is_folder(folder):
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)
-             and not p.name.endswith(".tmp") and (p / WEIGHTS).is_file()]
+    found = [Path(entry.path) for entry in list_folder(folder, "checkpoints folder", error=CheckpointError)
+             if STEP_NAME.fullmatch(entry.name) and is_folder(entry.path, folder) and is_regular(Path(entry.path) / WEIGHTS, folder)]
     return sorted(found, key=checkpoint_step)
+
+
+STEP_NAME = re.compile(re.escape(STEP_PREFIX) + r"[0-9]{1,12}")  # step-000200; a scratch or .tmp name is no checkpoint
 
 
 def transformers_folder(path: Path) -> bool:
@@ -153,7 +159,7 @@ def resolve_checkpoint(path: Path) -> Path:
     path = Path(path)
     if path.is_file() and path.name == WEIGHTS:
         path = path.parent
-    if (path / WEIGHTS).is_file() or transformers_folder(path):
+    if (path / WEIGHTS).exists() or transformers_folder(path):  # a FIFO or link there: refused by the door, said
         return path
     for folder in (path / CHECKPOINTS, path):
         found = step_checkpoints(folder)
@@ -164,17 +170,14 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def load_config_from(path: Path) -> Config:
-    """The validated Config of a checkpoint or run folder; CheckpointError when its config is unreadable."""
+    """The validated Config of a checkpoint or run folder (read through the door); CheckpointError when its config is
+    unreadable."""
     file = config_file(path)
-    if file.exists() and not file.is_file():  # a FIFO would block the read forever, a folder fail it
-        raise CheckpointError(f"{file} is not a regular file; it should be the config the run wrote")
     try:
-        values = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, an integer of over 4,300 digits
-        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
-        raise CheckpointError(f"{file} is not valid JSON ({detail}); it should be the config the run wrote") from None
-    if not isinstance(values, dict):
-        raise CheckpointError(f"{file} is not a config (a JSON object of sections); it holds {type(values).__name__}")
+        values = read_json(file, "the config", Path(path), expect=dict, error=CheckpointError)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} has no {MODEL_CONFIG} (nor {CONFIG}); it is not a topoclip model or run "
+                              f"folder") from None
     try:
         config = from_dict(Config, values)
         validate(config)
@@ -198,7 +201,7 @@ def check_weights_fit(folder: Path, model_config) -> None:
     """CheckpointError naming the first difference between `folder`'s weights and the model `model_config`
     describes, read from the safetensors header and a model on the meta device: nothing is allocated, so a
     config.json that claims a huge model costs nothing before it is refused."""
-    file = Path(folder) / WEIGHTS
+    file = regular_file(Path(folder) / WEIGHTS, "the weights", Path(folder), error=CheckpointError)
     with _damaged_as_checkpoint_error(file), safe_open(file, framework="pt") as weights:  # the header only
         found = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
     with torch.device("meta"):  # shapes without memory
@@ -225,7 +228,7 @@ def load_weights(model: CLIP, folder: Path) -> None:
 def read_weights(folder: Path, model_config, device: str = "cpu") -> dict:
     """A checkpoint folder's safetensors weights, checked to fit a model of `model_config` (check_weights_fit)."""
     check_weights_fit(folder, model_config)
-    file = Path(folder) / WEIGHTS
+    file = regular_file(Path(folder) / WEIGHTS, "the weights", Path(folder), error=CheckpointError)
     with _damaged_as_checkpoint_error(file):
         return load_file(file, device=device)
 
@@ -234,10 +237,11 @@ def load_tokenizer_from(folder: Path, text_config=None):
     """The Tokenizer saved in a checkpoint folder, or None; CheckpointError when tokenizer.json is malformed or,
     given the model's `text_config`, gives ids past its vocabulary (its context length is then the model's)."""
     file = Path(folder) / TOKENIZER
-    if not file.is_file():
+    if not file.exists():
         return None
     from topoclip.tokenizer import Tokenizer
 
+    check_inside(file, folder, "the tokenizer", CheckpointError)
     try:
         tokenizer = Tokenizer.load(file, None if text_config is None else text_config.context_length)
     except ValueError as error:  # the tokenizer's messages name the file and what is wrong
@@ -270,15 +274,17 @@ def load_training_state(path: Path) -> dict:
     CheckpointError when the file is damaged (the checkpoint before it can be resumed instead).
     """
     file = Path(path) / TRAINING_STATE
-    if file.exists() and not file.is_file():  # a FIFO would block torch.load forever
-        raise CheckpointError(f"{file} is not a regular file; move this checkpoint folder away to resume from the one before")
+    damaged = "move this checkpoint folder away to resume from the one before"
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        with open_regular(file, "the training state", Path(path), None, CheckpointError) as handle:
+            return torch.load(handle, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{Path(path)} has no {TRAINING_STATE}; it holds weights only and cannot be resumed") from None
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}; {damaged}") from None
     except Exception as error:  # a damaged zip or a payload weights_only refuses: never executed
         raise CheckpointError(f"{file} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
-                              f"move this checkpoint folder away to resume from the one before") from None
+                              f"{damaged}") from None
 
 
 def prune_checkpoints(folder: Path, keep: int) -> None:

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from topoclip.atomic import sha256_file
 from topoclip.data.images import DecodeSettings, decode_image, image_files, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
+from topoclip.door import CAPTIONS_BYTES, read_json, read_text, sha256_file
 from topoclip.errors import DiskFullError, UserError, is_disk_full
 from topoclip.geometry import require_flat
 from topoclip.workers import worker_options
@@ -86,7 +86,7 @@ def list_images(source: Union[str, Path], image_key: str = "filepath") -> list[I
             raise UserError(f"{text} expands to {remote[0]!r}: topoclip embed reads local shards only")
         inputs = []
         for shard in shards:
-            if not Path(shard).is_file():
+            if not Path(shard).exists():
                 raise FileNotFoundError(f"shard {shard} does not exist")
             try:
                 samples = _samples(Path(shard))
@@ -150,7 +150,7 @@ class ShardWriter:
         total = BadSampleCounter()
         for index in range(shards):
             try:
-                counts = json.loads(self.stats_path(index).read_text(encoding="utf-8"))
+                counts = read_json(self.stats_path(index), "shard stats", self.folder, error=ValueError)
                 total += BadSampleCounter(counts["kept"], counts["bad"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
@@ -239,17 +239,14 @@ def _sha256_lines(lines: Sequence[str]) -> str:
 
 def _read_texts(path) -> list[str]:
     """The lines of a --texts file; UserError when it is missing or not UTF-8."""
-    try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise UserError(f"--texts {path} is not UTF-8 text (byte {error.start}); write one caption per line in UTF-8") from None
+    return read_text(path, "--texts", limit=CAPTIONS_BYTES, error=UserError).splitlines()
 
 
 def _read_summary(path: Path) -> dict:
     """The settings an earlier run recorded in embed.json; UserError when the file is damaged."""
     try:
-        settings = json.loads(path.read_text(encoding="utf-8")).get("settings")
-    except (ValueError, RecursionError, AttributeError):  # not JSON, not UTF-8, not an object
+        settings = read_json(path, "embed summary", path.parent, expect=dict, error=ValueError).get("settings")
+    except ValueError:  # not JSON, not UTF-8, not an object, a FIFO
         settings = None
     if not isinstance(settings, dict):
         raise UserError(f"{path} is damaged (no settings object); remove the folder's embeddings or choose another --out")
@@ -286,7 +283,7 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
                     "texts": texts, "weights_sha256": sha256_file(weights_file(clip.checkpoint)) if clip.checkpoint else None,
                     "images_sha256": _sha256_lines([item.key for item in inputs]) if images else None,
                     "texts_sha256": _sha256_lines(lines) if texts else None}
-        if summary_path.is_file():
+        if summary_path.exists():
             before = _read_summary(summary_path)
             changed = [key for key, value in settings.items() if before.get(key) != value]
             changed = [CHANGES.get(key, key) for key in changed  # a hash says more only where its source is the same

@@ -60,8 +60,8 @@ def file_name_problem(name) -> Optional[str]:
     """
     if not isinstance(name, str) or not name:
         return "it is empty" if name == "" else f"it is a {type(name).__name__}, not text"
-    if "\0" in name:
-        return "it holds a NUL character"
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):  # a NUL ends the name in C; a newline splits logs
+        return "it holds a control character (a NUL, newline or tab)"
     if "/" in name or "\\" in name or name in (".", ".."):
         return "no '/' or backslash, not '.' or '..'"
     try:

@@ -28,6 +28,7 @@ from torch import nn
 from topoclip.checkpoint import MODEL_CONFIG, TOKENIZER
 from topoclip.config import Config, to_dict
 from topoclip.convert import check_destination
+from topoclip.convert.files import new_folder
 from topoclip.errors import UserError
 from topoclip.geometry import require_flat, to_space
 from topoclip.model import CLIP
@@ -106,7 +107,7 @@ def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, 
     Returns a report; with `check`, onnxruntime runs both encoders on a batch of another size than
     the one exported with and the report gives the max abs difference from PyTorch.
     """
-    destination = check_destination(destination)
+    check_destination(destination)
     if importlib.util.find_spec("onnx") is None:  # torch.onnx.export writes through it
         raise UserError("ONNX export needs the onnx package: pip install 'topoclip[onnx]'")
     model = model.float().cpu().eval()
@@ -115,20 +116,19 @@ def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, 
             require_flat(config.model.topology)
         except ValueError as error:
             raise UserError(f"--flat: {error}") from None
-    destination.mkdir(parents=True, exist_ok=True)
     inputs = example_inputs(config, 2, torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        _export(ImageEncoder(model, flat), (inputs["images"],), ["images"], destination / IMAGE_FILE)
-        _export(TextEncoder(model, flat), (inputs["input_ids"], inputs["attention_mask"]),
-                ["input_ids", "attention_mask"], destination / TEXT_FILE)
-    (destination / MODEL_CONFIG).write_text(json.dumps(to_dict(config), indent=2))
-    if tokenizer is not None:
-        tokenizer.save(destination / TOKENIZER)
     report = f"wrote {destination}: {IMAGE_FILE}, {TEXT_FILE}, {MODEL_CONFIG}" + (", tokenizer.json" if tokenizer else "")
-    if check:
-        differences = compare_with_pytorch(model, config, destination)
-        report += "\nonnxruntime vs PyTorch, max abs difference (batch of 3): " + ", ".join(
-            f"{name} {value:.2e}" for name, value in differences.items())
+    with new_folder(destination, "the ONNX encoders") as folder, torch.no_grad():
+        _export(ImageEncoder(model, flat), (inputs["images"],), ["images"], folder / IMAGE_FILE)
+        _export(TextEncoder(model, flat), (inputs["input_ids"], inputs["attention_mask"]),
+                ["input_ids", "attention_mask"], folder / TEXT_FILE)
+        (folder / MODEL_CONFIG).write_text(json.dumps(to_dict(config), indent=2))
+        if tokenizer is not None:
+            tokenizer.save(folder / TOKENIZER)
+        if check:  # before the files take their place: a failed check leaves nothing behind
+            differences = compare_with_pytorch(model, config, folder)
+            report += "\nonnxruntime vs PyTorch, max abs difference (batch of 3): " + ", ".join(
+                f"{name} {value:.2e}" for name, value in differences.items())
     return report
 
 

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from topoclip.errors import UserError
+from topoclip.pretrained import check_repo_id
 
 CARD = "README.md"
 
@@ -31,20 +32,7 @@ def markdown_table(rows: list[list], columns: list[str]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows])
 
 
-# A Hub repository id as the Hub takes it (huggingface_hub.utils.validate_repo_id): org/name, each part letters,
-# digits, "-", "_" and ".", not starting or ending with "-" or ".", no "--" or "..", the name at most 96 characters.
-REPO_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?$",
-                     re.ASCII)
-
 LICENSE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}$", re.ASCII)  # the Hub's license identifiers: mit, apache-2.0
-
-
-def check_repo_id(repo_id: str) -> str:
-    """`repo_id` when the Hub would take it (see REPO_ID), else UserError saying the form."""
-    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
-        raise UserError(f"{repo_id!r:.100} is not a Hub repository id; give the repository as org/name (or "
-                        f"user/name), of letters, digits, '-', '_' and '.' only, e.g. my-org/topoclip-vit-b16")
-    return repo_id
 
 
 def model_card(config, repo_id: str, evaluation: Optional[list], license: str, openclip: bool) -> str:

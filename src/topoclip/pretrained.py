@@ -9,6 +9,7 @@ them in memory when loaded, and into a topoclip folder under `cache_dir()` when 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,39 @@ from typing import Optional, Union
 
 from topoclip.atomic import scratch_name
 from topoclip.checkpoint import CONFIG, MODEL_CONFIG, TOKENIZER, WEIGHTS
+from topoclip.door import escapes, is_regular
 from topoclip.errors import CheckpointError, UserError
+
+# A Hub repository id as the Hub takes it (huggingface_hub.utils.validate_repo_id): org/name, each part letters,
+# digits, "-", "_" and ".", not starting or ending with "-" or ".", no "--" or "..", the name at most 96 characters.
+REPO_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?$",
+                     re.ASCII)
+# A revision as the Hub names one: a branch or tag ("main", "v1.0", "refs/pr/1") or a commit hash; never "..", which
+# would lead out of the cache's refs/ folder.
+REVISION = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w./-]{0,127}$", re.ASCII)
+
+
+def check_repo_id(repo_id: str) -> str:
+    """`repo_id` when the Hub would take it (see REPO_ID), else UserError saying the form."""
+    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
+        raise UserError(f"{repo_id!r:.100} is not a Hub repository id; give the repository as org/name (or "
+                        f"user/name), of letters, digits, '-', '_' and '.' only, e.g. my-org/topoclip-vit-b16")
+    return repo_id
+
+
+def split_revision(repo_id: str, revision: Optional[str]) -> tuple[str, Optional[str]]:
+    """("org/name", revision) from "org/name" or "org/name@REV" (the Hub's own spelling), both checked (see REPO_ID,
+    REVISION); UserError naming the form otherwise, before anything is asked of the Hub or its cache."""
+    if isinstance(repo_id, str) and "@" in repo_id:
+        repo_id, _, written = repo_id.partition("@")
+        if revision is not None and written != revision:
+            raise UserError(f"{repo_id}@{written:.60} names a revision and --revision gives {revision!r:.60}; give one")
+        revision = written
+    check_repo_id(repo_id)
+    if revision is not None and not (isinstance(revision, str) and REVISION.match(revision)):
+        raise UserError(f"revision {revision!r:.80} is not a Hub revision; give a branch, tag or commit hash, e.g. main")
+    return repo_id, revision
+
 
 HF_BIN_WEIGHTS = "pytorch_model.bin"  # transformers' older weights file (read with weights_only=True)
 
@@ -58,8 +91,13 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
     from topoclip.convert import convert
 
     entry = get_pretrained(name)
+    if revision is not None:
+        split_revision(entry.repo, revision)
     folder = cache_dir() / "pretrained" / name.replace(":", "--") / (revision or "main")
-    if not (folder / WEIGHTS).is_file():
+    if folder.exists() and not is_regular(folder / WEIGHTS, folder):  # conversions land whole: this is not one
+        raise UserError(f"{folder} is in topoclip's cache of converted models but holds no converted {name} (no "
+                        f"{WEIGHTS}); delete that folder and run again: it is converted anew")
+    if not folder.exists():
         snapshot = hub_folder(entry.repo, revision)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = scratch_name(folder)  # the conversion lands whole or not at all
@@ -80,9 +118,11 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
         raise UserError(f"{repo_id!r} is not a local folder; loading it from the Hugging Face Hub needs "
                         f"huggingface_hub: pip install 'topoclip[hub]'") from None
 
+    repo_id, revision = split_revision(repo_id, revision)
+
     def fetch(name: str, required: bool = True) -> Optional[Path]:
         try:
-            return Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
+            found = Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
         except LocalEntryNotFoundError:
             if not required:
                 return None
@@ -100,6 +140,17 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
                                   f"`topoclip convert`") from None
         except OSError as error:  # network failures
             raise UserError(f"{repo_id}: could not download {name} ({error})") from None
+        except Exception as error:  # a damaged cache (refs/main naming no snapshot), an answer huggingface_hub refuses
+            first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            raise UserError(f"{repo_id}: the Hugging Face Hub or its cache could not give {name} "
+                            f"({type(error).__name__}: {first}); check HF_HUB_CACHE, or delete that repository's "
+                            f"folder there to download it again") from None
+        snapshot = found.parent  # …/models--ORG--NAME/snapshots/REVISION/NAME: every link stays in models--ORG--NAME
+        why = escapes(found, snapshot)
+        if why or found.parent.parent.name != "snapshots":
+            raise UserError(f"{repo_id}: the Hugging Face cache's {name} leads out of its repository folder "
+                            f"({why or found}); delete that repository's folder in HF_HUB_CACHE to download it again")
+        return found
 
     weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
     if fetch(MODEL_CONFIG, required=False) is None:

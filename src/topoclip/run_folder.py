@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from topoclip.checkpoint import CHECKPOINTS, checkpoint_step, step_checkpoints
+from topoclip.door import list_folder
 from topoclip.errors import RunFolderError
 from topoclip.workers import HELD_LOCKS
 
@@ -84,8 +85,10 @@ class RunFolder:
 
 def parse_metrics_lines(path: Path) -> tuple[list[dict], list[str]]:
     """(records, problems): the complete JSON lines of `path`, and one note per line left out."""
+    from topoclip.door import read_text
+
     records, problems = [], []
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, "metrics log", limit=METRICS_BYTES, errors="replace", error=RunFolderError)
     lines = text.split("\n")
     # The text after the last newline is a record still being written, or torn by a kill / full disk.
     complete, tail = lines[:-1], lines[-1]
@@ -123,6 +126,10 @@ except ImportError:  # Windows: no flock; the run folder is then not locked
     fcntl = None
 
 LOCK = ".lock"
+# A metrics log: one line per logged step, a few hundred bytes each; a million steps logged every step is ~0.5 GB.
+METRICS_BYTES = 1024 << 20
+
+
 class RunFolderLock:
     """This process's hold on a run folder; `release()` (or leaving the `with` block) gives it up.
 
@@ -174,7 +181,7 @@ def refuse_links(folder: Path, what: str) -> None:
                                  f"link with a folder, or use another folder")
         if not inside.is_dir():
             continue
-        foreign = sorted(entry.name for entry in inside.iterdir() if _link_or_special(entry))
+        foreign = [entry.name for entry in list_folder(inside, what, error=RunFolderError) if _link_or_special(Path(entry.path))]
         if foreign:
             raise RunFolderError(f"{inside} holds symbolic links or special files ({', '.join(foreign[:3])}); topoclip "
                                  f"writes only files inside its {what}: replace them with the files themselves, or use "
@@ -255,7 +262,7 @@ def claim_run_folder(run_dir, resuming: bool) -> RunFolderLock:
     except OSError as error:  # permission denied, read-only file system, ...
         raise RunFolderError(f"cannot write to the run folder {run_dir} ({error.strerror or error}); {fix}") from None
     if not resuming:
-        present = sorted(entry.name for entry in run_dir.iterdir() if entry.name != LOCK)
+        present = [entry.name for entry in list_folder(run_dir, "run folder", error=RunFolderError) if entry.name != LOCK]
         if present:
             lock.release()
             shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")

@@ -17,7 +17,6 @@ so a caption can never inject control tokens.
 from __future__ import annotations
 
 import collections
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -138,11 +137,13 @@ class Tokenizer:
         vocab.txt gets bert-base-uncased processing: BertNormalizer (lower-case, strip accents,
         split Chinese characters), BertPreTokenizer, WordPiece with "##" continuations.
         """
+        from topoclip.door import JSON_BYTES, read_bytes
+
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"no tokenizer vocabulary file at {str(path)!r} (expected vocab.txt or tokenizer.json)")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bytes(path, "tokenizer vocabulary", limit=JSON_BYTES, error=ValueError).decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError(
                 f"{str(path)!r} is not UTF-8 text; expected a BERT vocab.txt (one token per line) "
@@ -208,18 +209,19 @@ class Tokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / SAVED_FILE_NAME
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"no saved tokenizer at {str(path)!r}; write one with Tokenizer.save(path)")
-        return cls._from_tokenizer_json(path.read_text(encoding="utf-8"), path, context_length)
+        from topoclip.door import JSON_BYTES, read_text
+
+        return cls._from_tokenizer_json(read_text(path, "tokenizer", limit=JSON_BYTES, error=ValueError), path,
+                                        context_length)
 
     @classmethod
     def _from_tokenizer_json(cls, text: str, path: Path, context_length: Optional[int]) -> "Tokenizer":
         expected = "expected a tokenizer.json from the HF tokenizers library (or a BERT vocab.txt)"
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as error:
-            detail = "nested too deeply" if isinstance(error, RecursionError) else error
-            raise ValueError(f"{str(path)!r} is not valid JSON ({detail}); {expected}") from None
+        from topoclip.door import parse_json
+
+        data = parse_json(text, f"{str(path)!r} ({expected})", error=ValueError)
         if not isinstance(data, dict) or "model" not in data:
             raise ValueError(f"{str(path)!r} has no 'model' entry; {expected}")
         inserted = [value for section in ("normalizer", "pre_tokenizer") for key, value in _strings(data.get(section))

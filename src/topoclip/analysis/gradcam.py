@@ -28,6 +28,7 @@ from topoclip.analysis.inputs import scene_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.geometry import get_topology
 from topoclip.config import ConfigError
+from topoclip.errors import UserError
 from topoclip.inference import Pretrained
 
 
@@ -165,17 +166,16 @@ def plot_maps(results: Sequence[GradCAM], images: Sequence[np.ndarray], out_dir,
 
 
 def load_images(paths: Sequence) -> list[np.ndarray]:
-    """Image files -> uint8 (H, W, 3) arrays."""
-    from PIL import Image
-
-    from topoclip.data.images import to_rgb
+    """Image files -> uint8 (H, W, 3) arrays (read as training reads them: data.images.decode_image)."""
+    from topoclip.data.images import decode_image
+    from topoclip.data.quality import BadSample
 
     arrays = []
     for path in paths:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--image {path}: no such file")
-        with Image.open(path) as image:
-            arrays.append(np.asarray(to_rgb(image)))
+        try:
+            arrays.append(np.asarray(decode_image(Path(path))))
+        except BadSample as error:
+            raise UserError(f"--image {path}: {error}") from None
     return arrays
 
 

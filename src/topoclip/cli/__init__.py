@@ -54,7 +54,7 @@ def describe_error(error: BaseException) -> str:
     if isinstance(error, OSError) and not isinstance(error, UserError) and error.strerror:
         text = f"{error.strerror}: {error.filename}" if error.filename else error.strerror
         if error.errno in DISK_FULL_ERRNOS:
-            text += "; free space, then continue the run with --resume"
+            text += "; free space and run the command again (train: with --resume RUN_FOLDER)"
         elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             text += "; choose a writable location (or make this one writable)"
     else:

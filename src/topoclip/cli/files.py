@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from topoclip.cli.common import add_command, add_overrides, number, whole
@@ -50,7 +51,23 @@ def command_export(args) -> int:
     if not (args.onnx or args.weights or args.openclip or args.hf):
         raise ConfigError("say what to export: --onnx DST (ONNX encoders), --weights DST (safetensors folder), "
                           "--openclip DST (OpenCLIP's files) and/or --hf DST (transformers' CLIPModel)")
+    chosen = {}  # every destination is checked before anything is read or written: new or empty, each its own
+    for flag, folder in (("--onnx", args.onnx), ("--weights", args.weights), ("--openclip", args.openclip),
+                         ("--hf", args.hf)):
+        if folder:
+            where = os.path.abspath(folder)
+            if where in chosen:
+                raise ConfigError(f"{chosen[where]} and {flag} both name {folder}; give each export its own folder")
+            chosen[where] = flag
+            check_destination(folder)
     model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
+    if args.openclip or args.hf:  # refused before any other format is written
+        from topoclip.convert.openclip_export import openclip_refusal, tokenizer_refusal
+
+        reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
+        if reason:
+            raise ConfigError(f"{'--openclip' if args.openclip else '--hf'}: OpenCLIP's layout cannot hold this model: "
+                              f"{reason}")
     if args.openclip:
         from topoclip.convert.openclip_export import export_openclip
 

@@ -282,23 +282,26 @@ def command_urls(data: DataConfig) -> list[str]:
         raise ConfigError(str(error)) from None
 
 
-# The settings a config read from a folder may not turn to a command or the network unless typed (see below).
+# The settings a config read from a file (a folder's config.json, a preset or grid file) may not turn to a command or
+# the network unless typed (see below).
 FOLDER_GUARDED = ("data.train_data", "train.report_to")
 
 
 def refuse_folder_commands(config: Config, file: Path, typed: Optional[dict] = None) -> None:
-    """ConfigError when `file` (a config.json read from a folder) would run a command or reach the network: a
-    data.train_data that expands to a command or network URL, or train.report_to with "wandb" (which uploads),
-    unless the user typed that same value (`typed`: FOLDER_GUARDED key -> the value the command line gave)."""
+    """ConfigError when `file` (a config.json read from a folder, a preset or grid file: anyone's) would run a command
+    or reach the network: a data.train_data that expands to a command or network URL, or train.report_to with "wandb"
+    (which uploads), unless the user typed that same value (`typed`: FOLDER_GUARDED key -> the value the command line
+    gave)."""
     typed = typed or {}
     found = command_urls(config.data)
     if found and config.data.train_data != typed.get("data.train_data"):
-        raise ConfigError(f"{file} sets data.train_data to {found[0]!r}, which runs a command or reads the network "
-                          f"(after brace expansion); a config read from a folder never does either. If this is your "
-                          f"own run, give the value on the command line: --set data.train_data='{config.data.train_data}'")
+        raise ConfigError(f"{file} sets data.train_data to {found[0]!r:.200}, which runs a command or reads the network "
+                          f"(after brace expansion); a setting read from a file never does either. If the file is "
+                          f"your own, give the value on the command line: --set data.train_data="
+                          f"'{config.data.train_data[:300]}'")
     if "wandb" in config.train.report_to and "wandb" not in (typed.get("train.report_to") or []):
         raise ConfigError(f"{file} sets train.report_to to {list(config.train.report_to)}: W&B uploads to the network, "
-                          f"which a config read from a folder never turns on. If this is your own run, give it on the "
+                          f"which a setting read from a file never turns on. If the file is your own, give it on the "
                           f"command line: --set 'train.report_to={json.dumps(list(config.train.report_to))}'")
 
 

@@ -10,9 +10,9 @@ import types
 import typing
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
-from topoclip.config.checks import validate
+from topoclip.config.checks import FOLDER_GUARDED, refuse_folder_commands, validate
 from topoclip.config.schema import Config, ConfigError
 
 
@@ -85,8 +85,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={value!r} must be a number")
-        return float(value)
+            raise ConfigError(f"{key}={value!r:.80} must be a number")
+        try:
+            return float(value)
+        except OverflowError:  # an integer of over 308 digits: past every float
+            raise ConfigError(f"{key} is an integer of {len(str(value)):,} digits, past the largest float (1.8e308); "
+                              f"give a number in range") from None
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}={value!r} must be a string")
@@ -241,30 +245,28 @@ def presets() -> list[str]:
 
 
 def read_preset_file(path: Path) -> dict:
-    """A preset JSON file's values; ConfigError naming the file when it is not a JSON object."""
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, an integer of over 4,300 digits
-        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
-        raise ConfigError(f"preset file {path} is not valid JSON ({detail}); a preset is a JSON object of "
-                          f'sections, e.g. {{"base": "cpu-multi", "train": {{"steps": 100}}}}') from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"preset file {path} holds a JSON {type(values).__name__}, not an object of sections; "
-                          f'e.g. {{"base": "cpu-multi", "train": {{"steps": 100}}}}')
-    return values
+    """A preset JSON file's values (read through the door: a regular file, bounded); ConfigError naming the file
+    when it is not a JSON object."""
+    from topoclip.door import read_json
+
+    return read_json(path, "preset file", expect=dict, error=ConfigError)
 
 
-def preset_dict(name: str, _bases: tuple = ()) -> dict:
-    """The preset's values as a dict, with its `base` chain resolved (a file path also works)."""
-    files = _preset_files()
-    if name in files:
-        values = json.loads(files[name].read_text())
-    elif Path(name).is_file():
+def preset_dict(name: str, _bases: tuple = (), files: Optional[list] = None) -> dict:
+    """The preset's values as a dict, with its `base` chain resolved (a file path also works). `files`, when given,
+    gets every preset file (not a shipped preset) the chain read: a file is anyone's, so a command in it is refused
+    (`load_config`)."""
+    shipped = _preset_files()
+    if name in shipped:
+        values = json.loads(shipped[name].read_text())
+    elif Path(name).exists():  # a FIFO or a folder of that name is refused by the door, not read
         values = read_preset_file(Path(name))
+        if files is not None:
+            files.append(Path(name))
     else:
         close = difflib.get_close_matches(name, presets(), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"unknown preset {name!r}; {hint}presets: {', '.join(presets())} "
+        raise ConfigError(f"unknown preset {name!r:.200}; {hint}presets: {', '.join(presets())} "
                           f"(`topoclip presets` describes them; a path to a preset JSON file also works)")
     values.pop("description", None)
     own_name = values.get("name", Path(name).stem)
@@ -273,22 +275,40 @@ def preset_dict(name: str, _bases: tuple = ()) -> dict:
         raise ConfigError(f"preset {name!r}: its \"base\" is a {type(base).__name__}; name one preset, e.g. "
                           f'"base": "cpu-multi"')
     if base:
-        if base in _bases:
-            raise ConfigError(f"preset {name!r}: its base chain {' -> '.join(_bases + (name, base))} is a loop; "
+        if base in _bases or len(_bases) >= MAX_BASES:
+            chain = ' -> '.join(_bases + (name, base))
+            raise ConfigError(f"preset {name!r}: its base chain {chain[:300]} is a loop or longer than {MAX_BASES}; "
                               f"end it at a shipped preset")
-        values = merge(preset_dict(base, _bases + (name,)), values)
+        values = merge(preset_dict(base, _bases + (name,), files), values)
     values["name"] = own_name  # the run is named after the preset asked for, not its base
     return values
 
 
-def load_config(preset: Optional[str] = None, overrides: Optional[list[str]] = None, values: Optional[dict] = None) -> Config:
-    """Resolve a preset (or explicit values) plus overrides into a validated Config."""
-    merged = preset_dict(preset) if preset else {}
+MAX_BASES = 16  # presets a "base" chain may pass through (the shipped ones use two)
+
+
+def typed_values(overrides: Sequence[str]) -> dict:
+    """FOLDER_GUARDED key -> the value the command line's `overrides` give it (None where they give none)."""
+    return {key: override_value(list(overrides), key) for key in FOLDER_GUARDED}
+
+
+def load_config(preset: Optional[str] = None, overrides: Optional[list[str]] = None, values: Optional[dict] = None,
+                typed: Optional[Sequence[str]] = None, files: Sequence[Path] = ()) -> Config:
+    """Resolve a preset (or explicit values) plus overrides into a validated Config.
+
+    A file is data, never a command: when the config comes in part from a file (a preset file, or `files`, e.g. the
+    grid file whose settings are among `overrides`), a data.train_data that runs a command or reads the network, or
+    W&B's upload, is refused unless the user typed that value (`typed`: the command line's --set; default: every
+    override is typed)."""
+    read = list(files)
+    merged = preset_dict(preset, files=read) if preset else {}
     if values:
         merged = merge(merged, values)
     merged = apply_overrides(merged, overrides or [])
     config = from_dict(Config, merged)
     validate(config)
+    if read:
+        refuse_folder_commands(config, read[0], typed_values(overrides or [] if typed is None else typed))
     return config
 
 

@@ -8,15 +8,20 @@ too: OpenCLIP publishes the same weights as safetensors.
 """
 from __future__ import annotations
 
+import os
 import pickle
+import shutil
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 import torch
 
 from topoclip.config import ConfigError
-from topoclip.errors import CheckpointError
+from topoclip.door import check_inside, is_empty, open_regular, regular_file
+from topoclip.atomic import scratch_name
+from topoclip.errors import CheckpointError, DiskFullError, is_disk_full
 
 # Inside a folder (e.g. a Hugging Face snapshot), the weights file is the first of these found.
 WEIGHT_FILES = ("model.safetensors", "open_clip_model.safetensors", "open_clip_pytorch_model.bin",
@@ -32,17 +37,17 @@ def weights_file(path: Union[str, Path]) -> Path:
     path = Path(path)
     if path.is_dir():
         for name in WEIGHT_FILES:
-            if (path / name).is_file():
-                return path / name
+            if (path / name).exists():  # a FIFO or a link out there is refused when it is read, not passed over
+                return check_inside(path / name, path, "weights", CheckpointError)
         raise FileNotFoundError(f"no weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no checkpoint file at {path}")
     return path
 
 
 def read_state_dict(path: Union[str, Path]) -> dict[str, torch.Tensor]:
     """{name: tensor} on the CPU from a safetensors or torch file (or a folder holding one)."""
-    path = weights_file(path)
+    path = regular_file(weights_file(path), "weights", error=CheckpointError)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -55,7 +60,8 @@ def read_state_dict(path: Union[str, Path]) -> dict[str, torch.Tensor]:
                               f"does not load because it carries code; use OpenCLIP's safetensors copy of the same "
                               f"weights (e.g. open_clip_model.safetensors from hf-hub:timm/vit_base_patch16_clip_224.openai)")
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        with open_regular(path, "weights", limit=None, error=CheckpointError) as file:
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         # torch's message ends with the reason ("unsupported GLOBAL posix.system", "Unsupported operand …")
         # and a pointer to its documentation.
@@ -102,6 +108,28 @@ def check_destination(destination: Union[str, Path]) -> Path:
     destination = Path(destination)
     if destination.is_symlink():  # replacing the link's folder would write where the link points
         raise ConfigError(f"{destination} is a symbolic link; give the folder itself, or a new folder")
-    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+    if destination.exists() and (not destination.is_dir() or not is_empty(destination)):
         raise ConfigError(f"{destination} already exists and is not an empty folder; choose a new folder")
     return destination
+
+
+@contextmanager
+def new_folder(destination: Union[str, Path], what: str) -> Iterator[Path]:
+    """A scratch sibling of `destination` (checked new or empty: `check_destination`) to write `what` into, renamed
+    onto `destination` when the block ends and removed on any error: the destination gets every file or none. A
+    full disk is a DiskFullError that says nothing was written."""
+    destination = check_destination(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    scratch = scratch_name(destination)
+    scratch.mkdir()
+    try:
+        yield scratch
+        if destination.exists():
+            destination.rmdir()  # the empty folder given: its place is taken by the written one
+        os.replace(scratch, destination)
+    except BaseException as error:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if is_disk_full(error):
+            raise DiskFullError(f"no space left on {destination.parent} while writing {what} {destination}; nothing "
+                                f"was written: free space and run the command again", destination) from None
+        raise

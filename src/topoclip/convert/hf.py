@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from topoclip.config import Config, ConfigError
+from topoclip.door import read_json
 from topoclip.errors import CheckpointError
 
 HF_CONFIG = "config.json"
@@ -53,23 +54,31 @@ IGNORED = ("position_ids",)  # buffers some versions save
 def is_hf_clip(folder: Union[str, Path]) -> bool:
     """Whether `folder` holds a transformers CLIPModel (its config.json says so)."""
     file = Path(folder) / HF_CONFIG
-    if not file.is_file():
+    if not file.exists():
         return False
     try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError):
+        config = read_json(file, "transformers config", Path(folder), expect=dict, error=CheckpointError)
+    except CheckpointError:  # unreadable, a FIFO, not an object: not a CLIPModel folder (its own reader says why)
         return False
-    return isinstance(config, dict) and (config.get("model_type") == "clip" or "CLIPModel" in (config.get("architectures") or []))
+    architectures = config.get("architectures")
+    return config.get("model_type") == "clip" or (isinstance(architectures, list) and "CLIPModel" in architectures)
 
 
 def _read_json(file: Path) -> dict:
-    try:
-        values = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as error:
-        raise CheckpointError(f"{file} is not valid JSON ({str(error)[:200] or 'nested too deeply'})") from None
-    if not isinstance(values, dict):
-        raise CheckpointError(f"{file} is not a JSON object")
-    return values
+    return read_json(file, "transformers file", file.parent, expect=dict, error=CheckpointError)
+
+
+def foreign_field(values: dict, key: str, kind: Union[type, tuple], default, where: str):
+    """values[key] (or `default` when absent) of a foreign config (transformers', OpenCLIP's), checked to be of `kind`
+    (bool is never a number); CheckpointError naming the field otherwise. Every field a foreign config gives is read
+    through this."""
+    value = values.get(key, default)
+    number = kind in (int, float) or (isinstance(kind, tuple) and set(kind) & {int, float})
+    if not isinstance(value, kind) or (number and isinstance(value, bool)):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise CheckpointError(f"{where}.{key} is {json.dumps(value)[:60]}, not a {names}; the file is not a model "
+                              f"topoclip can import")
+    return value
 
 
 def to_openai(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -151,38 +160,43 @@ def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str
     folder = Path(folder)
     if not is_hf_clip(folder):
         raise ConfigError(f"{folder} is not a transformers CLIPModel folder (its {HF_CONFIG} names no CLIPModel)")
-    values = _read_json(folder / HF_CONFIG)
-    text, vision = values.get("text_config") or {}, values.get("vision_config") or {}
-    activations = {text.get("hidden_act", "quick_gelu"), vision.get("hidden_act", "quick_gelu")}
+    file = folder / HF_CONFIG
+    values = _read_json(file)
+    text = foreign_field(values, "text_config", dict, {}, str(file)) or {}
+    vision = foreign_field(values, "vision_config", dict, {}, str(file)) or {}
+    activations = {foreign_field(text, "hidden_act", str, "quick_gelu", f"{file}: text_config"),
+                   foreign_field(vision, "hidden_act", str, "quick_gelu", f"{file}: vision_config")}
     if len(activations) != 1 or not activations <= {"quick_gelu", "gelu"}:
         raise ConfigError(f"{folder / HF_CONFIG}: hidden_act {sorted(activations)}; topoclip imports one of quick_gelu "
                           f"and gelu for both towers")
     for tower, settings in (("text", text), ("vision", vision)):
-        if settings.get("layer_norm_eps", LAYER_NORM_EPSILON) != LAYER_NORM_EPSILON:
+        if foreign_field(settings, "layer_norm_eps", (int, float), LAYER_NORM_EPSILON, f"{file}: {tower}_config") \
+                != LAYER_NORM_EPSILON:
             raise ConfigError(f"{folder / HF_CONFIG}: {tower}_config.layer_norm_eps is {settings['layer_norm_eps']}; "
                               f"topoclip's towers use {LAYER_NORM_EPSILON} (OpenAI's)")
-    settings = [f"model.text.heads={text.get('num_attention_heads', 8)}",
-                f"model.vision.heads={vision.get('num_attention_heads', 12)}"]
+    settings = [f"model.text.heads={foreign_field(text, 'num_attention_heads', int, 8, f'{file}: text_config')}",
+                f"model.vision.heads={foreign_field(vision, 'num_attention_heads', int, 12, f'{file}: vision_config')}"]
     eos = text.get("eos_token_id", TRANSFORMERS_EOS)  # a config without it takes transformers' default
     if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
         raise ConfigError(f"{folder / HF_CONFIG}: text_config.eos_token_id must be a token id, not {eos!r:.40}")
     if eos != LEGACY_EOS:
         settings.append(f"model.text.end_token_id={eos}")
     preprocessor = folder / PREPROCESSOR
-    if preprocessor.is_file():
+    if preprocessor.exists():
         pixels = _read_json(preprocessor)
         for key, setting in (("image_mean", "mean"), ("image_std", "std")):
             if key in pixels:
-                settings.append(f"model.vision.{setting}={json.dumps(pixels[key])}")
+                value = foreign_field(pixels, key, list, None, str(preprocessor))
+                settings.append(f"model.vision.{setting}={json.dumps(value)}")
     state = to_openai(read_state_dict(folder))
     model, _, config = import_openai(state, "openclip", activation=activations.pop(),
                                      overrides=[*settings, *overrides], name=name or folder.name)
     context, vocab_size = config.model.text.context_length, config.model.text.vocab_size
     tokenizer = None
     try:
-        if (folder / MERGES).is_file():
+        if (folder / MERGES).exists():
             tokenizer = bpe_tokenizer(folder / MERGES, vocab_size, context)
-        elif (folder / TOKENIZER_JSON).is_file():
+        elif (folder / TOKENIZER_JSON).exists():
             tokenizer = Tokenizer.load(folder / TOKENIZER_JSON, context_length=context)
     except ValueError as error:
         raise CheckpointError(f"{folder}: its tokenizer cannot be read ({error})") from None
@@ -213,8 +227,8 @@ def export_hf(model, config: Config, destination: Union[str, Path], tokenizer) -
     """Write `model` and its `tokenizer` as transformers' CLIPModel into `destination` (new or empty): config.json,
     model.safetensors, tokenizer.json + tokenizer_config.json, preprocessor_config.json. ConfigError when
     transformers' CLIP cannot hold the model (the same rules as OpenCLIP's)."""
-    from topoclip.convert.files import check_destination
     from topoclip.convert.architecture import rename_keys
+    from topoclip.convert.files import new_folder
     from topoclip.convert.openclip_export import EXPORT_RULES, openclip_refusal, tokenizer_refusal
 
     reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
@@ -226,19 +240,18 @@ def export_hf(model, config: Config, destination: Union[str, Path], tokenizer) -
         raise ConfigError(f"transformers reads eos_token_id {LEGACY_EOS} as 'pool at the largest id' (its configs before "
                           f"transformers#24773), but this model pools at the first token of id {LEGACY_EOS}: its "
                           f"vocabulary would need another end-token id")
-    destination = check_destination(destination)
     state = {key: tensor.detach().float().cpu().contiguous() for key, tensor in model.state_dict().items()}
     state = rename_keys(state, EXPORT_RULES, source="the topoclip model")  # OpenAI's names, as OpenCLIP's export
     state["visual.class_embedding"] = state["visual.class_embedding"][0]  # (1, width) -> (width,)
-    destination.mkdir(parents=True, exist_ok=True)
-    save_file(from_openai(state), str(destination / "model.safetensors"), metadata={"format": "pt"})
-    (destination / HF_CONFIG).write_text(json.dumps(hf_config(config, tokenizer), indent=2))
-    tokenizer.save(destination)
-    (destination / "tokenizer_config.json").write_text(json.dumps(tokenizer.transformers_config(), indent=2))
-    vision = config.model.vision
-    (destination / PREPROCESSOR).write_text(json.dumps({
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": vision.image_size},
-        "resample": 3, "do_center_crop": True, "crop_size": {"height": vision.image_size, "width": vision.image_size},
-        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(vision.mean),
-        "image_std": list(vision.std), "do_convert_rgb": True}, indent=2))
-    return destination
+    with new_folder(destination, "transformers' CLIPModel") as folder:
+        save_file(from_openai(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
+        (folder / HF_CONFIG).write_text(json.dumps(hf_config(config, tokenizer), indent=2))
+        tokenizer.save(folder)
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer.transformers_config(), indent=2))
+        vision = config.model.vision
+        (folder / PREPROCESSOR).write_text(json.dumps({
+            "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": vision.image_size},
+            "resample": 3, "do_center_crop": True, "crop_size": {"height": vision.image_size, "width": vision.image_size},
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(vision.mean),
+            "image_std": list(vision.std), "do_convert_rgb": True}, indent=2))
+    return Path(destination)

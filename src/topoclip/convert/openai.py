@@ -22,7 +22,6 @@ HTML-unescape or ftfy-fix the text, and "<|endoftext|>" typed in a caption is or
 from __future__ import annotations
 
 import gzip
-import json
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -33,6 +32,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 from topoclip.config import Config, ConfigError
 from topoclip.convert.architecture import build_imported, model_values, rename_keys
 from topoclip.convert.files import read_state_dict, source_name, weights_file
+from topoclip.door import open_regular, read_json
 from topoclip.errors import CheckpointError
 from topoclip.model import CLIP
 from topoclip.tokenizer import OPENAI_END, OPENAI_SPLIT_PATTERN, OPENAI_START, SAVED_FILE_NAME, Tokenizer
@@ -77,13 +77,14 @@ def bytes_to_unicode() -> dict[int, str]:
 def read_merges(path: Union[str, Path]) -> list[tuple[str, str]]:
     """Merges ("a", "b") of a bpe_simple_vocab file (gzip or plain text; a "#version" header is skipped)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no BPE vocabulary file at {path} (OpenAI's bpe_simple_vocab_16e6.txt.gz)")
     try:
-        with open(path, "rb") as file:
+        with open_regular(path, "BPE merges file", limit=None, error=ConfigError) as file:
             compressed = file.read(2) == b"\x1f\x8b"
-        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as file:
-            raw = file.read(MAX_MERGES_BYTES + 1)  # a gzip bomb is read no further than this
+            file.seek(0)
+            with (gzip.GzipFile(fileobj=file, mode="rb") if compressed else file) as reader:
+                raw = reader.read(MAX_MERGES_BYTES + 1)  # a gzip bomb is read no further than this
         if len(raw) > MAX_MERGES_BYTES:
             raise ConfigError(f"{path} holds more than {MAX_MERGES_BYTES >> 20} MB of merges; OpenAI's has 1.6 MB: not "
                               f"a BPE vocabulary")
@@ -140,12 +141,9 @@ def openclip_settings(folder: Path) -> dict:
     Returns {} without the file; refuses text towers topoclip does not have.
     """
     path = folder / OPENCLIP_CONFIG
-    if not path.is_file():
+    if not path.exists():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deeply
-        raise ConfigError(f"{path} is not valid JSON ({str(error)[:200] or 'nested too deeply'})") from None
+    data = read_json(path, "OpenCLIP config", folder, error=ConfigError)
     model = data.get("model_cfg", {}) if isinstance(data, dict) else None
     text = model.get("text_cfg", {}) if isinstance(model, dict) else None
     preprocess = data.get("preprocess_cfg", {}) if isinstance(data, dict) else None
@@ -224,7 +222,7 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
                               f"{activation}; every output would change. Drop the setting (or use {activation})")
     tokenizer = None
     beside = None if isinstance(source, dict) else weights_file(source).parent / SAVED_FILE_NAME
-    if vocab is None and beside is not None and beside.is_file():  # a topoclip export carries its own
+    if vocab is None and beside is not None and beside.exists():  # a topoclip export carries its own
         vocab = beside
     if vocab is not None and Path(vocab).suffix == ".json":  # a tokenizer.json saved by topoclip
         tokenizer = Tokenizer.from_vocab(vocab, context_length=config.model.text.context_length)

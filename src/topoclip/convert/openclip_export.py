@@ -98,20 +98,19 @@ def export_openclip(model, config: Config, destination: Union[str, Path], tokeni
     """Write OpenCLIP's files for `model` and its `tokenizer` into `destination` (new or empty): the config, the
     weights, tokenizer.json and tokenizer_config.json. `tokenizer_name`: see `openclip_config` (default: the
     folder's name). ConfigError when OpenCLIP cannot load the model or tokenize for it."""
-    from topoclip.convert.files import check_destination
+    from topoclip.convert.files import new_folder
 
     reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
     if reason:
         raise ConfigError(f"OpenCLIP cannot load this model: {reason}")
-    destination = check_destination(destination)
     state = {key: tensor.detach().float().cpu().contiguous() for key, tensor in model.state_dict().items()}
     state = rename_keys(state, EXPORT_RULES, source="the topoclip model")
     state["visual.class_embedding"] = state["visual.class_embedding"][0]  # (1, width) -> OpenCLIP's (width,)
-    destination.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(destination / OPENCLIP_WEIGHTS))
-    tokenizer.save(destination)
-    (destination / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer.transformers_config(), indent=2))
-    name = tokenizer_name or destination.resolve().name
-    (destination / OPENCLIP_CONFIG).write_text(json.dumps(openclip_config(config, name), indent=2))
-    return destination
+    name = tokenizer_name or Path(destination).resolve().name
+    with new_folder(destination, "OpenCLIP's files") as folder:
+        save_file(state, str(folder / OPENCLIP_WEIGHTS))
+        tokenizer.save(folder)
+        (folder / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer.transformers_config(), indent=2))
+        (folder / OPENCLIP_CONFIG).write_text(json.dumps(openclip_config(config, name), indent=2))
+    return Path(destination)
 

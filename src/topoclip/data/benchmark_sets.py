@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import _codecs
 import io
+import os
 import pickle
 import tarfile
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ import torch
 from PIL import Image
 
 from topoclip.data.folders import listed
+from topoclip.door import PICKLE_BYTES, is_folder, is_regular, list_folder, open_regular, read_bytes, read_text
 from topoclip.data.images import MAX_CAPTION_CHARS, DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.data.shards import MAX_SHARDS
@@ -59,7 +61,8 @@ CIFAR_PYTHON = {"cifar10": ("cifar-10-batches-py", "test_batch", "labels"),
 def is_wds_folder(root) -> bool:
     """Whether `root` looks like a CLIP_benchmark WebDataset folder (a split with nshards.txt)."""
     root = Path(root)
-    return root.is_dir() and any((child / WDS_SHARD_COUNT).is_file() for child in root.iterdir() if child.is_dir())
+    return is_folder(root) and any(is_regular(Path(child.path) / WDS_SHARD_COUNT, root)
+                                   for child in list_folder(root, "CLIP_benchmark set", error=ValueError))
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class TarMember:
     size: int
 
     def read(self) -> bytes:
-        with open(self.tar, "rb") as file:
+        with open_regular(self.tar, "shard", limit=None, error=ValueError) as file:
             file.seek(self.offset)
             return file.read(self.size)
 
@@ -96,7 +99,8 @@ def _samples(tar: Path) -> dict[str, dict[str, TarMember]]:
     """{key: {extension: member}} of one shard, grouped as webdataset does (key = name up to the first dot
     of its base name, extension = the rest, lower case)."""
     samples: dict[str, dict[str, TarMember]] = {}
-    size = tar.stat().st_size
+    with open_regular(tar, "shard", tar.parent.parent, None, ValueError) as file:
+        size = os.fstat(file.fileno()).st_size
     try:
         with tarfile.open(tar, "r:") as archive:  # plain tar: listed, never extracted
             for info in archive:
@@ -111,7 +115,7 @@ def _samples(tar: Path) -> dict[str, dict[str, TarMember]]:
                 key = f"{folder}/{stem}" if folder else stem
                 samples.setdefault(key, {})[extension.lower()] = TarMember(tar, info.offset_data, info.size)
             end = archive.offset  # where the listing stopped: the end-of-archive blocks (zeros), or damage
-        with open(tar, "rb") as file:
+        with open_regular(tar, "shard", limit=None, error=ValueError) as file:
             file.seek(end)
             if file.read(2 * tarfile.BLOCKSIZE).strip(b"\0"):  # tarfile takes a cut header for the end
                 raise tarfile.ReadError(f"the listing stops at byte {end:,} of {size:,} on a damaged header")
@@ -139,8 +143,9 @@ def _header_ok(member: TarMember, decode: DecodeSettings, counter: BadSampleCoun
     return True
 
 
-def _read_lines(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def _read_lines(path: Path, root: Path) -> list[str]:
+    return [line.strip() for line in read_text(path, "CLIP_benchmark file", root, error=ValueError).splitlines()
+            if line.strip()]
 
 
 def load_wds_set(root, split: str = "test", name: Optional[str] = None,
@@ -152,20 +157,21 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
                          f"--repo-type dataset clip-benchmark/wds_NAME --local-dir DIR`) and give the folder")
     root = Path(root)
     count_file = root / split / WDS_SHARD_COUNT
-    if not count_file.is_file():
-        found = sorted(child.name for child in root.iterdir() if (child / WDS_SHARD_COUNT).is_file())
-        raise ValueError(f"{root} has no split {split!r} ({split}/{WDS_SHARD_COUNT} is missing); splits found: {found}")
-    try:
-        shards = int(count_file.read_text(encoding="utf-8", errors="replace").strip()[:20])
-    except ValueError:
-        shards = 0
+    if not count_file.exists():
+        found = [child.name for child in list_folder(root, "CLIP_benchmark set", error=ValueError)
+                 if is_regular(Path(child.path) / WDS_SHARD_COUNT, root)]
+        raise ValueError(f"{root} has no split {split!r:.80} ({split:.80}/{WDS_SHARD_COUNT} is missing); splits found: "
+                         f"{found[:10]}")
+    text = read_text(count_file, "shard count", root, 100, "replace", ValueError).strip()
+    shards = int(text) if text.isascii() and text.isdigit() else 0
     if not 1 <= shards <= MAX_SHARDS:
         raise ValueError(f"{count_file} must hold the number of shards, 1 … {MAX_SHARDS:,}, e.g. 1")
     tars = [root / split / f"{index}.tar" for index in range(shards)]
-    missing = [tar.name for tar in tars if not tar.is_file()]
+    missing = [tar.name for tar in tars if not tar.exists()]
     if missing:
         raise ValueError(f"{root / split}: {count_file.name} says {shards} shards but {missing[:5]} are missing")
-    kind = (root / WDS_TYPE).read_text().strip().lower() if (root / WDS_TYPE).is_file() else "classification"
+    kind = (read_text(root / WDS_TYPE, "dataset type", root, 100, "replace", ValueError).strip().lower()
+            if (root / WDS_TYPE).exists() else "classification")
     if kind == "multilabel":
         raise ValueError(f"{root}: multi-label sets (dataset_type.txt: multilabel, .npy labels) are not supported")
     retrieval = kind == "retrieval"
@@ -205,11 +211,11 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
         captions = [caption for texts in targets for caption in texts]
         owner = [index for index, texts in enumerate(targets) for _ in texts]
         return RetrievalSet(name, images, captions, torch.tensor(owner, dtype=torch.int64))
-    if not (root / WDS_CLASSNAMES).is_file():
+    if not (root / WDS_CLASSNAMES).exists():
         raise ValueError(f"{root} has no {WDS_CLASSNAMES}; zero-shot classification needs the class names")
-    classnames = _read_lines(root / WDS_CLASSNAMES)
+    classnames = _read_lines(root / WDS_CLASSNAMES, root)
     templates_file = root / WDS_TEMPLATES
-    templates = [line.replace("{c}", "{}") for line in _read_lines(templates_file)] if templates_file.is_file() \
+    templates = [line.replace("{c}", "{}") for line in _read_lines(templates_file, root)] if templates_file.exists() \
         else ["a photo of a {}."]
     if not templates:
         raise ValueError(f"{templates_file} holds no template; write one per line, e.g. 'a photo of a {{c}}.', or "
@@ -225,10 +231,10 @@ def read_cifar_binary(root, benchmark: str) -> tuple[np.ndarray, torch.Tensor]:
     """(images (N, 32, 32, 3) uint8, labels (N,) int64) of CIFAR's binary test file under `root`."""
     file_name, label_bytes = CIFAR_BINARY[benchmark]
     path = Path(root) / file_name
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"{root} has no {file_name}: give the binary version's folder (cifar-10-batches-bin, "
                          f"cifar-100-binary) or class folders named by the class names")
-    raw = np.fromfile(path, dtype=np.uint8)
+    raw = np.frombuffer(read_bytes(path, "CIFAR file", root, PICKLE_BYTES, ValueError), dtype=np.uint8)
     record = label_bytes + CIFAR_PIXELS
     if raw.size % record:
         raise ValueError(f"{path}: {raw.size} bytes is not a whole number of {record}-byte records; a truncated file?")
@@ -288,12 +294,27 @@ class _ArraysOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}, which is not an array, a list, bytes or a string")
 
 
-def _arrays(value):
-    """`value` with every _Array built as a NumPy array of its plain dtype; ValueError for anything else."""
+# CIFAR's batch is a dict of arrays and lists of numbers and bytes: two levels. A pickle may share one list between
+# many places (its memo); deeper than this is no CIFAR file.
+CIFAR_DEPTH = 8
+
+
+def _arrays(value, built: dict, depth: int = 0):
+    """`value` with every _Array built as a NumPy array of its plain dtype; ValueError for anything else. `built`
+    (id -> result) converts an object the pickle shares between many places once, so a file of shared references
+    nested n deep costs n steps, not 2^n."""
+    if depth > CIFAR_DEPTH:
+        raise ValueError(f"it nests deeper than {CIFAR_DEPTH} levels, which CIFAR never does")
+    if isinstance(value, (dict, list, _Array)) and id(value) in built:
+        return built[id(value)]
     if isinstance(value, dict):
-        return {key: _arrays(item) for key, item in value.items()}
+        result = built[id(value)] = {}
+        result.update({key: _arrays(item, built, depth + 1) for key, item in value.items()})
+        return result
     if isinstance(value, list):
-        return [_arrays(item) for item in value]
+        result = built[id(value)] = []
+        result.extend(_arrays(item, built, depth + 1) for item in value)
+        return result
     if not isinstance(value, _Array):
         if isinstance(value, (_Dtype, tuple, set)):
             raise ValueError(f"it holds a {type(value).__name__} where CIFAR has data")
@@ -312,14 +333,15 @@ def _arrays(value):
     if len(raw) != int(np.prod(shape)) * kind.itemsize:
         raise ValueError(f"an array of shape {shape} with {len(raw)} bytes")
     array = np.frombuffer(bytes(raw), dtype=kind).reshape(shape, order="F" if fortran else "C")
-    return np.array(array)  # its own, writable memory
+    built[id(value)] = np.array(array)  # its own, writable memory
+    return built[id(value)]
 
 
 def cifar_python_file(root, benchmark: str) -> Optional[Path]:
     """The Python version's test file under `root` (the version's own folder, or the folder holding it), or None."""
     folder, file_name, _ = CIFAR_PYTHON[benchmark]
     for candidate in (Path(root) / file_name, Path(root) / folder / file_name):
-        if candidate.is_file():
+        if candidate.exists():  # a FIFO or a link out there is refused when it is read, not passed over
             return candidate
     return None
 
@@ -332,9 +354,9 @@ def read_cifar_python(root, benchmark: str) -> tuple[np.ndarray, torch.Tensor]:
         raise ValueError(f"{root} has no {folder}/{file_name}: give the folder torchvision or CLIP_benchmark "
                          f"downloaded CIFAR into")
     label_key = CIFAR_PYTHON[benchmark][2]
+    data = read_bytes(path, "CIFAR file", Path(root), PICKLE_BYTES, ValueError)
     try:
-        with open(path, "rb") as file:
-            batch = _arrays(_ArraysOnly(file, budget=2 * path.stat().st_size, encoding="bytes").load())
+        batch = _arrays(_ArraysOnly(io.BytesIO(data), budget=2 * len(data), encoding="bytes").load(), {})
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
             MemoryError, RecursionError) as error:
         raise ValueError(f"{path} is not CIFAR's Python version ({error}); download it again") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import csv
 import dataclasses
+import io
 import logging
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch.utils.data
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample
+from topoclip.door import open_regular
 from topoclip.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ class CaptionTable:
     def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
                  separator: Optional[str] = None, names: Mapping[str, str] = SETTINGS):
         self.path = Path(path)
-        if not self.path.is_file():
+        if not self.path.exists():
             raise FileNotFoundError(f"caption table {self.path} does not exist ({names['path']})")
         self.separator = sniff_separator(self.path) if separator is None else separator
         with self._open() as file:
@@ -75,7 +77,9 @@ class CaptionTable:
         self.image_column, self.caption_column = columns[image_key], columns.get(caption_key)
 
     def _open(self):
-        return open(self.path, newline="", encoding="utf-8", errors="surrogateescape")
+        """The table as text, through the door (a regular file: a FIFO is refused, not read; any size, streamed)."""
+        return io.TextIOWrapper(open_regular(self.path, "caption table", limit=None, error=ConfigError), newline="",
+                                encoding="utf-8", errors="surrogateescape")
 
     def _header(self, reader) -> list[str]:
         header = next(reader, None)

@@ -8,7 +8,6 @@ BadSample naming the file when it is decoded.
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from topoclip.data.images import (DecodeSettings, check_image_header, clean_capt
                                   resolve_image_path)
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.data.types import ClassificationSet, RetrievalSet
+from topoclip.door import CAPTIONS_BYTES, is_folder, list_folder, parse_json, read_json, read_text
 
 DEFAULT_TEMPLATES = ["a photo of a {}."]
 
@@ -77,9 +77,11 @@ def read_classnames(path: Union[str, Path], folders: list[str]) -> list[str]:
     JSON may be {folder: name} (must cover every folder) or a list of names in folder order.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "class names file", error=ValueError)
     if path.suffix.lower() == ".json":
-        data = _json(text, path)
+        data = parse_json(text, str(path), error=ValueError)
+        if not isinstance(data, (dict, list)):
+            raise ValueError(f"{path} holds a JSON {type(data).__name__}; give a list of names or a {{folder: name}}")
         if isinstance(data, dict):
             missing = [folder for folder in folders if folder not in data]
             if missing:
@@ -97,19 +99,11 @@ def read_classnames(path: Union[str, Path], folders: list[str]) -> list[str]:
     return names
 
 
-def _json(text: str, path: Path):
-    """The parsed JSON of a file; ValueError naming it when it is not JSON (or nests past Python's recursion)."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as error:
-        raise ValueError(f"{path} is not valid JSON ({str(error)[:200] or 'nested too deeply'})") from None
-
-
 def read_templates(path: Union[str, Path]) -> list[str]:
     """Prompt templates, one per line, each with one "{}" where the class name goes; blank lines ignored."""
     path = Path(path)
     templates = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_text(path, "templates file", error=ValueError).splitlines(), start=1):
         template = line.strip()
         if not template:
             continue
@@ -149,9 +143,10 @@ def load_class_folders(
 def class_folders(root: Union[str, Path]) -> list[str]:
     """The sorted class subfolders of `root` (hidden ones left out); ValueError when there are none."""
     root = Path(root)
-    if not root.is_dir():
+    if not is_folder(root):
         raise FileNotFoundError(f"class-folder root {root} is not a folder")
-    folders = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    folders = [entry.name for entry in list_folder(root, "class-folder root", error=ValueError)
+               if is_folder(entry.path, root) and not entry.name.startswith(".")]
     if not folders:
         raise ValueError(f"{root} has no class subfolders; expected root/<class name>/<images>")
     return folders
@@ -187,7 +182,7 @@ def load_karpathy_captions(
     file is missing or unreadable, is dropped.
     """
     json_path, image_root = Path(json_path), Path(image_root)
-    data = _json(json_path.read_text(encoding="utf-8"), json_path)
+    data = read_json(json_path, "Karpathy caption file", limit=CAPTIONS_BYTES, error=ValueError)
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{json_path} is not a Karpathy caption file: expected {{'images': [...]}}")

@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from topoclip.data.quality import BadSample
+from topoclip.door import IMAGE_BYTES, is_regular, list_folder, open_regular
 from topoclip.tokenizer import MAX_TEXT_CHARS
 
 # The formats decode_image opens: what img2dataset, web crawls and evaluation sets contain.
@@ -71,9 +72,7 @@ def decode_image(
         source, name = BytesIO(bytes(data)), "image bytes"
     elif isinstance(data, (str, os.PathLike)):
         name = os.fspath(data)
-        if not os.path.isfile(name):
-            raise BadSample("missing_file", f"{name} does not exist or is not a file")
-        source = name
+        source = BytesIO(_read_image_file(name))
     else:
         raise TypeError(f"decode_image takes encoded bytes or a file path, got {type(data).__name__}")
 
@@ -124,13 +123,13 @@ def check_image_header(
     "huge_image". A file whose pixel data is truncated passes; decode_image catches that later.
     """
     name = os.fspath(path)
-    if not os.path.isfile(name):
-        raise BadSample("missing_file", f"{name} does not exist or is not a file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(name, formats=_available_formats()) as image:
+            with _image_file(name) as file, Image.open(file, formats=_available_formats()) as image:
                 width, height = image.size
+    except BadSample:
+        raise
     except Image.DecompressionBombError as error:
         raise BadSample("huge_image", f"{name}: {error}") from None
     except PermissionError as error:
@@ -215,11 +214,45 @@ def clean_caption(raw: Union[bytes, bytearray, str, None]) -> str:
 
 
 def image_files(folder: Union[str, Path]) -> list[Path]:
-    """Image files (by IMAGE_EXTENSIONS) under `folder`, recursively, in sorted order."""
-    folder = Path(folder)
-    return sorted(
-        path for path in folder.rglob("*") if path.is_file() and path.suffix[1:].lower() in IMAGE_EXTENSIONS
-    )
+    """Image files (by IMAGE_EXTENSIONS) under `folder`, recursively, in sorted order: listed through the door (a
+    linked folder is not entered, so a loop of links cannot list forever; at most door.ENTRIES a folder)."""
+    found, pending = [], [Path(folder)]
+    while pending:
+        current = pending.pop()
+        for entry in list_folder(current, "image folder", error=ValueError):
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(Path(entry.path))
+            elif Path(entry.name).suffix[1:].lower() in IMAGE_EXTENSIONS and is_regular(entry.path):
+                found.append(Path(entry.path))
+    return sorted(found)
+
+
+class _NotAnImage(ValueError):
+    """What the door says of an image file it will not open (a FIFO, a device, past IMAGE_BYTES)."""
+
+
+def _image_file(name: str):
+    """The open image file `name` (door.open_regular: a regular file); BadSample "missing_file" when it is absent,
+    unreadable or not a regular file, "huge_image" past IMAGE_BYTES."""
+    try:
+        file = open_regular(name, "image", limit=None, error=_NotAnImage)
+    except FileNotFoundError:
+        raise BadSample("missing_file", f"{name} does not exist") from None
+    except PermissionError as error:
+        raise BadSample("missing_file", f"{name}: cannot be read ({error})") from None
+    except _NotAnImage as error:
+        raise BadSample("missing_file", str(error)) from None
+    size = os.fstat(file.fileno()).st_size
+    if size > IMAGE_BYTES:
+        file.close()
+        raise BadSample("huge_image", f"{name}: {size:,} bytes, over the {IMAGE_BYTES:,} an encoded image may be")
+    return file
+
+
+def _read_image_file(name: str) -> bytes:
+    """The bytes of the image file `name` (see `_image_file`)."""
+    with _image_file(name) as file:
+        return file.read(IMAGE_BYTES + 1)
 
 
 def resolve_image_path(written: str, root: Union[str, Path], allow_outside: bool = False) -> Path:

@@ -24,10 +24,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import numpy as np
 from PIL import Image
 
-from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, sha256_file, write_text_atomic
+from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, write_text_atomic
 from topoclip.data.csv import SETTINGS, CaptionTable
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
+from topoclip.door import is_regular, list_folder, open_regular, read_json, regular_file, sha256_file
 from topoclip.errors import UserError
 from topoclip.run_folder import LOCK, claim_folder
 
@@ -68,8 +69,8 @@ _WRITTEN = re.compile(r"(?P<scratch>\.)?(?:(?P<shard>\d{5}|[1-9]\d{5,})(?:\.tar|
 
 def _contents(out_dir: Path) -> list[Path]:
     """What a folder holds, but its lock and the scratch files a stopped writer left (removed when it is written)."""
-    return [entry for entry in out_dir.iterdir() if entry.name != LOCK and not
-            ((match := _WRITTEN.fullmatch(entry.name)) and match["scratch"] and entry.is_file())]
+    return [Path(entry.path) for entry in list_folder(out_dir, "shard folder", error=UserError) if entry.name != LOCK
+            and not ((match := _WRITTEN.fullmatch(entry.name)) and match["scratch"] and is_regular(entry.path, out_dir))]
 
 
 def require_empty_folder(out_dir: Union[str, Path]) -> Path:
@@ -235,7 +236,7 @@ def csv_to_shards(
     root = Path(image_root) if image_root is not None else csv_path.parent
     settings = dataclasses.replace(decode, draft_size=image_size) if image_size is not None else decode
     out_dir = Path(out_dir)
-    if resume and not (out_dir / CONVERSION).is_file():
+    if resume and not (out_dir / CONVERSION).exists():
         fix = ("convert into it without --resume" if not out_dir.is_dir() or not _contents(out_dir)
                else "remove its files, or choose another --out")
         raise UserError(f"{out_dir} holds no conversion to resume ({CONVERSION} is missing); {fix}")
@@ -252,9 +253,9 @@ def csv_to_shards(
                 return _shards(out_dir), counter
         else:
             require_empty_folder(out_dir)
-            for entry in out_dir.iterdir():  # a stopped first write's scratch (we hold the lock: nobody writes it)
-                if entry.name != LOCK:
-                    entry.unlink()
+            for entry in list_folder(out_dir, "shard folder", error=UserError):  # a stopped first write's scratch
+                if entry.name != LOCK:  # (we hold the lock: nobody writes it)
+                    os.unlink(entry.path)
             write_text_atomic(out_dir / CONVERSION, json.dumps(record, indent=1) + "\n")
             first_shard, first_row, counter = 0, 0, BadSampleCounter()
         read = first_row  # rows read so far; a shard covers the rows read since the last one ended
@@ -322,7 +323,7 @@ def csv_to_shards(
                             f"what the counts name (image paths are read relative to {root}) and convert again")
         if read > shard_start:  # the rows after the last full shard, all skipped: its stats take them
             last = shards[-1].with_name(f"{shards[-1].stem}_stats.json")
-            record_shard(shards[-1], json.loads(last.read_text()))
+            record_shard(shards[-1], read_json(last, "shard stats", out_dir, expect=dict, error=UserError))
         finished = {"rows": read, "successes": counter.kept, "skipped": counter.bad}
         write_text_atomic(out_dir / CONVERSION, json.dumps({**record, "finished": finished}, indent=1) + "\n")
     return shards, counter
@@ -332,16 +333,20 @@ def _read_image_file(path: Path, decode: DecodeSettings) -> bytes:
     """The bytes of an image file; BadSample "missing_file" for what is not a regular file (a link to a device or a
     FIFO would be read forever), "huge_image" past the largest file an allowed image needs: max_pixels stored raw at
     4 bytes a pixel (RGBA BMP / PPM), plus 1 MiB of header and metadata."""
+    largest = decode.max_pixels * 4 + 2**20
     try:
-        size = path.stat().st_size if path.is_file() else None
-        if size is None:
-            raise BadSample("missing_file", f"{path} does not exist or is not a file")
-        if size > decode.max_pixels * 4 + 2**20:
-            raise BadSample("huge_image", f"{path}: {size:,} bytes, more than an image of max_pixels "
-                                          f"{decode.max_pixels:,} needs")
-        return path.read_bytes()
-    except OSError as error:
+        with open_regular(path, "image", limit=None, error=_Refused) as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > largest:
+                raise BadSample("huge_image", f"{path}: {size:,} bytes, more than an image of max_pixels "
+                                              f"{decode.max_pixels:,} needs")
+            return file.read(largest + 1)
+    except (OSError, _Refused) as error:
         raise BadSample("missing_file", f"{path}: {error}") from None
+
+
+class _Refused(ValueError):
+    """What the door says of an image path that is not a regular file (a link to a device, a FIFO)."""
 
 
 def _number(name: str) -> int:
@@ -351,14 +356,15 @@ def _number(name: str) -> int:
 
 def _shards(out_dir: Path) -> list[Path]:
     """The finished shards of a conversion's folder, in order."""
-    return sorted((path for path in out_dir.glob("*.tar") if _WRITTEN.fullmatch(path.name)), key=lambda p: _number(p.name))
+    return sorted((Path(entry.path) for entry in list_folder(out_dir, "shard folder", error=UserError)
+                   if entry.name.endswith(".tar") and _WRITTEN.fullmatch(entry.name)), key=lambda p: _number(p.name))
 
 
 def _check_last_shard(tar_path: Path, kept: int, root: Path, allow_outside: bool, fix: str, redo: str) -> None:
     """The last finished shard holds its stats' samples, and their images are still where the CSV points (a CSV moved
     without its images would count every later row missing). `fix`: the way out of a refusal; `redo`: of a shard's."""
     try:
-        with tarfile.open(tar_path) as tar:
+        with tarfile.open(regular_file(tar_path, "shard", error=UserError)) as tar:
             sources = [json.loads(tar.extractfile(member).read())["source"] for member in tar.getmembers()
                        if member.name.endswith(".json")]
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError, RecursionError) as error:
@@ -378,7 +384,7 @@ def _check_last_shard(tar_path: Path, kept: int, root: Path, allow_outside: bool
 def _read_stats(path: Path, row: int, fix: str) -> tuple[int, int, dict[str, int]]:
     """(the row after the shard's last, kept, skipped by kind) from a shard's stats, which must start at `row`."""
     try:
-        stats = json.loads(path.read_text())
+        stats = read_json(path, "shard stats", expect=dict, error=ValueError)
         (first, last), kept, skipped = stats["rows"], stats["successes"], stats["skipped"]
         numbers = [first, last, kept, stats["count"], *skipped.values()]
         if not all(type(n) is int and n >= 0 for n in numbers) or not all(isinstance(k, str) for k in skipped) \
@@ -398,18 +404,17 @@ def _resume_point(out_dir: Path, record: dict, root: Path, allow_outside: bool) 
     when the images its last finished shard read are no longer where the CSV (under `root`) points."""
     fix = "convert into another --out"
     try:
-        saved = json.loads((out_dir / CONVERSION).read_text())
-        if not isinstance(saved, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError, RecursionError) as error:
+        saved = read_json(out_dir / CONVERSION, "conversion record", out_dir, expect=dict, error=ValueError)
+    except (OSError, ValueError) as error:
         raise UserError(f"{out_dir / CONVERSION} cannot be read ({error}); {fix}") from None
     changed = [f"{key}: {saved.get(key)!r} then, {record[key]!r} now" for key in record
                if key != "csv" and saved.get(key) != record[key]]  # (a moved CSV is the same)
     if changed:
         raise UserError(f"{out_dir} holds a conversion with other settings ({'; '.join(changed)}): resume it with the "
                         f"same CSV and options, or {fix}")
-    entries = {entry.name: entry for entry in out_dir.iterdir() if entry.name != LOCK}
-    foreign = sorted(name for name, entry in entries.items() if entry.is_dir() or not _WRITTEN.fullmatch(name))
+    entries = {entry.name: Path(entry.path) for entry in list_folder(out_dir, "shard folder", error=UserError)
+               if entry.name != LOCK}
+    foreign = sorted(name for name, entry in entries.items() if not is_regular(entry, out_dir) or not _WRITTEN.fullmatch(name))
     if foreign:  # (claim_folder refused links and special files)
         raise UserError(f"{out_dir} holds files a conversion does not write ({', '.join(foreign[:3])}): remove them, "
                         f"or {fix}")

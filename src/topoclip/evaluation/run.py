@@ -8,7 +8,6 @@ Karpathy caption files are added from `config.evaluate`.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -160,9 +159,11 @@ def read_evaluation(path) -> list[dict]:
     def number(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
+    from topoclip.door import read_json
+
     try:
-        records = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply, an integer of 4,300+ digits
+        records = read_json(path, "evaluation", error=ValueError)
+    except ValueError:  # not JSON, not UTF-8, nested too deeply, an integer of 4,300+ digits, a FIFO, too large
         records = None
     good = isinstance(records, list) and all(
         isinstance(item, dict) and isinstance(item.get("dataset"), str) and item.get("task") in RECORD_METRICS

@@ -71,10 +71,20 @@ class Grid:
     axes: list[Axis]
     zero_shot_set: str = "shape"
     paper: dict = field(default_factory=dict)  # {"source": ..., "rows": {cell name: the paper's numbers}}
+    file: Optional[Path] = None  # the grid file it was read from (None: shipped); its settings are data, never commands
 
     def cells(self) -> list[tuple[Level, ...]]:
         """Every combination of one level per axis, in the order the axes list them."""
         return list(itertools.product(*(axis.levels for axis in self.axes)))
+
+    def cell_count(self) -> int:
+        return math.prod(len(axis.levels) for axis in self.axes)
+
+
+# Bounds on what a grid file and the command line may ask for, checked before anything is planned: the largest
+# shipped grid has 12 cells and 3 seeds; a grid of 8 axes × 20 levels would be 2.6e10 cells.
+MAX_CELLS = 10_000
+MAX_RUNS = 100_000  # cells × seeds
 
 
 def grid_names() -> list[str]:
@@ -82,32 +92,71 @@ def grid_names() -> list[str]:
     return sorted(Path(p.name).stem for p in resources.files(GRIDS_PACKAGE).iterdir() if p.name.endswith(".json"))
 
 
+def _text_list(value, where: str) -> list[str]:
+    """A list of --set strings; a bare string would be read character by character."""
+    if isinstance(value, str):
+        raise ConfigError(f"{where} is the string {value!r:.80}; give a list of settings, e.g. [{json.dumps(value)[:80]}]")
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where} must be a list of settings (strings such as \"train.steps=100\"), not {json.dumps(value)[:80]}")
+    return list(value)
+
+
 def load_grid(name: str) -> Grid:
-    """A shipped grid by name, or a grid JSON file."""
+    """A shipped grid by name, or a grid JSON file (read through the door; its shape checked before anything is
+    planned from it)."""
+    from topoclip.door import read_json
+
     shipped = {Path(p.name).stem: p for p in resources.files(GRIDS_PACKAGE).iterdir() if p.name.endswith(".json")}
     if name in shipped:
-        values, grid_name = json.loads(shipped[name].read_text()), name
-    elif Path(name).is_file():
-        try:
-            values, grid_name = json.loads(Path(name).read_text(encoding="utf-8")), Path(name).stem
-        except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deeply
-            raise ConfigError(f"grid file {name} is not valid JSON ({str(error)[:200] or 'nested too deeply'})") from None
+        values, grid_name, file = json.loads(shipped[name].read_text()), name, None
+    elif Path(name).exists():
+        values, grid_name, file = read_json(Path(name), "grid file", expect=dict, error=ConfigError), Path(name).stem, Path(name)
     else:
-        raise ConfigError(f"unknown grid {name!r}; choose one of {grid_names()} or give a grid JSON file")
-    try:
-        axes = [Axis(a["name"], [Level(a["name"], lv["label"], lv.get("preset"), list(lv.get("set", [])),
-                                       lv.get("logit_range_like")) for lv in a["levels"]], a.get("show", True))
-                for a in values["axes"]]
-        grid = Grid(grid_name, values.get("description", ""), values["preset"], list(values.get("settings", [])),
-                    axes, values.get("zero_shot_set", "shape"), values.get("paper", {}))
-    except (KeyError, TypeError, AttributeError) as error:
-        raise ConfigError(f"grid {name!r} is malformed ({type(error).__name__}: {error}); see "
-                          f"topoclip.experiments.grid") from None
-    bad = [axis.name for axis in grid.axes if not axis.levels or not all(
-        isinstance(level.label, str) and level.label for level in axis.levels)]
-    if not grid.axes or bad or not isinstance(grid.preset, str):
-        raise ConfigError(f"grid {name!r} is malformed: every axis needs levels with text labels "
-                          f"({'axis ' + repr(bad[0]) if bad else 'no axes or no preset'}); see topoclip.experiments.grid")
+        raise ConfigError(f"unknown grid {name!r:.200}; choose one of {grid_names()} or give a grid JSON file")
+    where = f"grid {name!r:.200}"
+
+    def text(value, key: str, optional: bool = False) -> Optional[str]:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: {key} must be text, not {json.dumps(value)[:80]}; see topoclip.experiments.grid")
+        return value
+
+    def mapping(value, key: str) -> dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key} must be a JSON object, not {json.dumps(value)[:80]}; see topoclip.experiments.grid")
+        return value
+
+    def levels_of(axis: dict, index: int) -> list[Level]:
+        levels = axis.get("levels")
+        if not isinstance(levels, list) or not levels:
+            raise ConfigError(f"{where}: axis {index} needs a list of levels; see topoclip.experiments.grid")
+        return [Level(axis["name"], text(level.get("label"), f"axis {index} level {k}'s label"),
+                      text(level.get("preset"), f"axis {index} level {k}'s preset", optional=True),
+                      _text_list(level.get("set", []), f"{where}: axis {index} level {k}'s \"set\""),
+                      text(level.get("logit_range_like"), f"axis {index} level {k}'s logit_range_like", optional=True))
+                for k, level in enumerate(mapping(level, f"axis {index} level {k}") for k, level in enumerate(levels))]
+
+    axes_values = values.get("axes")
+    if not isinstance(axes_values, list) or not axes_values:
+        raise ConfigError(f"{where} is malformed: it needs a list of axes; see topoclip.experiments.grid")
+    axes = []
+    for index, axis in enumerate(mapping(axis, f"axis {index}") for index, axis in enumerate(axes_values)):
+        text(axis.get("name"), f"axis {index}'s name")
+        show = axis.get("show", True)
+        if not isinstance(show, bool):
+            raise ConfigError(f"{where}: axis {index}'s \"show\" must be true or false")
+        axes.append(Axis(axis["name"], levels_of(axis, index), show))
+        if math.prod(len(a.levels) for a in axes) > MAX_CELLS:
+            raise ConfigError(f"{where} has more than {MAX_CELLS:,} cells (the product of its axes' levels); split it "
+                              f"into smaller grids")
+    description = values.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{where}: its description must be text")
+    grid = Grid(grid_name, description, text(values.get("preset"), "preset"),
+                _text_list(values.get("settings", []), f"{where}: its \"settings\""), axes,
+                text(values.get("zero_shot_set", "shape"), "zero_shot_set"), mapping(values.get("paper", {}), "paper"),
+                file)
     return grid
 
 
@@ -145,7 +194,9 @@ def cell_config(grid: Grid, levels: Sequence[Level], overrides: Sequence[str], s
         base = preset or next((lv.preset for lv in reversed(chosen) if lv.preset), None) or grid.preset
         settings = list(grid.settings) + [s for lv in chosen for s in lv.settings] + list(overrides) + list(extra)
         name = f"{grid.name}-{cell_name(chosen)}-seed{seed}"
-        return load_config(base, settings + [f"train.seed={seed}"], values={"name": name})
+        # The grid file's settings are data: only the user's own (`overrides`) may turn on a command or the network.
+        return load_config(base, settings + [f"train.seed={seed}"], values={"name": name}, typed=list(overrides),
+                           files=[grid.file] if grid.file else [])
 
     config = resolve(levels)
     for index, level in enumerate(levels):
@@ -196,36 +247,52 @@ def plan(grid: Grid, out_dir, seeds: int, overrides: Sequence[str] = (), preset:
 
     Refuses a run folder that was made with other settings.
     """
+    from topoclip.door import check_inside
+
     out_dir = Path(out_dir)
+    chosen = select_cells(grid, cells)
+    if len(chosen) * seeds > MAX_RUNS:
+        raise ConfigError(f"{len(chosen):,} cells × {seeds:,} seeds is {len(chosen) * seeds:,} runs, over the "
+                          f"{MAX_RUNS:,} one ablation may plan; ask for fewer seeds or cells (--seeds, --cells)")
     specs = []
-    for levels in select_cells(grid, cells):
+    for levels in chosen:
         columns = {lv.axis: lv.label for lv, axis in zip(levels, grid.axes) if axis.show}
         for seed in range(first_seed, first_seed + seeds):
             config = cell_config(grid, levels, overrides, seed, preset)
             run_dir = out_dir / RUNS / cell_name(levels) / f"seed-{seed}"
-            spec = RunSpec(cell_name(levels), cell_label(levels), columns, seed, str(run_dir),
-                           str(out_dir / "logs" / f"{cell_name(levels)}-seed-{seed}.log"),
+            log_file = out_dir / "logs" / f"{cell_name(levels)}-seed-{seed}.log"
+            for path in (run_dir, log_file):  # every folder on the way: a planted runs/CELL -> ~/data is refused
+                check_inside(path, out_dir, "ablation folder", ConfigError)
+            spec = RunSpec(cell_name(levels), cell_label(levels), columns, seed, str(run_dir), str(log_file),
                            json.loads(json.dumps(to_dict(config))), probe_size, grid.zero_shot_set)
             check_existing(spec)
             specs.append(spec)
     return specs
 
 
+def out_folder(spec: RunSpec) -> Path:
+    """The ablation folder OUT of a run OUT/runs/CELL/seed-K."""
+    return Path(spec.run_dir).parents[2]
+
+
 def check_existing(spec: RunSpec) -> None:
     """A run folder with a config.json must have been made with exactly this config."""
     saved_path = RunFolder(spec.run_dir).config
-    if not saved_path.is_file():
+    if not saved_path.exists():
         return
-    differences = sorted(config_differences(saved_settings(saved_path), spec.config))
+    differences = sorted(config_differences(saved_settings(saved_path, out_folder(spec)), spec.config))
     if differences:
         raise ConfigError(f"{spec.run_dir} was made with other settings ({', '.join(differences[:3])}"
                           f"{', …' if len(differences) > 3 else ''} differ); use another --out, or delete that folder")
 
 
-def saved_settings(path: Path) -> dict:
+def saved_settings(path: Path, root: Optional[Path] = None) -> dict:
     """A run's saved config.json as a dict of every setting: one written before a setting existed reads with
-    that setting's default (which is what the run trained with), so it still equals a config made today."""
-    values = json.loads(Path(path).read_text())
+    that setting's default (which is what the run trained with), so it still equals a config made today. Read
+    through the door (inside `root`, the folder it came in); ConfigError when it is not a JSON object."""
+    from topoclip.door import read_json
+
+    values = read_json(path, "a run's config", root, expect=dict, error=ConfigError)
     try:
         return json.loads(json.dumps(to_dict(from_dict(Config, values))))
     except (ConfigError, TypeError, ValueError):

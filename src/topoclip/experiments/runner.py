@@ -13,10 +13,8 @@ and ``OUT/temperature.png`` (every run's τ, one colour per cell).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
-import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -25,7 +23,8 @@ from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import read_curve
 from topoclip.config import ConfigError, load_config
 from topoclip.model import describe_model
-from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, load_grid, plan,
+from topoclip.door import check_inside, copy_tree, is_folder, is_regular, list_folder, read_json, remove_tree
+from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, load_grid, out_folder, plan,
                                        saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
 from topoclip.losses import get_loss
@@ -38,25 +37,49 @@ REUSED = "reused.json"  # in a run folder copied from another ablation: where fr
 def reuse_runs(specs: Sequence[RunSpec], sources: Sequence, log: Callable[[str], None] = print) -> int:
     """Copy in every run of `specs` not started yet that another ablation folder has finished with the same config.
 
-    sources: ablation output folders (their OUT/runs/*/seed-*/). A finished run (eval.json) whose config.json
-    equals the spec's config, the run's name aside, is copied whole, except its probe (re-run at this grid's
-    --probe-size), and gets RUN/reused.json naming its source. Returns the number of runs copied.
+    sources: ablation output folders (their OUT/runs/*/seed-*/), anyone's: read and copied through the door (a link
+    or a special file in a run refuses that copy, whole). A finished run (eval.json) whose config.json equals the
+    spec's config, the run's name aside, is copied whole, except its probe (re-run at this grid's --probe-size), and
+    gets RUN/reused.json naming its source. A run whose config cannot be read is left out, with a note. Returns the
+    number of runs copied.
     """
-    finished = [path.parent for source in sources for path in sorted(Path(source).glob(f"{RUNS}/*/seed-*/{EVALUATION}"))]
+    finished = [run for source in sources for run in finished_runs(Path(source))]
     if sources and not finished:
         raise ConfigError(f"--reuse {' '.join(map(str, sources))}: no finished run there (expected OUT/{RUNS}/CELL/seed-K/{EVALUATION})")
-    configs = {run: saved_settings(RunFolder(run).config) for run in finished}
+    configs = {}
+    for source, run in finished:
+        try:
+            configs[run] = saved_settings(RunFolder(run).config, source)
+        except ConfigError as error:
+            log(f"--reuse: left out {run}: {error}")
     copied = 0
     for spec in specs:
         source = next((run for run, config in configs.items() if not config_differences(config, spec.config)), None)
         if source is None or run_state(spec) != "new" or Path(spec.run_dir).resolve() == source.resolve():
             continue
-        shutil.rmtree(spec.run_dir, ignore_errors=True)  # a folder without config.json holds nothing to keep
-        shutil.copytree(source, spec.run_dir, ignore=shutil.ignore_patterns(PROBE, REUSED, "*.lock"))
+        remove_tree(spec.run_dir, out_folder(spec), "ablation folder", ConfigError)  # no config.json: nothing to keep
+        copy_tree(source, spec.run_dir, "--reuse run", lambda name: name in (PROBE, REUSED) or name.endswith(".lock"),
+                  error=ConfigError)
         write_json(spec.run_dir, Path(REUSED).stem, {"from": str(source.resolve())})
         log(f"{spec.cell} seed {spec.seed}: reused {source} (same config)")
         copied += 1
     return copied
+
+
+def finished_runs(source: Path) -> list[tuple[Path, Path]]:
+    """(source, run folder) of every finished run of the ablation folder `source` (OUT/runs/CELL/seed-K/ with an
+    eval.json), listed through the door: a link out of `source`, on the way or as a run, is refused."""
+    runs = []
+    top = source / RUNS
+    if not is_folder(top):
+        check_inside(top, source, "--reuse folder", ConfigError)
+        return runs
+    for cell in list_folder(top, "--reuse folder", source, error=ConfigError):
+        for seed in list_folder(cell.path, "--reuse folder", source, error=ConfigError) if is_folder(cell.path, source) else []:
+            run = Path(seed.path)
+            if seed.name.startswith("seed-") and is_folder(run, source) and is_regular(run / EVALUATION, source):
+                runs.append((source, run))
+    return runs
 
 
 # --------------------------------------------------------------------------- one run
@@ -86,8 +109,8 @@ def run_one(spec: RunSpec, threads: int = 0) -> dict:
             config = load_config(values=spec.config)
             if state == "killed":
                 train(config, resume=run_dir, progress=False)
-            else:
-                shutil.rmtree(run_dir, ignore_errors=True)  # a folder without config.json holds nothing to keep
+            else:  # a folder without config.json holds nothing to keep; never deleted through a link
+                remove_tree(run_dir, out_folder(spec), "ablation folder", ConfigError)
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 train(config, out_dir=run_dir, progress=False)
         if spec.probe_size and not (run_dir / PROBE).is_file():
@@ -116,22 +139,26 @@ def run_record(spec: RunSpec) -> dict:
     from topoclip.run_folder import read_metrics
 
     run_dir = Path(spec.run_dir)
-    folder = RunFolder(run_dir)
-    records = json.loads(folder.evaluation.read_text())
+    folder, out_dir = RunFolder(run_dir), out_folder(spec)
+    records = read_run_json(folder.evaluation, out_dir, list)
     curve = read_curve(run_dir)
     evaluations = [{"step": r["step"], **r["eval"]} for r in read_metrics(folder.metrics)
-                   if "eval" in r and not r.get("final")]  # the validation split's; the final one is the test split's
-    retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
-                      and not r["dataset"].endswith("-ood")), {})
-    classification = [r["metrics"] for r in records
-                      if r["task"] == "zeroshot_classification" and r["dataset"] == spec.zero_shot_set]
+                   if isinstance(r.get("eval"), dict) and not r.get("final")]  # the validation split's; the final one is the test split's
+    try:
+        retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
+                          and not r["dataset"].endswith("-ood")), {})
+        classification = [r["metrics"] for r in records
+                          if r["task"] == "zeroshot_classification" and r["dataset"] == spec.zero_shot_set]
+    except (KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{folder.evaluation} is not the evaluation topoclip writes; delete it and run the same "
+                          f"command: the run is evaluated again") from None
     zero_shot = next((m for m in classification if m.get("mode") == "distance"), classification[0] if classification else {})
-    probe = json.loads((run_dir / PROBE).read_text()) if (run_dir / PROBE).is_file() else {}
+    probe = read_run_json(run_dir / PROBE, out_dir, dict) if (run_dir / PROBE).exists() else {}
     config = load_config(values=spec.config)
     model = config.model
     trains_tau = model.temperature.learnable and get_loss(config.train.loss).temperature  # a margin loss has no τ
-    reused = json.loads((run_dir / REUSED).read_text())["from"] if (run_dir / REUSED).is_file() else None
-    out_dir = run_dir.resolve().parents[2]  # OUT/runs/CELL/seed-K: paths are recorded relative to OUT, not to this machine
+    reused = read_run_json(run_dir / REUSED, out_dir, dict).get("from") if (run_dir / REUSED).exists() else None
+    out_dir = out_dir.resolve()  # paths are recorded relative to OUT, not to this machine
     return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed,
             "run_dir": relative_run_dir(spec),
             "model": describe_model(model), "t_init": model.temperature.init, "learnable": trains_tau,
@@ -146,6 +173,15 @@ def run_record(spec: RunSpec) -> dict:
             # a run stopped and resumed later counts the pause
             "train_seconds": folder.evaluation.stat().st_mtime - folder.config.stat().st_mtime,
             "reused_from": os.path.relpath(reused, out_dir) if reused else None}
+
+
+def read_run_json(path: Path, out_dir: Path, expect: type):
+    """A JSON file a run of the ablation `out_dir` wrote (eval.json, probe.json, reused.json), read through the door;
+    damaged, it is one line naming the fix (delete it: the same command writes it again)."""
+    try:
+        return read_json(path, "a run's file", out_dir, expect=expect, error=ConfigError)
+    except ConfigError as error:
+        raise ConfigError(f"{error}; delete {path} and run the same command to write it again") from None
 
 
 def relative_run_dir(spec: RunSpec) -> str:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 from topoclip.config import flat_dict
+from topoclip.door import read_text
 from topoclip.errors import UserError
 from topoclip.atomic import save_png_atomic, write_text_atomic
 from topoclip.run_folder import METRICS, PLOTS, parse_metrics_lines, read_metrics
@@ -133,7 +135,9 @@ def start_wandb(run_dir: Path, config: dict):
         raise UserError("train.report_to has \"wandb\" but wandb is not installed: pip install 'topoclip[wandb]' "
                         "(or drop it from train.report_to)") from None
     id_file = run_dir / "wandb-id.txt"
-    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+    run_id = read_text(id_file, "W&B run id", run_dir, 100, "replace", UserError).strip() if id_file.exists() else ""
+    if not re.fullmatch(r"[a-z0-9]{1,64}", run_id):  # absent, or not an id W&B would take: a new one
+        run_id = secrets.token_hex(4)  # W&B ids: [a-z0-9]
     id_file.write_text(run_id)
     try:
         run = wandb.init(project=os.environ.get("WANDB_PROJECT", "topoclip"), name=run_dir.name, id=run_id,

@@ -19,6 +19,8 @@ optimiser state whole in training_state.pt) loads into a sharded one too (`load_
 """
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from topoclip.distributed import local_part
+from topoclip.door import check_tree
 from topoclip.errors import CheckpointError
 from topoclip.transformer import Block
 
@@ -99,8 +102,10 @@ def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, fo
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     entries, _ = optimizer_entries(model, optimizer)
+    check_tree(folder, "the optimiser's shards", error=CheckpointError)  # a FIFO there would block dcp.load forever
     try:
-        dcp.load(entries, storage_reader=HuggingFaceStorageReader(str(folder)))
+        with quiet_logging():  # a damaged shard: DCP logs its traceback before raising; the fallback says it in a line
+            dcp.load(entries, storage_reader=HuggingFaceStorageReader(str(folder)))
     except (Exception, CheckpointException) as error:  # on every rank; CheckpointException is a BaseException
         raise CheckpointError(f"{folder}: the optimiser's shards do not fit this model ({type(error).__name__}: "
                               f"{str(error).strip().splitlines()[-1][:160] if str(error).strip() else ''})") from None
@@ -111,6 +116,18 @@ def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, fo
     if not all_finite(entries.values(), next(model.parameters()).device):
         raise CheckpointError(f"{folder}: the optimiser's shards hold inf/NaN")
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=StateDictOptions())
+
+
+@contextmanager
+def quiet_logging():
+    """No log record below CRITICAL is printed inside the block (torch.distributed.checkpoint logs a failed read's
+    traceback at WARNING/ERROR on the root logger before it raises; the caller turns the error into one line)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 def all_finite(tensors, device: torch.device) -> bool:

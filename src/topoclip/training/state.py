@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from topoclip.atomic import scratch_name
-from topoclip.checkpoint import (OPTIMIZER_SHARDS, STEP_PREFIX, TRAINING_STATE, checkpoint_step, load_training_state,
+from topoclip.checkpoint import (OPTIMIZER_SHARDS, STEP_NAME, STEP_PREFIX, TRAINING_STATE, checkpoint_step, load_training_state,
                                  load_weights, prune_checkpoints, read_weights, save_checkpoint, step_checkpoints)
 from topoclip.data.quality import BadSampleCounter
 from topoclip.data.streams import StreamPosition
@@ -188,6 +188,8 @@ def check_training_state(state, optimizer, folder: Path) -> None:
     for key, kind in expected.items():
         if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
             raise bad(f"{key!r} is missing or not a {kind.__name__}")
+    if STEP_NAME.fullmatch(folder.name) and state["step"] != checkpoint_step(folder):  # a step-N folder holds step N
+        raise bad(f"its step {state['step']} is not its folder's ({folder.name})")
     if state["step"] < 0:
         raise bad(f"step {state['step']} is negative")
     groups, saved = optimizer.param_groups, state["optimizer"].get("param_groups")

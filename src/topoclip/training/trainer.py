@@ -37,7 +37,8 @@ from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_
 from topoclip.data.sources import get_source
 from topoclip.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects, init_distributed,
                                   launch_rank, sum_across_ranks)
-from topoclip.errors import CheckpointError, UserError, require_device
+from topoclip.door import read_text
+from topoclip.errors import CheckpointError, RunFolderError, UserError, require_device
 from topoclip.model import CLIP
 from topoclip.tokenizer import Tokenizer
 from topoclip.data.streams import StreamPosition
@@ -238,7 +239,7 @@ def restore(state: TrainState, config: Config, folder: RunFolder, found: list[Pa
         print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
         # Only now that the checkpoint has loaded does the saved config take the resume's changes.
         text = json.dumps(to_dict(config), indent=2)
-        if folder.config.read_text(encoding="utf-8") != text:
+        if read_text(folder.config, "the run's config", folder.path, error=RunFolderError) != text:
             write_text_atomic(folder.config, text)
     return position, streams
 
