@@ -31,6 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from topoclip.door import read_json
+from topoclip.errors import file_name_problem
 from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
 from topoclip.experiments.grid import load_grid
@@ -889,11 +891,11 @@ def load_results(name: str):
         return {**load_results(grid), **({"final_validation": json.loads(final.read_text())} if final.is_file() else {})}
     if name == "claims-summary":
         return json.loads((RESULTS / "claims.json").read_text())
-    if (RESULTS / f"{name}.json").is_file():
-        results = json.loads((RESULTS / f"{name}.json").read_text())
+    if (RESULTS / f"{name}.json").exists():
+        results = read_results(RESULTS / f"{name}.json")
         return pooled(name, results) if isinstance(results, dict) and "parts" in results else results
-    if (RESULTS / name / "ablation.json").is_file():
-        return json.loads((RESULTS / name / "ablation.json").read_text())
+    if (RESULTS / name / "ablation.json").exists():
+        return read_results(RESULTS / name / "ablation.json")
     runs = sorted((RESULTS / name).glob("*.json"))
     if not runs:
         raise FileNotFoundError(f"no results for block {name!r} in {RESULTS}")
@@ -917,13 +919,31 @@ def run_settings(command: str) -> dict:
     return {key: value for key, value in args.items() if key not in PART_OPTIONS and not callable(value)}
 
 
+def read_results(path: Path):
+    """A results file's JSON, through topoclip's door (a regular file, bounded in size and depth); ValueError naming
+    the file otherwise."""
+    return read_json(path, "results file", error=ValueError)
+
+
+def check_pool(name: str, spec) -> dict:
+    """`spec`, a grid in parts' file (docs/results/NAME.json), checked for its shape: "parts" a list of folder names
+    of docs/results, "seeds" a whole number ≥ 1 or absent; ValueError naming what is wrong otherwise."""
+    parts, seeds = spec.get("parts"), spec.get("seeds")
+    if not isinstance(parts, list) or not all(isinstance(part, str) and not file_name_problem(part) for part in parts):
+        raise ValueError(f"docs/results/{name}.json: \"parts\" must be a list of folder names of docs/results, not "
+                         f"{json.dumps(parts)[:80]}")
+    if seeds is not None and (type(seeds) is not int or seeds < 1):
+        raise ValueError(f"docs/results/{name}.json: \"seeds\" must be a whole number ≥ 1, not {json.dumps(seeds)[:40]}")
+    return spec
+
+
 def pools() -> dict[str, dict]:
-    """Every grid trained in parts in docs/results (`pooled`): its name → its file's contents."""
+    """Every grid trained in parts in docs/results (`pooled`): its name → its file's contents, checked (`check_pool`)."""
     found = {}
     for file in sorted(RESULTS.glob("*.json")):
-        results = json.loads(file.read_text())
+        results = read_results(file)
         if isinstance(results, dict) and "parts" in results:
-            found[file.stem] = results
+            found[file.stem] = check_pool(file.stem, results)
     return found
 
 
@@ -935,14 +955,17 @@ def pooled(name: str, spec: dict) -> dict:
     fewer than its "seeds" (seeds 0 to seeds − 1, the runs it was registered with) so far, which `cell_values` refuses.
     Refused: a part that is not a landed ablation folder, or listed twice; parts of other schedules, presets or
     settings (`run_settings`); a run (cell and seed) in two parts, or a seed beyond the registered ones."""
-    parts, seeds = spec["parts"], spec.get("seeds")
+    parts, seeds = check_pool(name, spec)["parts"], spec.get("seeds")
     if not parts or len(set(parts)) < len(parts):
         raise ValueError(f"{name}.json must list its parts, each once: {parts}")
     grids = {}
     for part in parts:
         path = RESULTS / part / "ablation.json"
-        grids[part] = json.loads(path.read_text()) if path.is_file() else {}
-        if grids[part].get("analysis") != "ablation":
+        grids[part] = read_results(path) if path.exists() else {}
+        runs = grids[part].get("runs") if isinstance(grids[part], dict) else None
+        if grids[part].get("analysis") != "ablation" or not isinstance(runs, list) or not all(
+                isinstance(run, dict) and isinstance(run.get("cell"), str) and type(run.get("seed")) is int
+                for run in runs):
             raise ValueError(f"{name}: part {part} is not an ablation folder of docs/results; land it first "
                              f"(python scripts/readme_results.py land OUT --pool {name})")
     for what, read in (("steps", lambda g: g.get("steps")), ("preset", lambda g: g.get("preset")),
@@ -1029,9 +1052,9 @@ def land(out_dir: Path, pool: Optional[str] = None) -> Path:
     with X/ for each absolute path, so the file names no machine path. pool: the grid in parts (docs/results/POOL.json,
     `pooled`) that NAME is a part of, which gets it. Lands all of it or nothing: refused (and what was there before
     kept) where the pool does not take it, or where NAME is a part of another pool."""
-    results = json.loads((out_dir / "ablation.json").read_text(encoding="utf-8"))
+    results = read_results(out_dir / "ablation.json")
     name = out_dir.resolve().name
-    if results.get("analysis") != "ablation":
+    if not isinstance(results, dict) or results.get("analysis") != "ablation":
         raise ValueError(f"{out_dir}/ablation.json is not what `topoclip ablate` writes")
     if (RESULTS / f"{name}.json").is_file():  # load_results would read it, not the folder
         raise ValueError(f"docs/results/{name}.json exists and would hide docs/results/{name}/: rename {out_dir}")
@@ -1060,6 +1083,29 @@ def land(out_dir: Path, pool: Optional[str] = None) -> Path:
                 path.parent.rmdir()
         raise
     return path
+
+
+def refresh(write: bool) -> int:
+    """`write`: rewrite every document's generated blocks and the headline figure; else check them (1: stale)."""
+    stale = []
+    for document in DOCUMENTS:
+        current = document.read_text()
+        wanted = render_blocks(current)
+        if write:
+            document.write_text(wanted)
+            print(f"wrote {document.relative_to(ROOT)}")
+        elif wanted != current:
+            stale.append(document.relative_to(ROOT))
+    figure = RESULTS / "headline.png"
+    if write:
+        print(f"wrote {plot_headline(headline_points(), figure).relative_to(ROOT)}")
+    elif drawn_from(figure) != fingerprint(headline_points()):
+        stale.append(figure.relative_to(ROOT))
+    if stale:
+        print(f"{', '.join(map(str, stale))}: generated blocks or figure differ from docs/results/; "
+              f"run: python scripts/readme_results.py write")
+        return 1
+    return 0
 
 
 def main() -> int:
@@ -1093,25 +1139,11 @@ def main() -> int:
     if args.command == "plot":
         print(f"wrote {plot_grid(args.grid, args.out)}")
         return 0
-    stale = []
-    for document in DOCUMENTS:
-        current = document.read_text()
-        wanted = render_blocks(current)
-        if args.command == "write":
-            document.write_text(wanted)
-            print(f"wrote {document.relative_to(ROOT)}")
-        elif wanted != current:
-            stale.append(document.relative_to(ROOT))
-    figure = RESULTS / "headline.png"
-    if args.command == "write":
-        print(f"wrote {plot_headline(headline_points(), figure).relative_to(ROOT)}")
-    elif drawn_from(figure) != fingerprint(headline_points()):
-        stale.append(figure.relative_to(ROOT))
-    if stale:
-        print(f"{', '.join(map(str, stale))}: generated blocks or figure differ from docs/results/; "
-              f"run: python scripts/readme_results.py write")
+    try:
+        return refresh(args.command == "write")
+    except (OSError, ValueError) as error:  # a results file that is damaged, missing, or not what it should be
+        print(f"{args.command}: {error}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

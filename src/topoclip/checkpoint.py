@@ -291,7 +291,9 @@ def prune_checkpoints(folder: Path, keep: int) -> None:
     """Delete all but the newest `keep` step checkpoints (and stale temporary folders)."""
     # Scratch folders of checkpoints a killed run was writing (and, from before scratch_name, step-*.tmp):
     # inside a run's own checkpoints/ folder, so only ever topoclip's.
-    for stale in [*Path(folder).glob(f".{STEP_PREFIX}*{SCRATCH_SUFFIX}"), *Path(folder).glob(f"{STEP_PREFIX}*.tmp")]:
-        shutil.rmtree(stale, ignore_errors=True)
+    for entry in list_folder(folder, "checkpoints folder", error=CheckpointError):
+        if (entry.name.startswith(f".{STEP_PREFIX}") and entry.name.endswith(SCRATCH_SUFFIX)) or (
+                entry.name.startswith(STEP_PREFIX) and entry.name.endswith(".tmp")):
+            shutil.rmtree(entry.path, ignore_errors=True)  # (a link is never followed: rmtree refuses one)
     for old in step_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -179,8 +179,8 @@ def parse_json(text: Union[str, bytes], what: str, depth: int = JSON_DEPTH, erro
     while stack:
         item, level = stack.pop()
         if level > depth:
-            raise error(f"{what} is not valid JSON (nested too deeply: {level} levels; no file topoclip reads nests "
-                        f"more than {depth})")
+            raise error(f"{what} is not valid JSON (nested too deeply: more than the {depth} levels any file "
+                        f"topoclip reads may have)")
         if isinstance(item, dict):
             stack.extend((child, level + 1) for child in item.values() if isinstance(child, (dict, list)))
         elif isinstance(item, list):

@@ -50,7 +50,7 @@ class ImageInput:
     source: object
     bad: str = ""
 
-    def open(self, decode: DecodeSettings):
+    def image(self, decode: DecodeSettings):
         data = self.source.read() if hasattr(self.source, "read") else self.source
         return decode_image(data, decode.min_size, decode.max_pixels)
 
@@ -114,7 +114,7 @@ class _Pixels(torch.utils.data.Dataset):
         if item.bad:
             return index, None, item.bad
         try:
-            return index, self.transform(item.open(self.decode)), None
+            return index, self.transform(item.image(self.decode)), None
         except BadSample as bad:
             return index, None, bad.kind
 

@@ -31,6 +31,7 @@ import webdataset as wds
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, DataQualityError
+from topoclip.door import open_regular
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,34 @@ def expand_shard_sources(
 def is_local(url: str) -> bool:
     """A plain file path (not a URL scheme such as https:, pipe:, file:, or '-' for stdin)."""
     return re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", url) is None and url != "-"
+
+
+def tar_samples(sources: Iterable[dict], handler: Callable[[BaseException], bool],
+                select_files: Optional[Callable[[str], bool]] = None) -> Iterator[dict]:
+    """webdataset's tarfile_to_samples, with each local shard opened through topoclip's door (a regular file: a FIFO
+    or a device named like a shard is an unreadable shard, handed to `handler` and counted, never a read that blocks
+    forever); a URL of another scheme is opened by webdataset's gopen as before (only a typed value gets here)."""
+    from webdataset import gopen
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    def streams() -> Iterator[dict]:
+        for sample in sources:
+            url = sample["url"]
+            path = re.sub(r"^file:(//)?", "", url)  # webdataset's file: URLs are local files too
+            try:
+                sample.update(stream=open_regular(path, "shard", limit=None, error=ShardRefused) if is_local(path)
+                              else gopen.gopen(url))
+                yield sample
+            except Exception as error:
+                error.args = error.args + (url,)
+                if not handler(error):
+                    break
+
+    return group_by_keys(tar_file_expander(streams(), handler=handler, select_files=select_files), handler=handler)
+
+
+class ShardRefused(ValueError):
+    """A local shard path that is not a regular file (see `tar_samples`)."""
 
 
 # Shard errors with no readable sample in between after which reading stops (an endless resampled
@@ -264,7 +293,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                 )
             return True
 
-        samples: Iterable[dict] = wds.tarfile_to_samples(handler=count_and_continue)(shard_stream())
+        samples: Iterable[dict] = tar_samples(shard_stream(), count_and_continue)
         if self.shuffle_buffer > 1:
             rng = random.Random(derived_seed(self.seed, self.epoch, rank, worker, 1))
             samples = wds.shuffle(self.shuffle_buffer, self.shuffle_initial, rng=rng)(samples)
@@ -306,9 +335,8 @@ def read_captions(urls: Union[str, Sequence[str]], limit: int) -> list[str]:
     captions: list[str] = []
     if limit <= 0:
         return captions
-    samples = wds.tarfile_to_samples(handler=wds.ignore_and_continue, select_files=lambda name: name.endswith(".txt"))(
-        dict(url=url) for url in shards
-    )
+    samples = tar_samples((dict(url=url) for url in shards), wds.ignore_and_continue,
+                          select_files=lambda name: name.endswith(".txt"))
     for sample in samples:
         try:
             captions.append(clean_caption(sample.get("txt")))
