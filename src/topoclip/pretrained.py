@@ -21,8 +21,8 @@ from topoclip.door import escapes, is_regular
 from topoclip.errors import CheckpointError, UserError
 
 # A Hub repository id as the Hub takes it (huggingface_hub.utils.validate_repo_id): org/name, each part letters,
-# digits, "-", "_" and ".", not starting or ending with "-" or ".", no "--" or "..", the name at most 96 characters.
-REPO_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?$",
+# digits, "-", "_" and ".", not starting or ending with "-" or ".", no "--" or "..", each part at most 96 characters.
+REPO_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?$",
                      re.ASCII)
 # A revision as the Hub names one: a branch or tag ("main", "v1.0", "refs/pr/1") or a commit hash; never "..", which
 # would lead out of the cache's refs/ folder.
