@@ -127,3 +127,137 @@ def test_a_checkpoints_tokenizer_file_loads_or_is_one_line(run, tmp_path_factory
     Image.new("RGB", (9, 9), (200, 10, 10)).save(image)
     status = main(["predict", str(folder), "--labels", "a red circle,a blue square", "--image", str(image)])
     one_line_or_success(status, capfd.readouterr().err)
+
+
+# ------------------------------------------------------------------ issue #58: grid and pool files, transformers
+# configs, Hub ids and ablation folders
+
+GRID_KEYS = ["description", "preset", "settings", "zero_shot_set", "axes", "paper"]
+LEVEL_KEYS = ["label", "preset", "set", "logit_range_like"]
+levels = st.lists(st.dictionaries(st.sampled_from(LEVEL_KEYS), values | st.sampled_from(["a", "tiny", "train.steps=1"]),
+                                  max_size=4) | values, max_size=4)
+axes = st.lists(st.fixed_dictionaries({"name": values | st.just("a"), "levels": levels}) | values, max_size=3)
+grid_files = values | st.dictionaries(st.sampled_from(GRID_KEYS), values | axes | st.just("tiny"), max_size=6)
+
+
+@FUZZ
+@given(grid=grid_files, seeds=st.integers(min_value=1, max_value=10**12))
+def test_a_grid_file_plans_or_is_one_line(tmp_path_factory, grid, seeds):
+    """Whatever a grid file holds: its runs are planned, or one line says why, before anything is written."""
+    from topoclip.experiments import grid as grids
+
+    folder = tmp_path_factory.mktemp("grid")
+    (folder / "grid.json").write_text(as_text(grid), encoding="utf-8", errors="surrogatepass")
+    try:
+        grids.plan(grids.load_grid(str(folder / "grid.json")), folder / "out", seeds, SMALL)
+    except UserError as error:
+        assert "\n" not in str(error)
+    assert not (folder / "out").exists()
+
+
+def readme_results():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_results", Path(__file__).parent.parent / "scripts" /
+                                                  "readme_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@FUZZ
+@given(pool=st.dictionaries(st.sampled_from(["about", "parts", "seeds"]), values | st.lists(st.sampled_from(
+    ["part", "../part", "", "x" * 300]), max_size=3), max_size=3), part=values)
+def test_a_pool_file_is_read_or_refused_in_one_line(tmp_path_factory, pool, part):
+    module = readme_results()
+    results = tmp_path_factory.mktemp("results")
+    module.RESULTS = results
+    (results / "pool.json").write_text(as_text({**pool, "parts": pool.get("parts", [])}), encoding="utf-8",
+                                       errors="surrogatepass")
+    (results / "part").mkdir()
+    (results / "part" / "ablation.json").write_text(as_text(part), encoding="utf-8", errors="surrogatepass")
+    try:
+        module.load_results("pool")
+    except (ValueError, OSError) as error:
+        assert "\n" not in str(error)
+
+
+@FUZZ
+@given(config=st.dictionaries(st.sampled_from(["text_config", "vision_config", "architectures", "model_type",
+                                               "projection_dim"]), values, max_size=4),
+       towers=st.dictionaries(st.sampled_from(["hidden_act", "layer_norm_eps", "num_attention_heads", "eos_token_id"]),
+                              values, max_size=4))
+def test_a_transformers_config_imports_or_is_one_line(tmp_path_factory, config, towers):
+    """Any config.json of a transformers CLIPModel folder: refused in one line before any weight is read (there are
+    none here), never a traceback."""
+    from topoclip.convert.hf import import_hf
+
+    folder = tmp_path_factory.mktemp("hf")
+    values = {"model_type": "clip", "text_config": dict(towers), "vision_config": dict(towers), **config}
+    (folder / "config.json").write_text(as_text(values), encoding="utf-8", errors="surrogatepass")
+    try:
+        import_hf(folder)
+    except (UserError, OSError) as error:
+        assert "\n" not in str(error) or isinstance(error, OSError)
+
+
+@FUZZ
+@given(name=st.text(max_size=120) | st.sampled_from(["../../etc", "org/name@..", "a/b@main", "a" * 200 + "/b",
+                                                     "org/name@refs/pr/1", "org//name", "-org/name"]))
+def test_a_hub_id_is_taken_or_refused_in_one_line(name):
+    from topoclip.pretrained import split_revision
+
+    try:
+        repo, revision = split_revision(name, None)
+    except UserError as error:
+        assert "\n" not in str(error)
+        return
+    assert ".." not in repo and (revision is None or ".." not in revision) and repo.count("/") == 1
+
+
+# An ablation folder anyone handed over: entries at the places ablate reads, each a file, a folder, a FIFO, or a link
+# inside or out of it.
+PLACES = ["runs", "runs/sphere", "runs/sphere/seed-0", "runs/sphere/seed-0/config.json",
+          "runs/sphere/seed-0/eval.json", "runs/sphere/seed-0/checkpoints", "logs"]
+KINDS = ["file", "folder", "fifo", "link out", "link in", "json"]
+
+
+@FUZZ
+@given(tree=st.dictionaries(st.sampled_from(PLACES), st.sampled_from(KINDS), max_size=5), reuse=st.booleans())
+def test_an_ablation_folder_plans_or_is_one_line_and_nothing_outside_changes(tmp_path_factory, tree, reuse):
+    import os
+
+    from topoclip.experiments import grid as grids
+    from topoclip.experiments.runner import reuse_runs
+
+    root = tmp_path_factory.mktemp("ablation")
+    outside = root / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    out = root / "out"
+    for place in sorted(tree, key=len):
+        path = out / place
+        if any(parent.is_symlink() or (parent.exists() and not parent.is_dir()) for parent in path.parents):
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kind = tree[place]
+        if kind == "file":
+            path.write_text("x")
+        elif kind == "json":
+            path.write_text("[" * 1000)
+        elif kind == "folder":
+            path.mkdir(exist_ok=True)
+        elif kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "link out":
+            path.symlink_to(outside)
+        else:
+            path.symlink_to(out)
+    grid = grids.Grid("g", "", "tiny", SMALL, [grids.Axis("topology", [grids.Level("topology", "sphere")])])
+    try:
+        specs = grids.plan(grid, root / "mine" if reuse else out, 1, ["train.steps=1"])
+        if reuse:
+            reuse_runs(specs, [out], log=lambda line: None)
+    except UserError as error:
+        assert "\n" not in str(error)
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
