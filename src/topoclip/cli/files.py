@@ -61,13 +61,17 @@ def command_export(args) -> int:
             chosen[where] = flag
             check_destination(folder)
     model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
-    if args.openclip or args.hf:  # refused before any other format is written
+    if args.openclip:  # each format's refusal before any other format is written
         from topoclip.convert.openclip_export import openclip_refusal, tokenizer_refusal
 
         reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
         if reason:
-            raise ConfigError(f"{'--openclip' if args.openclip else '--hf'}: OpenCLIP's layout cannot hold this model: "
-                              f"{reason}")
+            raise ConfigError(f"OpenCLIP cannot load this model: {reason}")
+    if args.hf:
+        from topoclip.convert.hf import hf_refusal
+
+        if hf_refusal(config, tokenizer):
+            raise ConfigError(hf_refusal(config, tokenizer))
     if args.openclip:
         from topoclip.convert.openclip_export import export_openclip
 

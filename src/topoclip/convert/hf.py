@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from safetensors.torch import save_file
@@ -223,23 +223,33 @@ def hf_config(config: Config, tokenizer) -> dict:
     }
 
 
+def hf_refusal(config: Config, tokenizer) -> Optional[str]:
+    """Why transformers' CLIPModel cannot hold the model (the same rules as OpenCLIP's, and two of its own), or None."""
+    from topoclip.convert.openclip_export import openclip_refusal, tokenizer_refusal
+
+    reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
+    if reason:
+        return f"transformers' CLIPModel cannot hold this model: {reason}"
+    if config.model.temperature.bias_init is not None:
+        return "transformers' CLIPModel has no logit bias: this model is trained with the sigmoid loss's"
+    if config.model.text.end_token_id == LEGACY_EOS:
+        return (f"transformers reads eos_token_id {LEGACY_EOS} as 'pool at the largest id' (its configs before "
+                f"transformers#24773), but this model pools at the first token of id {LEGACY_EOS}: its vocabulary "
+                f"would need another end-token id")
+    return None
+
+
 def export_hf(model, config: Config, destination: Union[str, Path], tokenizer) -> Path:
     """Write `model` and its `tokenizer` as transformers' CLIPModel into `destination` (new or empty): config.json,
     model.safetensors, tokenizer.json + tokenizer_config.json, preprocessor_config.json. ConfigError when
     transformers' CLIP cannot hold the model (the same rules as OpenCLIP's)."""
     from topoclip.convert.architecture import rename_keys
     from topoclip.convert.files import new_folder
-    from topoclip.convert.openclip_export import EXPORT_RULES, openclip_refusal, tokenizer_refusal
+    from topoclip.convert.openclip_export import EXPORT_RULES
 
-    reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
-    if reason:
-        raise ConfigError(f"transformers' CLIPModel cannot hold this model: {reason}")
-    if config.model.temperature.bias_init is not None:
-        raise ConfigError("transformers' CLIPModel has no logit bias: this model is trained with the sigmoid loss's")
-    if config.model.text.end_token_id == LEGACY_EOS:
-        raise ConfigError(f"transformers reads eos_token_id {LEGACY_EOS} as 'pool at the largest id' (its configs before "
-                          f"transformers#24773), but this model pools at the first token of id {LEGACY_EOS}: its "
-                          f"vocabulary would need another end-token id")
+    refusal = hf_refusal(config, tokenizer)
+    if refusal:
+        raise ConfigError(refusal)
     state = {key: tensor.detach().float().cpu().contiguous() for key, tensor in model.state_dict().items()}
     state = rename_keys(state, EXPORT_RULES, source="the topoclip model")  # OpenAI's names, as OpenCLIP's export
     state["visual.class_embedding"] = state["visual.class_embedding"][0]  # (1, width) -> (width,)
