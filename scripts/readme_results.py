@@ -919,10 +919,10 @@ def run_settings(command: str) -> dict:
     return {key: value for key, value in args.items() if key not in PART_OPTIONS and not callable(value)}
 
 
-def read_results(path: Path):
-    """A results file's JSON, through topoclip's door (a regular file, bounded in size and depth); ValueError naming
-    the file otherwise."""
-    return read_json(path, "results file", error=ValueError)
+def read_results(path: Path, root: Optional[Path] = None):
+    """A results file's JSON, through topoclip's door (a regular file, inside `root` when given, bounded in size and
+    depth); ValueError naming the file otherwise."""
+    return read_json(path, "results file", root, error=ValueError)
 
 
 def check_pool(name: str, spec) -> dict:
@@ -1046,13 +1046,14 @@ def record(run_dir: Path, wall_seconds: float, command: str) -> Path:
     return path
 
 
-def land(out_dir: Path, pool: Optional[str] = None) -> Path:
+def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Path:
     """docs/results/NAME/ablation.json from `topoclip ablate --out OUT` (NAME: OUT's name): its ablation.json alone
     (table.md repeats it; the plots are drawn on demand, `plot`), without indentation; `ablate` records its command
     with X/ for each absolute path, so the file names no machine path. pool: the grid in parts (docs/results/POOL.json,
     `pooled`) that NAME is a part of, which gets it. Lands all of it or nothing: refused (and what was there before
-    kept) where the pool does not take it, or where NAME is a part of another pool."""
-    results = read_results(out_dir / "ablation.json")
+    kept) where the pool does not take it, or where NAME is a part of another pool; docs/results/NAME holding other
+    results is replaced only with `replace`."""
+    results = read_results(out_dir / "ablation.json", out_dir)
     name = out_dir.resolve().name
     if not isinstance(results, dict) or results.get("analysis") != "ablation":
         raise ValueError(f"{out_dir}/ablation.json is not what `topoclip ablate` writes")
@@ -1066,13 +1067,18 @@ def land(out_dir: Path, pool: Optional[str] = None) -> Path:
         raise ValueError(f"docs/results/{pool}.json is not a grid in parts ({{\"about\", \"parts\": [...]}}): write it first")
     path = RESULTS / name / "ablation.json"
     made, before = not path.parent.is_dir(), path.read_text(encoding="utf-8") if path.is_file() else None
+    written = json.dumps(results, ensure_ascii=False, separators=(",", ":"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    path.write_text(written, encoding="utf-8")
     try:
         if pool:
             spec = found[pool]
             spec["parts"] += [name] * (name not in spec["parts"])
             pooled(pool, spec)
+        if before is not None and before != written and not replace:
+            raise ValueError(f"docs/results/{name}/ablation.json holds other results; land under another name (rename "
+                             f"{out_dir}), or pass --replace to replace them")
+        if pool:
             (RESULTS / f"{pool}.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     except Exception:
         if before is not None:
@@ -1122,6 +1128,7 @@ def main() -> int:
                                                "(NAME: the folder's name)")
     lander.add_argument("out", type=Path, help="the --out folder of a finished `topoclip ablate`")
     lander.add_argument("--pool", help="the grid in parts (docs/results/POOL.json) this folder is a part of")
+    lander.add_argument("--replace", action="store_true", help="replace docs/results/NAME when it holds other results")
     commands.add_parser("write", help="rewrite the README's generated blocks")
     commands.add_parser("check", help="exit 1 when the README's blocks differ from the results files")
     args = parser.parse_args()
@@ -1130,7 +1137,7 @@ def main() -> int:
         return 0
     if args.command == "land":
         try:
-            landed = land(args.out, args.pool)
+            landed = land(args.out, args.pool, args.replace)
         except (OSError, ValueError, KeyError) as error:
             print(f"land: {error}", file=sys.stderr)
             return 1
@@ -1141,8 +1148,9 @@ def main() -> int:
         return 0
     try:
         return refresh(args.command == "write")
-    except (OSError, ValueError) as error:  # a results file that is damaged, missing, or not what it should be
-        print(f"{args.command}: {error}", file=sys.stderr)
+    except (OSError, ValueError, KeyError, TypeError) as error:  # a results file damaged, missing, or not what it
+        what = f"a results file lacks {error}" if isinstance(error, KeyError) else error  # should be
+        print(f"{args.command}: {what}", file=sys.stderr)
         return 1
 
 

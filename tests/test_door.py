@@ -40,7 +40,8 @@ ALLOWED = {
     ("data/images.py", "decode_image", "Image.open"): "decodes bytes, or a file door.open_regular opened",
     ("data/images.py", "check_image_header", "Image.open"): "reads the file object door.open_regular opened",
     ("data/shard_writer.py", "_check_last_shard", "tarfile.open"): "the path comes from door.regular_file",
-    ("data/shards.py", "tar_samples.streams", "gopen.gopen"): "a URL the user typed (a file's is refused earlier)",
+    ("data/shards.py", "_members", "gopen.gopen"): "a URL the user typed (a file's is refused earlier)",
+    ("data/shards.py", "_members", "tarfile.open"): "reads the stream door.open_regular (or gopen) opened",
     ("evaluation/benchmarks.py", "get_benchmark", "read_text"): "reads benchmark data shipped in the package",
     ("experiments/grid.py", "grid_names", "iterdir"): "lists the grids shipped in the package",
     ("experiments/grid.py", "load_grid", "iterdir"): "lists the grids shipped in the package",
@@ -161,8 +162,10 @@ def test_a_file_past_its_bound_is_refused_before_it_is_read(tmp_path):
     big = tmp_path / "config.json"
     with open(big, "wb") as file:
         file.truncate(3 << 30)  # 3 GiB, sparse: nothing is read, or the test would take minutes
-    with pytest.raises(door.FileRefused, match="over the 64.0 MiB"):
+    with pytest.raises(door.FileRefused, match="over the 4.0 MiB"):
         door.read_json(big, "the config")
+    with pytest.raises(door.FileRefused, match="over the 64.0 MiB"):
+        door.read_json(big, "a tokenizer", limit=door.JSON_BYTES)
 
 
 @pytest.mark.parametrize("text, problem", [("[" * 100 + "]" * 100, "more than the 64 levels"), ("[" * 100_000, "not valid JSON"),
@@ -258,6 +261,7 @@ def test_a_listing_is_bounded(tmp_path):
 def test_the_bounds_are_above_the_real_files_they_guard():
     """Each bound against the largest real file of its kind (the figures in door.py's comments)."""
     assert door.JSON_BYTES > 34_000_000  # Gemma's tokenizer.json
+    assert door.CONFIG_BYTES > 878_907  # the largest ablation.json of docs/results
     assert door.CAPTIONS_BYTES > 151_000_000  # COCO's Karpathy dataset_coco.json
     assert door.PICKLE_BYTES > 155_000_000  # CIFAR-100's train file
     json.loads("[" * (door.JSON_DEPTH - 1) + "]" * (door.JSON_DEPTH - 1))  # the bound is below Python's own limit

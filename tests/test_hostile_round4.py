@@ -266,11 +266,20 @@ def test_a_run_folders_config_with_architectures_a_number_is_one_line(run, tmp_p
     ("hf-hub:org/name@main", "not in the local Hugging Face cache"),
 ])
 def test_a_hub_id_is_checked_before_the_hub_is_asked(tmp_path, capsys, monkeypatch, name, message):
+    from topoclip.inference import checkpoint_folder
+
+    offline(monkeypatch)
+    with pytest.raises(UserError, match=message):
+        checkpoint_folder(name, cache_dir=tmp_path / "cache")
+
+
+def offline(monkeypatch) -> None:
+    """huggingface_hub offline, whenever it was imported (it reads HF_HUB_OFFLINE once, at its import)."""
     pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    assert main(["predict", name, "--labels", "a,b", "--image", str(tmp_path / "x.png")]) == 2
-    assert message in one_line_error(capsys)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 def test_an_offline_cache_whose_ref_leads_out_is_one_line(tmp_path, capsys, monkeypatch):
@@ -280,10 +289,12 @@ def test_an_offline_cache_whose_ref_leads_out_is_one_line(tmp_path, capsys, monk
     (repository / "refs").mkdir(parents=True)
     (repository / "refs" / "main").write_text("../../../../../../etc")
     (repository / "snapshots").mkdir()
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    assert main(["predict", "hf-hub:org/name", "--labels", "a,b", "--image", str(tmp_path / "x.png")]) == 2
-    one_line_error(capsys)
+    from topoclip.pretrained import hub_folder
+
+    offline(monkeypatch)
+    with pytest.raises(UserError) as refused:
+        hub_folder("org/name", cache_dir=cache)
+    assert "\n" not in str(refused.value)
 
 
 def sparse(path: Path, size: int) -> Path:
@@ -301,7 +312,7 @@ def test_a_huge_file_in_a_model_folder_is_refused_unread(run, tmp_path, capsys, 
     shutil.copytree(sorted((run / "checkpoints").iterdir())[-1], folder)
     sparse(folder / name, 3_500_000_000)
     assert within(60, main, ["eval", str(folder), "--set", "evaluate.size=16"]) == 2
-    assert "over the 64.0 MiB" in one_line_error(capsys)
+    assert "MiB, over the" in one_line_error(capsys)
 
 
 @pytest.mark.slow
@@ -432,3 +443,236 @@ def test_a_junk_folder_in_the_pretrained_cache_says_to_delete_it(tmp_path, monke
     (junk / "notes.txt").write_text("x")
     with pytest.raises(UserError, match="delete that folder"):
         pretrained_folder("ViT-B-32:openai")
+
+
+# ------------------------------------------------------------------ the independent review's round (before #58 closed)
+
+
+@pytest.mark.slow
+def test_analyze_never_writes_through_a_link_in_the_run_folder(run, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    (folder / "analysis").mkdir()
+    (folder / "analysis" / "temperature.json").symlink_to(victim)
+    assert main(["analyze", "temperature", str(folder)]) == 0
+    assert victim.read_text() == "mine" and not (folder / "analysis" / "temperature.json").is_symlink()
+    shutil.rmtree(folder / "analysis")
+    (folder / "analysis").symlink_to(tmp_path)  # the folder itself a link out
+    assert main(["analyze", "temperature", str(folder)]) == 2
+    assert "outside" in one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "victim"]
+
+
+@pytest.mark.slow
+def test_ablate_never_writes_a_probe_through_a_link_nor_waits_on_a_fifo(ablation, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(ablation, out)
+    seed = out / "runs" / "sphere" / "seed-0"
+    outside = tmp_path / "new.json"
+    (seed / "probe.json").unlink(missing_ok=True)
+    (seed / "probe.json").symlink_to(outside)
+    grid = write_json(tmp_path / "grid.json", GRID)
+    main(["ablate", "--grid", str(grid), "--seeds", "1", "--probe-size", "16", "--out", str(out)])
+    capsys.readouterr()
+    assert not outside.exists()
+    fifo = tmp_path / "fifo-out"
+    (fifo / "runs" / "sphere").mkdir(parents=True)
+    os.mkfifo(fifo / "runs" / "sphere" / "seed-0")
+    assert within(60, main, ["ablate", "--grid", str(grid), *ABLATE, "--out", str(fifo)]) == 2
+    assert "is a FIFO, where a folder belongs" in one_line_error(capsys)
+
+
+def test_a_torch_file_with_a_compressed_member_is_refused_before_it_inflates(tmp_path):
+    import zipfile
+
+    from topoclip.convert.files import read_state_dict
+    from topoclip.errors import CheckpointError
+
+    plain = tmp_path / "plain.bin"
+    torch.save({"w": torch.zeros(4)}, plain)
+    inflating = tmp_path / "pytorch_model.bin"
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(inflating, "w", zipfile.ZIP_DEFLATED) as target:
+        for member in source.infolist():
+            target.writestr(member.filename, source.read(member.filename))
+    assert read_state_dict(plain)["w"].shape == (4,)
+    with pytest.raises(CheckpointError, match="compressed member"):
+        read_state_dict(inflating)
+
+
+def sparse_member_tar(path: Path, name: str, declared: int) -> Path:
+    """A tar whose member `name` declares `declared` bytes, written sparse: a few KB on disk."""
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as file:
+        info = tarfile.TarInfo(name)
+        info.size = declared
+        file.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        file.seek(512 + declared + (-declared % 512) + 1024 - 1)
+        file.write(b"\0")
+    return path
+
+
+def test_a_shard_member_declaring_gigabytes_is_skipped_unread(tmp_path):
+    import resource
+
+    from topoclip.data.shards import MEMBER_BYTES, tar_samples
+
+    shard = sparse_member_tar(tmp_path / "0.tar", "a.txt", MEMBER_BYTES + 1)
+    errors = []
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    samples = list(within(60, lambda: list(tar_samples([{"url": str(shard)}], lambda e: errors.append(e) or True))))
+    assert samples == [] and "claims" in str(errors[0])
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < MEMBER_BYTES // 1024 // 2  # far below what reading the member would have cost
+
+
+def test_a_csv_of_one_endless_line_is_read_in_bounded_pieces(tmp_path):
+    from topoclip.data.csv import MAX_LINE_CHARS, CaptionTable
+
+    table = tmp_path / "t.csv"
+    with open(table, "w") as file:
+        file.write("filepath,title\n" + "x" * (3 * MAX_LINE_CHARS) + "\na.png,a cat\n")
+    with pytest.warns(UserWarning, match="over 1,048,576 characters"):
+        assert list(CaptionTable(table)) == [("a.png", "a cat")]
+
+
+def test_json_of_millions_of_objects_is_refused_before_it_is_parsed():
+    from topoclip import door
+
+    with pytest.raises(door.FileRefused, match="objects and lists, over the 4,000,000"):
+        door.parse_json("[" + "{}," * door.JSON_CONTAINERS + "{}]", "x")
+
+
+@pytest.mark.slow
+def test_a_checkpoints_folder_that_links_out_is_refused(run, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    shutil.move(str(folder / "checkpoints"), str(tmp_path / "elsewhere"))
+    (folder / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    assert main(["export", str(folder), "--weights", str(tmp_path / "w")]) == 2
+    assert "outside" in one_line_error(capsys) and not (tmp_path / "w").exists()
+
+
+def test_a_hub_snapshot_or_cache_folder_that_links_out_is_refused(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repository = tmp_path / "cache" / "models--org--name"
+    (repository / "refs").mkdir(parents=True)
+    (repository / "refs" / "main").write_text(commit)
+    (repository / "snapshots").mkdir()
+    outside = tmp_path / "outside"
+    write_json(outside / "topoclip_config.json", {})
+    (outside / "model.safetensors").write_bytes(b"x")
+    (repository / "snapshots" / commit).symlink_to(outside)
+    from topoclip.pretrained import hub_folder
+
+    offline(monkeypatch)
+    with pytest.raises(UserError, match="leads out of its repository folder"):
+        hub_folder("org/name", cache_dir=tmp_path / "cache")
+    monkeypatch.setenv("TOPOCLIP_CACHE", str(tmp_path / "topoclip"))
+    (tmp_path / "topoclip" / "pretrained" / "ViT-B-32--openai").mkdir(parents=True)
+    (tmp_path / "topoclip" / "pretrained" / "ViT-B-32--openai" / "main").symlink_to(outside)
+    from topoclip.pretrained import pretrained_folder
+
+    with pytest.raises(UserError, match="cache of converted models"):
+        pretrained_folder("ViT-B-32:openai")
+
+
+@pytest.mark.parametrize("plant", ["link out", "fifo", "garbage"])
+def test_a_tokenizer_beside_openclip_weights_goes_through_the_door(tmp_path, capsys, plant):
+    from topoclip.convert.openai import OPENCLIP_CONFIG
+
+    folder = tmp_path / "openclip"
+    folder.mkdir()
+    torch.save({"w": torch.zeros(1)}, folder / "open_clip_pytorch_model.bin")
+    write_json(folder / OPENCLIP_CONFIG, {"model_cfg": {"text_cfg": {}}, "preprocess_cfg": {}})
+    if plant == "link out":
+        write_json(tmp_path / "secret.json", {"model": {}})
+        (folder / "tokenizer.json").symlink_to(tmp_path / "secret.json")
+    elif plant == "fifo":
+        os.mkfifo(folder / "tokenizer.json")
+    else:
+        (folder / "tokenizer.json").write_text("[1]")
+    status = within(60, main, ["convert", "--from", "openclip", str(folder), str(tmp_path / "out")])
+    assert status == 2
+    one_line_error(capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file, text", [
+    ("eval.json", '[{"task": "zeroshot_classification", "dataset": "shape", "metrics": 5}]'),
+    ("eval.json", '[{"task": "zeroshot_classification", "dataset": "shape", "metrics": {"top1": "x"}}]'),
+    ("reused.json", '{"from": 5}'),
+    ("metrics.jsonl", '{"eval": {"a": 1}}\n{"step": 5, "scale": "x"}\n{"step": 1e308, "scale": 1, "t": 1}\n'),
+])
+def test_ablate_re_reading_a_run_file_of_other_types_is_one_line_or_leaves_the_line_out(ablation, tmp_path, capsys,
+                                                                                        file, text):
+    out = tmp_path / "out"
+    shutil.copytree(ablation, out)
+    seed = out / "runs" / "sphere" / "seed-0"
+    if file == "metrics.jsonl":
+        with open(seed / file, "a") as log:
+            log.write(text)
+    else:
+        (seed / file).write_text(text)
+    grid = write_json(tmp_path / "grid.json", GRID)
+    status = main(["ablate", "--grid", str(grid), *ABLATE, "--out", str(out)])
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    if file == "metrics.jsonl":
+        assert status == 0  # the damaged lines are left out of the curves, the rest read
+    else:
+        assert status == 2 and error.count("\n") == 1
+
+
+def test_two_labels_naming_one_cell_folder_are_refused(tmp_path, capsys):
+    grid = json.loads(json.dumps(GRID))
+    grid["axes"][0]["levels"] = [{"label": "A b", "set": ["model.topology=sphere"]}, {"label": "a-b", "set": []}]
+    path = write_json(tmp_path / "grid.json", grid)
+    assert main(["ablate", "--grid", str(path), *ABLATE, "--out", str(tmp_path / "out")]) == 2
+    assert "name the same cell folder ('a-b')" in one_line_error(capsys)
+
+
+def test_land_never_reads_through_a_link_nor_replaces_silently(tmp_path, monkeypatch):
+    module = readme_results()
+    monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
+    results = {"analysis": "ablation", "runs": [{"cell": "x", "seed": 0}]}
+    write_json(tmp_path / "outside.json", results)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "ablation.json").symlink_to(tmp_path / "outside.json")
+    with pytest.raises(ValueError, match="outside"):
+        module.land(linked)
+    grid = tmp_path / "sweep" / "grid"
+    write_json(grid / "ablation.json", results)
+    module.land(grid)
+    write_json(grid / "ablation.json", {**results, "runs": [{"cell": "y", "seed": 0}]})
+    with pytest.raises(ValueError, match="holds other results"):
+        module.land(grid)
+    assert json.loads((tmp_path / "results" / "grid" / "ablation.json").read_text()) == results
+    module.land(grid, replace=True)
+    assert json.loads((tmp_path / "results" / "grid" / "ablation.json").read_text())["runs"][0]["cell"] == "y"
+
+
+@pytest.mark.slow
+def test_export_into_a_folder_and_one_inside_it_is_refused_before_anything_is_written(run, tmp_path, capsys):
+    assert main(["export", str(run), "--weights", str(tmp_path / "x" / "sub"), "--onnx", str(tmp_path / "x")]) == 2
+    assert "a folder and one inside it" in one_line_error(capsys)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", ["fifo", "folder"])
+def test_resume_with_a_config_or_tokenizer_that_is_no_file_says_what_it_is(run, tmp_path, capsys, plant):
+    for name in ("config.json", "tokenizer.json"):
+        folder = tmp_path / name / "run"
+        shutil.copytree(run, folder)
+        (folder / "eval.json").unlink()
+        (folder / name).unlink()
+        os.mkfifo(folder / name) if plant == "fifo" else (folder / name).mkdir()
+        assert within(60, main, ["train", "--resume", str(folder), "--quiet", "--set", "train.steps=3"]) == 2
+        error = one_line_error(capsys)
+        assert any(said in error for said in (("FIFO", "special files") if plant == "fifo" else ("is a folder",))), error

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from topoclip.atomic import SCRATCH_SUFFIX, scratch_name
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
-from topoclip.door import check_inside, is_folder, is_regular, list_folder, open_regular, read_json, regular_file
+from topoclip.door import check_inside, is_folder, is_regular, list_folder, read_json, regular_file, torch_archive
 from topoclip.errors import CheckpointError, DiskFullError, NonFiniteError, is_disk_full
 from topoclip.model import CLIP
 from topoclip.tokenizer import SAVED_FILE_NAME
@@ -133,10 +133,12 @@ def checkpoint_step(folder: Path) -> int:
     return int(Path(folder).name[len(STEP_PREFIX):])
 
 
-def step_checkpoints(folder: Path) -> list[Path]:
-    """Complete step checkpoints under `folder`, oldest first (listed through the door: a link out of `folder` is no
-    checkpoint of it)."""
+def step_checkpoints(folder: Path, root: Optional[Path] = None) -> list[Path]:
+    """Complete step checkpoints under `folder`, oldest first (listed through the door: a link out of `folder`, or out
+    of `root`, the run folder that holds it, is no checkpoint of it)."""
     folder = Path(folder)
+    if root is not None:
+        check_inside(folder, root, "the checkpoints folder", CheckpointError)
     if not is_folder(folder):
         return []
     found = [Path(entry.path) for entry in list_folder(folder, "checkpoints folder", error=CheckpointError)
@@ -162,7 +164,7 @@ def resolve_checkpoint(path: Path) -> Path:
     if (path / WEIGHTS).exists() or transformers_folder(path):  # a FIFO or link there: refused by the door, said
         return path
     for folder in (path / CHECKPOINTS, path):
-        found = step_checkpoints(folder)
+        found = step_checkpoints(folder, path)
         if found:
             return found[-1]
     raise FileNotFoundError(f"no checkpoint at {path}: expected a folder with {WEIGHTS}, or a run folder with "
@@ -276,7 +278,7 @@ def load_training_state(path: Path) -> dict:
     file = Path(path) / TRAINING_STATE
     damaged = "move this checkpoint folder away to resume from the one before"
     try:
-        with open_regular(file, "the training state", Path(path), None, CheckpointError) as handle:
+        with torch_archive(file, "the training state", Path(path), CheckpointError) as handle:
             return torch.load(handle, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{Path(path)} has no {TRAINING_STATE}; it holds weights only and cannot be resumed") from None

@@ -36,19 +36,24 @@ PathLike = Union[str, os.PathLike]
 
 MiB = 1 << 20
 # Size bounds, each far above what a real file of its kind holds and far below what would exhaust memory:
-JSON_BYTES = 64 * MiB  # a config.json is ~5 KB; the largest tokenizer.json in use (Gemma's) is ~34 MB
+CONFIG_BYTES = 4 * MiB  # a settings file (config.json ~5 KB, eval.json ~50 KB, a landed ablation.json ~0.9 MB)
+JSON_BYTES = 64 * MiB  # a tokenizer.json: the largest in use (Gemma's) is ~34 MB
 TEXT_BYTES = 64 * MiB  # classnames, templates, a vocab.txt (BERT's: 230 KB), merges.txt (CLIP's: 525 KB)
-CAPTIONS_BYTES = 1024 * MiB  # a Karpathy caption file: COCO's dataset_coco.json is 151 MB
+CAPTIONS_BYTES = 256 * MiB  # a Karpathy caption file: COCO's dataset_coco.json is 151 MB
 PICKLE_BYTES = 256 * MiB  # one CIFAR batch file is 31 MB (CIFAR-100's train file 155 MB)
 IMAGE_BYTES = 256 * MiB  # one encoded image; PIL's own decompression-bomb bound then caps its pixels
 # JSON nesting: no file topoclip reads nests more than ~6 deep (tokenizer.json); Python's parser would recurse
 # ~1,000 deep before a RecursionError, and every reader after it recurses again.
 JSON_DEPTH = 64
+# Objects and lists in one JSON file, counted (as the "{" and "[" in its text, strings' included: an overcount)
+# before it is parsed: each costs Python ~60 bytes, so a file of 64 MiB of "{}," would take 2.5 GB. COCO's Karpathy
+# file holds ~1.5 M, a large tokenizer.json's merges ~0.3 M; 4 M cost at most ~250 MB.
+JSON_CONTAINERS = 4_000_000
 # Entries of one listed folder, or files of one copied tree: a run folder holds tens, a dataset folder of images
 # hundreds of thousands.
 ENTRIES = 2_000_000
 
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+_KINDS = {stat.S_IFREG: "a file", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
 
 
@@ -118,7 +123,7 @@ def check_inside(path: PathLike, root: Optional[PathLike], what: str, error: typ
 # --------------------------------------------------------------------------- reading
 
 
-def open_regular(path: PathLike, what: str, root: Optional[PathLike] = None, limit: Optional[int] = JSON_BYTES,
+def open_regular(path: PathLike, what: str, root: Optional[PathLike] = None, limit: Optional[int] = CONFIG_BYTES,
                  error: type = FileRefused) -> io.BufferedReader:
     """The open binary file at `path` (close it, or use it in a `with`), which must be a regular file (inside `root`,
     at most `limit` bytes; None: any size, read as a stream). FileNotFoundError when it does not exist, so that
@@ -145,7 +150,7 @@ def open_regular(path: PathLike, what: str, root: Optional[PathLike] = None, lim
         raise
 
 
-def read_bytes(path: PathLike, what: str, root: Optional[PathLike] = None, limit: int = JSON_BYTES,
+def read_bytes(path: PathLike, what: str, root: Optional[PathLike] = None, limit: int = CONFIG_BYTES,
                error: type = FileRefused) -> bytes:
     """The whole regular file (see `open_regular`), never more than `limit` bytes even if it grows meanwhile."""
     with open_regular(path, what, root, limit, error) as file:
@@ -167,7 +172,13 @@ def read_text(path: PathLike, what: str, root: Optional[PathLike] = None, limit:
 
 def parse_json(text: Union[str, bytes], what: str, depth: int = JSON_DEPTH, error: type = FileRefused) -> Any:
     """JSON text -> value; `error` when it is not JSON, holds an integer of more digits than Python converts, or nests
-    deeper than `depth` (checked after parsing, without recursion, so no later reader recurses into it)."""
+    deeper than `depth` (checked after parsing, without recursion, so no later reader recurses into it), or holds more
+    than JSON_CONTAINERS objects and lists (counted before parsing)."""
+    opening = (b"{", b"[") if isinstance(text, bytes) else ("{", "[")
+    containers = text.count(opening[0]) + text.count(opening[1])
+    if containers > JSON_CONTAINERS:
+        raise error(f"{what} holds {containers:,} objects and lists, over the {JSON_CONTAINERS:,} any file topoclip "
+                    f"reads may have")
     try:
         value = json.loads(text)
     except RecursionError:
@@ -188,7 +199,7 @@ def parse_json(text: Union[str, bytes], what: str, depth: int = JSON_DEPTH, erro
     return value
 
 
-def read_json(path: PathLike, what: str, root: Optional[PathLike] = None, limit: int = JSON_BYTES,
+def read_json(path: PathLike, what: str, root: Optional[PathLike] = None, limit: int = CONFIG_BYTES,
               depth: int = JSON_DEPTH, expect: Optional[type] = None, error: type = FileRefused) -> Any:
     """The JSON value of a regular file (bounded in size and depth); with `expect` (dict or list), `error` when the
     value is of another type."""
@@ -197,6 +208,28 @@ def read_json(path: PathLike, what: str, root: Optional[PathLike] = None, limit:
         names = {dict: "an object", list: "a list"}
         raise error(f"{what} {path} holds a JSON {type(value).__name__}, not {names.get(expect, expect.__name__)}")
     return value
+
+
+def torch_archive(path: PathLike, what: str, root: Optional[PathLike] = None, error: type = FileRefused):
+    """The open file of a torch.save archive (a regular file, see `open_regular`), for torch.load(weights_only=True):
+    `error` when it is a zip (torch's format since 1.6) holding a compressed member. torch writes every member
+    stored; a compressed one could inflate a small file into gigabytes before any check sees it. Stored members
+    cost no more memory than the file's own size. (The legacy format, not a zip, reads its storages from the file.)"""
+    import zipfile
+
+    file = open_regular(path, what, root, None, error)
+    try:
+        if zipfile.is_zipfile(file):
+            compressed = next((member.filename for member in zipfile.ZipFile(file).infolist()
+                               if member.compress_type != zipfile.ZIP_STORED), None)
+            if compressed:
+                raise error(f"{what} {path} holds a compressed member ({compressed[:80]}), which torch.save never "
+                            f"writes; it is not a file topoclip reads")
+        file.seek(0)
+        return file
+    except BaseException:
+        file.close()
+        raise
 
 
 def regular_file(path: PathLike, what: str, root: Optional[PathLike] = None, limit: Optional[int] = None,
@@ -320,9 +353,15 @@ def remove_tree(path: PathLike, root: PathLike, what: str, error: type = FileRef
     from `root` leads elsewhere, or `path` itself is a link: the delete would land in someone else's folder."""
     path = Path(path)
     check_inside(path, root, what, error)
-    if path.is_symlink():
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
         raise error(f"{what} {path} is a symbolic link to {os.path.realpath(path)}; topoclip never deletes through a "
                     f"link: remove the link yourself, or use another folder")
+    if not stat.S_ISDIR(mode):  # (rmtree would open a FIFO to list it, and wait for a writer forever)
+        raise error(f"{what} {path} is {kind(mode)}, where a folder belongs; remove it yourself, or use another folder")
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -94,6 +94,9 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
     if revision is not None:
         split_revision(entry.repo, revision)
     folder = cache_dir() / "pretrained" / name.replace(":", "--") / (revision or "main")
+    why = escapes(folder, cache_dir())
+    if why:
+        raise UserError(f"topoclip's cache of converted models: {why}; delete that link and run again")
     if folder.exists() and not is_regular(folder / WEIGHTS, folder):  # conversions land whole: this is not one
         raise UserError(f"{folder} is in topoclip's cache of converted models but holds no converted {name} (no "
                         f"{WEIGHTS}); delete that folder and run again: it is converted anew")
@@ -145,8 +148,8 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
             raise UserError(f"{repo_id}: the Hugging Face Hub or its cache could not give {name} "
                             f"({type(error).__name__}: {first}); check HF_HUB_CACHE, or delete that repository's "
                             f"folder there to download it again") from None
-        snapshot = found.parent  # …/models--ORG--NAME/snapshots/REVISION/NAME: every link stays in models--ORG--NAME
-        why = escapes(found, snapshot)
+        repository = found.parents[2]  # …/models--ORG--NAME/snapshots/REVISION/NAME: every link stays in the repository
+        why = escapes(found, repository)  # (the snapshot folder included: it is the cache's, not the user's, to place)
         if why or found.parent.parent.name != "snapshots":
             raise UserError(f"{repo_id}: the Hugging Face cache's {name} leads out of its repository folder "
                             f"({why or found}); delete that repository's folder in HF_HUB_CACHE to download it again")

@@ -19,6 +19,7 @@ Files the trainer replaces in place (config.json) are written to a scratch sibli
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import socket
@@ -57,7 +58,7 @@ class RunFolder:
 
     def step_checkpoints(self) -> list[Path]:
         """Its complete step checkpoints, oldest first."""
-        return step_checkpoints(self.checkpoints)
+        return step_checkpoints(self.checkpoints, self.path)
 
     def newest_step(self) -> Optional[int]:
         """The step of its newest complete checkpoint, or None."""
@@ -84,29 +85,58 @@ class RunFolder:
 
 
 def parse_metrics_lines(path: Path) -> tuple[list[dict], list[str]]:
-    """(records, problems): the complete JSON lines of `path`, and one note per line left out."""
-    from topoclip.door import read_text
+    """(records, problems): the complete records of `path` (read through the door, a line at a time), and one note
+    per line left out: not JSON, not a record of the kind the trainer writes (`is_record`), longer than any record
+    (METRIC_LINE_CHARS), or the last line without its newline."""
+    from topoclip.door import open_regular
 
     records, problems = [], []
-    text = read_text(path, "metrics log", limit=METRICS_BYTES, errors="replace", error=RunFolderError)
-    lines = text.split("\n")
-    # The text after the last newline is a record still being written, or torn by a kill / full disk.
-    complete, tail = lines[:-1], lines[-1]
-    for number, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # not JSON, nested too deeply, an integer of 4,300+ digits
-            problems.append(f"line {number} is not JSON ({line[:40]!r})")
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            problems.append(f"line {number} is not a JSON object")
-    if tail.strip():
-        problems.append(f"the last line is incomplete ({len(tail)} characters, no newline: {tail[:40]!r})")
+    with open_regular(path, "metrics log", limit=None, error=RunFolderError) as binary:
+        file = io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="\n")
+        number = 0
+        while line := file.readline(METRIC_LINE_CHARS + 1):
+            number += 1
+            if not line.endswith("\n"):
+                if len(line) <= METRIC_LINE_CHARS:  # the text after the last newline: a record still being written,
+                    problems.append(f"the last line is incomplete ({len(line)} characters, no newline: {line[:40]!r})")
+                    break  # or torn by a kill / full disk
+                while (rest := file.readline(METRIC_LINE_CHARS)) and not rest.endswith("\n"):
+                    pass  # a line no record has: passed over in bounded pieces
+                problems.append(f"line {number} is over {METRIC_LINE_CHARS:,} characters")
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):  # not JSON, nested too deeply, an integer of 4,300+ digits
+                problems.append(f"line {number} is not JSON ({line[:40]!r})")
+                continue
+            if is_record(record):
+                records.append(record)
+            else:
+                problems.append(f"line {number} is not a metrics record")
     return records, problems
+
+
+# The longest line of a metrics log: a record with every evaluation metric of a dozen sets is ~3 KB.
+METRIC_LINE_CHARS = 1 << 16
+# The numbers a record may carry, as the trainer logs them (topoclip.training.trainer.train_steps).
+METRIC_NUMBERS = ("loss", "scale", "t", "lr", "grad_norm", "images_per_s", "skipped_steps")
+
+
+def is_record(record) -> bool:
+    """Whether `record` has the form the trainer logs: an object with a whole-number step; each of METRIC_NUMBERS it
+    has a number; its evaluation ("eval") an object of numbers. A line edited into another shape is left out, so
+    every reader (the plots, τ's curve, an ablation's report) can take the numbers as numbers."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if not isinstance(record, dict) or type(record.get("step")) is not int or record["step"] < 0:
+        return False
+    if not all(number(record[key]) for key in METRIC_NUMBERS if key in record):
+        return False
+    evaluation = record.get("eval")
+    return evaluation is None or (isinstance(evaluation, dict) and all(map(number, evaluation.values())))
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -126,8 +156,6 @@ except ImportError:  # Windows: no flock; the run folder is then not locked
     fcntl = None
 
 LOCK = ".lock"
-# A metrics log: one line per logged step, a few hundred bytes each; a million steps logged every step is ~0.5 GB.
-METRICS_BYTES = 1024 << 20
 
 
 class RunFolderLock:

@@ -207,7 +207,7 @@ class Tokenizer:
     def load(cls, path: Union[str, Path], context_length: Optional[int] = None) -> "Tokenizer":
         """Load what `save` wrote: a tokenizer.json file, or a directory containing one."""
         path = Path(path)
-        if path.is_dir():
+        if path.is_dir() and path.suffix != ".json":  # (a folder named tokenizer.json is refused by the door)
             path = path / SAVED_FILE_NAME
         if not path.exists():
             raise FileNotFoundError(f"no saved tokenizer at {str(path)!r}; write one with Tokenizer.save(path)")

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from topoclip.atomic import save_png_atomic
+from topoclip.atomic import save_png_atomic, write_text_atomic
 
 
 def pyplot():
@@ -47,5 +47,5 @@ def write_json(out_dir, name: str, data: dict) -> Path:
     """Write `data` (tensors and arrays allowed) to OUT/name.json; returns the path."""
     path = Path(out_dir) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_plain(data), indent=1))
-    return path
+    write_text_atomic(path, json.dumps(_plain(data), indent=1))  # renamed into place: a link there is replaced,
+    return path  # never written through

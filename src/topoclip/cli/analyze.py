@@ -16,7 +16,18 @@ def analysis_inputs(args):
     from topoclip.analysis.inputs import load_model
 
     loaded = load_model(args.model, args.device)
-    return loaded, Path(args.out or (loaded.run_dir or loaded.checkpoint) / "analysis")
+    return loaded, out_folder(args.out, loaded.run_dir or loaded.checkpoint)
+
+
+def out_folder(out, folder) -> Path:
+    """--out, else FOLDER/analysis: inside a folder that may be anyone's, so never a link that leads out of it
+    (the results would be written wherever it points)."""
+    from topoclip.door import check_inside
+    from topoclip.errors import RunFolderError
+
+    if out:
+        return Path(out)
+    return check_inside(Path(folder) / "analysis", folder, "the analysis folder", RunFolderError)
 
 
 def analysis_written(name: str, result: dict, out: Path) -> int:
@@ -27,7 +38,7 @@ def analysis_written(name: str, result: dict, out: Path) -> int:
 def command_analyze_temperature(args) -> int:
     from topoclip.analysis.temperature import analyze_temperature
 
-    out = Path(args.out or Path(args.runs[0]) / "analysis")
+    out = out_folder(args.out, args.runs[0])
     return analysis_written("temperature", analyze_temperature(args.runs, out, args.window), out)
 
 

@@ -56,8 +56,10 @@ def command_export(args) -> int:
                          ("--hf", args.hf)):
         if folder:
             where = os.path.abspath(folder)
-            if where in chosen:
-                raise ConfigError(f"{chosen[where]} and {flag} both name {folder}; give each export its own folder")
+            other = next((other for other in chosen if os.path.commonpath([other, where]) in (other, where)), None)
+            if other is not None:
+                raise ConfigError(f"{chosen[other]} and {flag} name {'the same folder' if other == where else 'a folder and one inside it'} "
+                                  f"({folder}); give each export its own folder")
             chosen[where] = flag
             check_destination(folder)
     model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))

@@ -19,7 +19,7 @@ from typing import Iterator, Union
 import torch
 
 from topoclip.config import ConfigError
-from topoclip.door import check_inside, is_empty, open_regular, regular_file
+from topoclip.door import check_inside, is_empty, regular_file, torch_archive
 from topoclip.atomic import scratch_name
 from topoclip.errors import CheckpointError, DiskFullError, is_disk_full
 
@@ -60,7 +60,7 @@ def read_state_dict(path: Union[str, Path]) -> dict[str, torch.Tensor]:
                               f"does not load because it carries code; use OpenCLIP's safetensors copy of the same "
                               f"weights (e.g. open_clip_model.safetensors from hf-hub:timm/vit_base_patch16_clip_224.openai)")
     try:
-        with open_regular(path, "weights", limit=None, error=CheckpointError) as file:
+        with torch_archive(path, "weights", error=CheckpointError) as file:
             loaded = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         # torch's message ends with the reason ("unsupported GLOBAL posix.system", "Unsupported operand …")

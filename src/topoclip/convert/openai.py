@@ -32,7 +32,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 from topoclip.config import Config, ConfigError
 from topoclip.convert.architecture import build_imported, model_values, rename_keys
 from topoclip.convert.files import read_state_dict, source_name, weights_file
-from topoclip.door import open_regular, read_json
+from topoclip.door import check_inside, open_regular, read_json
 from topoclip.errors import CheckpointError
 from topoclip.model import CLIP
 from topoclip.tokenizer import OPENAI_END, OPENAI_SPLIT_PATTERN, OPENAI_START, SAVED_FILE_NAME, Tokenizer
@@ -223,10 +223,13 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
     tokenizer = None
     beside = None if isinstance(source, dict) else weights_file(source).parent / SAVED_FILE_NAME
     if vocab is None and beside is not None and beside.exists():  # a topoclip export carries its own
-        vocab = beside
-    if vocab is not None and Path(vocab).suffix == ".json":  # a tokenizer.json saved by topoclip
-        tokenizer = Tokenizer.from_vocab(vocab, context_length=config.model.text.context_length)
-    elif vocab is not None:
-        tokenizer = bpe_tokenizer(vocab, config.model.text.vocab_size, config.model.text.context_length)
+        vocab = check_inside(beside, beside.parent, "the folder's tokenizer", CheckpointError)
+    try:
+        if vocab is not None and Path(vocab).suffix == ".json":  # a tokenizer.json saved by topoclip
+            tokenizer = Tokenizer.from_vocab(vocab, context_length=config.model.text.context_length)
+        elif vocab is not None:
+            tokenizer = bpe_tokenizer(vocab, config.model.text.vocab_size, config.model.text.context_length)
+    except ValueError as error:  # the tokenizer's messages name the file and what is wrong
+        raise CheckpointError(str(error)) from None
     return model, tokenizer, config
 

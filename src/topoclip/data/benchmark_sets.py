@@ -39,7 +39,7 @@ import torch
 from PIL import Image
 
 from topoclip.data.folders import listed
-from topoclip.door import PICKLE_BYTES, is_folder, is_regular, list_folder, open_regular, read_bytes, read_text
+from topoclip.door import IMAGE_BYTES, PICKLE_BYTES, is_folder, is_regular, list_folder, open_regular, read_bytes, read_text
 from topoclip.data.images import MAX_CAPTION_CHARS, DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.data.shards import MAX_SHARDS
@@ -183,6 +183,9 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
             target = sample.get("txt" if retrieval else "cls")
             if image is None or target is None:
                 counter.add("unpaired_member")
+                continue
+            if image.size > IMAGE_BYTES:  # read whole below: a sparse shard can declare gigabytes
+                counter.add("huge_image")
                 continue
             if target.size > 4 * MAX_CAPTION_CHARS:  # a label or a few captions; read into memory only below this
                 counter.add("long_caption")

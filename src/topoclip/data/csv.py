@@ -90,7 +90,7 @@ class CaptionTable:
     def __iter__(self) -> Iterator[tuple[str, Optional[str]]]:
         unreadable = []
         with self._open() as file:
-            reader = csv.reader(file, delimiter=self.separator)
+            reader = csv.reader(bounded_lines(file, unreadable), delimiter=self.separator)
             if self._header(reader) != self.header:  # the columns were found in another file
                 raise ConfigError(f"{self.path} was replaced after it was opened (its header changed); read it again")
             while True:
@@ -109,6 +109,28 @@ class CaptionTable:
         if unreadable:
             warnings.warn(f"{self.path}: skipped {len(unreadable)} row(s) csv cannot read, e.g. {unreadable[0]}",
                           stacklevel=2)
+
+
+# The longest line of a caption table read into memory: csv's own limit is per field (131,072 characters), after
+# the whole line is read; a file of one endless line (or a sparse 4 GB file) would be read whole first.
+MAX_LINE_CHARS = 1 << 20
+
+
+def bounded_lines(file, unreadable: list) -> Iterator[str]:
+    """The lines of a text file, none longer than MAX_LINE_CHARS: a longer one is read to its end in bounded pieces,
+    left out (a blank line in its place, which the reader skips) and noted in `unreadable`."""
+    number = 0
+    while True:
+        line = file.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+            while (rest := file.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass
+            unreadable.append(f"line {number}: over {MAX_LINE_CHARS:,} characters")
+            line = "\n"
+        yield line
 
 
 def read_caption_table(path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",

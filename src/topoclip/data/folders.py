@@ -158,7 +158,10 @@ def folder_images(root: Path, labelled: list[tuple[int, str]], verify: bool = Tr
     paths, labels = [], []
     counter = BadSampleCounter()
     for label, folder in labelled:
-        for path in image_files(root / folder):
+        outside = []
+        files = image_files(root / folder, outside)
+        counter.add("path_outside_root", len(outside))  # links out of the class folder: never followed
+        for path in files:
             if not verify or _usable(path, decode, counter):
                 paths.append(path)
                 labels.append(label)

@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from topoclip.data.quality import BadSample
-from topoclip.door import IMAGE_BYTES, is_regular, list_folder, open_regular
+from topoclip.door import IMAGE_BYTES, escapes, is_regular, list_folder, open_regular
 from topoclip.tokenizer import MAX_TEXT_CHARS
 
 # The formats decode_image opens: what img2dataset, web crawls and evaluation sets contain.
@@ -213,16 +213,20 @@ def clean_caption(raw: Union[bytes, bytearray, str, None]) -> str:
     return text
 
 
-def image_files(folder: Union[str, Path]) -> list[Path]:
+def image_files(folder: Union[str, Path], outside: Optional[list] = None) -> list[Path]:
     """Image files (by IMAGE_EXTENSIONS) under `folder`, recursively, in sorted order: listed through the door (a
-    linked folder is not entered, so a loop of links cannot list forever; at most door.ENTRIES a folder)."""
-    found, pending = [], [Path(folder)]
+    linked folder is not entered, so a loop of links cannot list forever; at most door.ENTRIES a folder). A file that
+    is a link out of `folder` is left out (appended to `outside`, for the caller to count)."""
+    found, pending, folder = [], [Path(folder)], Path(folder)
     while pending:
         current = pending.pop()
         for entry in list_folder(current, "image folder", error=ValueError):
             if entry.is_dir(follow_symlinks=False):
                 pending.append(Path(entry.path))
             elif Path(entry.name).suffix[1:].lower() in IMAGE_EXTENSIONS and is_regular(entry.path):
+                if entry.is_symlink() and escapes(entry.path, folder):
+                    (outside if outside is not None else []).append(Path(entry.path))
+                    continue
                 found.append(Path(entry.path))
     return sorted(found)
 
@@ -261,8 +265,8 @@ def resolve_image_path(written: str, root: Union[str, Path], allow_outside: bool
     Unless `allow_outside`, the path must stay inside `root`: one that is absolute elsewhere, starts
     with "~" or climbs out with ".." raises BadSample("path_outside_root"), so a data or caption file
     cannot make topoclip read files elsewhere (e.g. "../../../../etc/passwd"). The check is on the path
-    as written (normalised, not resolved): symbolic links inside `root` are followed when the file is
-    opened, since they are the dataset owner's choice, not the listing file's.
+    as written (normalised), and then on the links on the way: one that leads out of `root` is "path_outside_root"
+    too (the door never follows a link out of the folder it was given); a link that stays inside is followed.
     """
     text = written.strip()
     if "\x00" in text:
@@ -273,4 +277,8 @@ def resolve_image_path(written: str, root: Union[str, Path], allow_outside: bool
     base = os.path.abspath(root)
     if os.path.commonpath([base, os.path.abspath(joined)]) != base:  # abspath normalises ".." lexically
         raise BadSample("path_outside_root", f"image path {text!r} leads outside {str(root)!r}")
-    return Path(os.path.normpath(joined))  # the path checked is the path opened ("a/../b" is root/b)
+    path = Path(os.path.normpath(joined))  # the path checked is the path opened ("a/../b" is root/b)
+    why = escapes(path, root)
+    if why:  # a link on the way leads out: the door never follows one (allow_outside_paths does)
+        raise BadSample("path_outside_root", why)
+    return path

@@ -28,7 +28,7 @@ from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, write_text_atomic
 from topoclip.data.csv import SETTINGS, CaptionTable
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
-from topoclip.door import is_regular, list_folder, open_regular, read_json, regular_file, sha256_file
+from topoclip.door import is_regular, list_folder, open_regular, parse_json, read_json, regular_file, sha256_file
 from topoclip.errors import UserError
 from topoclip.run_folder import LOCK, claim_folder
 
@@ -360,14 +360,22 @@ def _shards(out_dir: Path) -> list[Path]:
                    if entry.name.endswith(".tar") and _WRITTEN.fullmatch(entry.name)), key=lambda p: _number(p.name))
 
 
+SAMPLE_JSON_BYTES = 1 << 20  # a shard sample's .json (its source path and row): the largest one resuming reads
+
+
 def _check_last_shard(tar_path: Path, kept: int, root: Path, allow_outside: bool, fix: str, redo: str) -> None:
     """The last finished shard holds its stats' samples, and their images are still where the CSV points (a CSV moved
     without its images would count every later row missing). `fix`: the way out of a refusal; `redo`: of a shard's."""
     try:
         with tarfile.open(regular_file(tar_path, "shard", error=UserError)) as tar:
-            sources = [json.loads(tar.extractfile(member).read())["source"] for member in tar.getmembers()
-                       if member.name.endswith(".json")]
-    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError, RecursionError) as error:
+            records = [member for member in tar.getmembers() if member.name.endswith(".json")]
+            if any(member.size > SAMPLE_JSON_BYTES for member in records):  # what write_shards writes is ~200 bytes
+                raise ValueError(f"a .json member is over {SAMPLE_JSON_BYTES:,} bytes")
+            sources = [parse_json(tar.extractfile(member).read(), member.name, error=ValueError)["source"]
+                       for member in records]
+        if not all(isinstance(source, str) for source in sources):
+            raise ValueError("a sample's source is not an image path")
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as error:
         raise UserError(f"{tar_path} cannot be read ({type(error).__name__}: {error}); {redo}") from None
     if len(sources) != kept:
         raise UserError(f"{tar_path} holds {len(sources)} samples, its stats {kept}; {redo}")

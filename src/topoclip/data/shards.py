@@ -31,7 +31,7 @@ import webdataset as wds
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, DataQualityError
-from topoclip.door import open_regular
+from topoclip.door import IMAGE_BYTES, open_regular
 
 logger = logging.getLogger(__name__)
 
@@ -111,26 +111,63 @@ def is_local(url: str) -> bool:
 
 def tar_samples(sources: Iterable[dict], handler: Callable[[BaseException], bool],
                 select_files: Optional[Callable[[str], bool]] = None) -> Iterator[dict]:
-    """webdataset's tarfile_to_samples, with each local shard opened through topoclip's door (a regular file: a FIFO
-    or a device named like a shard is an unreadable shard, handed to `handler` and counted, never a read that blocks
-    forever); a URL of another scheme is opened by webdataset's gopen as before (only a typed value gets here)."""
+    """webdataset's tarfile_to_samples, through topoclip's door: each local shard opened as a regular file (a FIFO or a
+    device named like a shard is an unreadable shard, handed to `handler` and counted, never a read that blocks
+    forever), and each member's declared size checked before it is read (a member past MEMBER_BYTES is handed to
+    `handler` and skipped: a sparse tar of a few KB can declare gigabytes). A URL of another scheme is opened by
+    webdataset's gopen as before (only a typed value gets here). Samples are grouped by webdataset's group_by_keys."""
+    from webdataset.tariterators import group_by_keys
+
+    return group_by_keys(_members(sources, handler, select_files), handler=handler)
+
+
+# The largest member of a shard read into memory: an image as large as an encoded image may be (door.IMAGE_BYTES).
+MEMBER_BYTES = IMAGE_BYTES
+_META = re.compile(r"__[^/]*__($|/)")  # webdataset's own metadata members, skipped as it skips them
+
+
+def _members(sources: Iterable[dict], handler: Callable[[BaseException], bool],
+             select_files: Optional[Callable[[str], bool]]) -> Iterator[dict]:
+    """{"fname", "data", "__url__"} of every regular member of every shard, as webdataset's tar_file_expander gives
+    them, with the door's checks (see tar_samples)."""
+    import tarfile
+
     from webdataset import gopen
-    from webdataset.tariterators import group_by_keys, tar_file_expander
 
-    def streams() -> Iterator[dict]:
-        for sample in sources:
-            url = sample["url"]
-            path = re.sub(r"^file:(//)?", "", url)  # webdataset's file: URLs are local files too
-            try:
-                sample.update(stream=open_regular(path, "shard", limit=None, error=ShardRefused) if is_local(path)
-                              else gopen.gopen(url))
-                yield sample
-            except Exception as error:
-                error.args = error.args + (url,)
-                if not handler(error):
-                    break
+    for source in sources:
+        url = source["url"]
+        path = re.sub(r"^file:(//)?", "", url)  # webdataset's file: URLs are local files too
+        try:
+            stream = open_regular(path, "shard", limit=None, error=ShardRefused) if is_local(path) else gopen.gopen(url)
+            archive = tarfile.open(fileobj=stream, mode="r|*")
+        except Exception as error:
+            error.args = error.args + (url,)
+            if handler(error):
+                continue
+            break
+        with stream:
+            for info in _each(archive, url, handler):
+                if not info.isreg() or _META.match(info.name) or (select_files and not select_files(info.name)):
+                    continue
+                try:
+                    if info.size > MEMBER_BYTES:
+                        raise ShardRefused(f"{url}: member {info.name[:80]} claims {info.size:,} bytes, over the "
+                                           f"{MEMBER_BYTES:,} one member may be; skipped")
+                    yield {"fname": info.name, "data": archive.extractfile(info).read(), "__url__": url}
+                except Exception as error:
+                    error.args = error.args + (url,)
+                    if not handler(error):
+                        return
+                archive.members = []  # a stream's listing is not kept
 
-    return group_by_keys(tar_file_expander(streams(), handler=handler, select_files=select_files), handler=handler)
+
+def _each(archive, url: str, handler: Callable[[BaseException], bool]) -> Iterator:
+    """The members of a tar read as a stream; a damaged header ends the shard through `handler`."""
+    try:
+        yield from archive
+    except Exception as error:
+        error.args = error.args + (url,)
+        handler(error)
 
 
 class ShardRefused(ValueError):

@@ -154,15 +154,16 @@ RECORD_METRICS = {"zeroshot_classification": ("top1", "top5", "mean_per_class_re
                                          "text_retrieval_recall@5", "mean_recall")}
 
 
-def read_evaluation(path) -> list[dict]:
-    """The records of an eval.json, checked to be what `evaluate` writes; UserError naming the file otherwise."""
+def read_evaluation(path, root=None) -> list[dict]:
+    """The records of an eval.json (inside `root`, the folder it came in, when given), checked to be what `evaluate`
+    writes; UserError naming the file otherwise."""
     def number(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
     from topoclip.door import read_json
 
     try:
-        records = read_json(path, "evaluation", error=ValueError)
+        records = read_json(path, "evaluation", root, error=ValueError)
     except ValueError:  # not JSON, not UTF-8, nested too deeply, an integer of 4,300+ digits, a FIFO, too large
         records = None
     good = isinstance(records, list) and all(

@@ -147,6 +147,12 @@ def load_grid(name: str) -> Grid:
         if not isinstance(show, bool):
             raise ConfigError(f"{where}: axis {index}'s \"show\" must be true or false")
         axes.append(Axis(axis["name"], levels_of(axis, index), show))
+        slugs = [slug(level.label) for level in axes[-1].levels]
+        twice = next((label for label in slugs if slugs.count(label) > 1), None)
+        if twice:  # one run folder for two cells: one would be trained, and reported as both
+            shown = [level.label for level in axes[-1].levels if slug(level.label) == twice]
+            raise ConfigError(f"{where}: axis {index}'s levels {shown[0]!r:.40} and {shown[1]!r:.40} name the same cell "
+                              f"folder ({twice!r:.40}); give them labels that differ in letters or digits")
         if math.prod(len(a.levels) for a in axes) > MAX_CELLS:
             raise ConfigError(f"{where} has more than {MAX_CELLS:,} cells (the product of its axes' levels); split it "
                               f"into smaller grids")

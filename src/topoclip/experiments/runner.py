@@ -17,7 +17,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import read_curve
@@ -134,30 +134,26 @@ def probe_run(run_dir: Path, train_size: int) -> dict:
 
 def run_record(spec: RunSpec) -> dict:
     """The numbers of one finished run: Table 6's columns plus every headline metric."""
-    from topoclip.evaluation.run import headline
+    from topoclip.evaluation.run import headline, read_evaluation
 
     from topoclip.run_folder import read_metrics
 
     run_dir = Path(spec.run_dir)
     folder, out_dir = RunFolder(run_dir), out_folder(spec)
-    records = read_run_json(folder.evaluation, out_dir, list)
+    records = read_evaluation(folder.evaluation, out_dir)  # checked: the records `evaluate` writes, their numbers numbers
     curve = read_curve(run_dir)
     evaluations = [{"step": r["step"], **r["eval"]} for r in read_metrics(folder.metrics)
-                   if isinstance(r.get("eval"), dict) and not r.get("final")]  # the validation split's; the final one is the test split's
-    try:
-        retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
-                          and not r["dataset"].endswith("-ood")), {})
-        classification = [r["metrics"] for r in records
-                          if r["task"] == "zeroshot_classification" and r["dataset"] == spec.zero_shot_set]
-    except (KeyError, TypeError, AttributeError):
-        raise ConfigError(f"{folder.evaluation} is not the evaluation topoclip writes; delete it and run the same "
-                          f"command: the run is evaluated again") from None
+                   if "eval" in r and not r.get("final")]  # the validation split's; the final one is the test split's
+    retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
+                      and not r["dataset"].endswith("-ood")), {})
+    classification = [r["metrics"] for r in records
+                      if r["task"] == "zeroshot_classification" and r["dataset"] == spec.zero_shot_set]
     zero_shot = next((m for m in classification if m.get("mode") == "distance"), classification[0] if classification else {})
-    probe = read_run_json(run_dir / PROBE, out_dir, dict) if (run_dir / PROBE).exists() else {}
+    probe = read_run_json(run_dir / PROBE, out_dir, dict, "test_top1", (int, float)) if (run_dir / PROBE).exists() else {}
     config = load_config(values=spec.config)
     model = config.model
     trains_tau = model.temperature.learnable and get_loss(config.train.loss).temperature  # a margin loss has no τ
-    reused = read_run_json(run_dir / REUSED, out_dir, dict).get("from") if (run_dir / REUSED).exists() else None
+    reused = read_run_json(run_dir / REUSED, out_dir, dict, "from", str)["from"] if (run_dir / REUSED).exists() else None
     out_dir = out_dir.resolve()  # paths are recorded relative to OUT, not to this machine
     return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed,
             "run_dir": relative_run_dir(spec),
@@ -175,11 +171,14 @@ def run_record(spec: RunSpec) -> dict:
             "reused_from": os.path.relpath(reused, out_dir) if reused else None}
 
 
-def read_run_json(path: Path, out_dir: Path, expect: type):
-    """A JSON file a run of the ablation `out_dir` wrote (eval.json, probe.json, reused.json), read through the door;
-    damaged, it is one line naming the fix (delete it: the same command writes it again)."""
+def read_run_json(path: Path, out_dir: Path, expect: type, key: str, kind: Union[type, tuple]):
+    """A JSON object a run of the ablation `out_dir` wrote (probe.json, reused.json), read through the door, its `key`
+    of `kind`; damaged, it is one line naming the fix (delete it: the same command writes it again)."""
     try:
-        return read_json(path, "a run's file", out_dir, expect=expect, error=ConfigError)
+        value = read_json(path, "a run's file", out_dir, expect=expect, error=ConfigError)
+        if not isinstance(value.get(key), kind) or isinstance(value.get(key), bool):
+            raise ConfigError(f"{path}: its {key!r} is not what topoclip writes")
+        return value
     except ConfigError as error:
         raise ConfigError(f"{error}; delete {path} and run the same command to write it again") from None
 

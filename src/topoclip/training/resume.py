@@ -3,6 +3,7 @@ run killed after its evaluation left undone, and whether any checkpoint fits the
 saves and a resume restores is training.state."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -45,7 +46,7 @@ def resume_config(run_dir, config: Optional[Config] = None, overrides: Sequence[
     unless the user typed that value (`overrides`, the command line's --set); a `config` given is the caller's own.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / CONFIG).is_file():
+    if not os.path.lexists(run_dir / CONFIG):  # (one there that is no regular file is refused by the door, said)
         raise RunFolderError(f"cannot resume {run_dir}: no {CONFIG} there; give the run folder of an earlier run")
     saved = load_config_from(run_dir)
     if config is None:

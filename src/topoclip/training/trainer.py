@@ -22,6 +22,7 @@ loss is inf/NaN and stop the run, in one line, on weights that became inf/NaN.
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -177,7 +178,7 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
     torch.manual_seed(settings.seed)
     # A fresh run's folder is empty; a resumed run keeps its tokenizer. Every rank builds the same one
     # (training one is deterministic) and none reads a file rank 0 writes.
-    tokenizer = build_tokenizer(config, folder.tokenizer if resuming and folder.tokenizer.is_file() else None)
+    tokenizer = build_tokenizer(config, folder.tokenizer if resuming and os.path.lexists(folder.tokenizer) else None)
     if not resuming:  # a resumed run keeps the ids its config.json recorded
         config = fit_to_trained_tokenizer(config, tokenizer)
     check_tokenizer(tokenizer, config)
