@@ -8,8 +8,9 @@
 What it measures: images per second delivered to the training loop by DataLoader workers doing the whole path —
 tar → JPEG decode → random resized crop → tensor → tokenize → the batch across the worker pipe — as the trainer
 runs it (`topoclip.training.data.training_batches`, user shards, train.num_workers workers), and OpenCLIP 3.3's
-own `open_clip_train.data.get_wds_dataset` with its `image_transform(is_train=True)` and tokenizer (needs pandas in
-that venv). Each path runs with 1 worker (the rate of one worker on one core: the figure to divide a GPU's rate
+own `open_clip_train.data.get_wds_dataset` with its `image_transform(is_train=True)` and tokenizer (in a venv with
+OpenCLIP's training extra, `pip install 'open_clip_torch[training]'`: pandas and webdataset ≤ 0.2.86, which it pins;
+with webdataset 1.x its group_by_keys_nothrow fails on the end-of-shard marker 1.x yields, KeyError 'fname'). Each path runs with 1 worker (the rate of one worker on one core: the figure to divide a GPU's rate
 by) and with as many workers as cores; the paths alternate round by round, so a noisy machine affects them alike,
 and the median round is reported. The main process only takes the batches (and, for topoclip's uint8 batches, the
 normalisation a GPU would do: timed apart, `device_ms_per_batch`).

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import array
 import csv
-import dataclasses
 import io
 import logging
 import warnings
@@ -23,7 +22,7 @@ import torch
 import torch.utils.data
 
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
-from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
+from topoclip.data.images import DecodeSettings, clean_caption, decode_for, resolve_image_path
 from topoclip.data.quality import BadSample
 from topoclip.door import open_regular
 from topoclip.errors import ConfigError
@@ -277,11 +276,11 @@ class CsvDataset(torch.utils.data.IterableDataset):
             if not written.strip():
                 raise BadSample("missing_file", f"data row {index + 1} of {self.path} has no image path")
             path = resolve_image_path(written, self.image_root, self.allow_outside_paths)
-            image = decode_image(path, **dataclasses.asdict(self.decode))
+            pixels = decode_for(self.transform, path, self.decode)
         except BadSample as bad:
             logger.debug("skipped data row %d of %s: %s", index + 1, self.path, bad)
             return bad
-        return self.transform(image), caption, f"row {index + 1}"
+        return pixels, caption, f"row {index + 1}"
 
     def __iter__(self) -> Iterator[RawBatch]:
         worker = worker_position(self.rank, self.world_size, self.first)[2]

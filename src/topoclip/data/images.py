@@ -25,7 +25,7 @@ import warnings
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -63,10 +63,14 @@ def decode_image(
     min_size: int = 2,
     max_pixels: int = 100_000_000,
     draft_size: Optional[int] = None,
+    plan: Optional[Callable[[int, int], Optional[tuple[int, int]]]] = None,
 ) -> Image.Image:
     """Decode encoded image bytes or an image file into an RGB PIL image (W, H).
 
-    Raises BadSample with kind "missing_file", "corrupt_image", "tiny_image" or "huge_image".
+    plan: called with the upright image's (width, height) once the header is read, before any pixel is decoded (a
+    random crop draws its box there); returns the smallest upright (width, height) the caller needs, at which a JPEG
+    is decoded at the reduced DCT scale that still holds it (None: full size). Raises BadSample with kind
+    "missing_file", "corrupt_image", "tiny_image" or "huge_image".
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         source, name = BytesIO(bytes(data)), "image bytes"
@@ -86,7 +90,13 @@ def decode_image(
                     raise BadSample("huge_image", f"{name}: {width}x{height} pixels exceeds max_pixels {max_pixels}")
                 if min(width, height) < min_size:
                     raise BadSample("tiny_image", f"{name}: {width}x{height}, a side is below min_size {min_size}")
-                if draft_size is not None and image.format in ("JPEG", "MPO"):
+                if plan is not None:
+                    upright = _upright_size(image)
+                    needed = plan(*upright)
+                    if needed is not None and image.format in ("JPEG", "MPO"):
+                        swapped = upright != (width, height)  # EXIF turns it a quarter: the stored sides swap
+                        image.draft(None, needed[::-1] if swapped else needed)  # never below the size asked
+                elif draft_size is not None and image.format in ("JPEG", "MPO"):
                     short = min(width, height)
                     if short > draft_size:
                         # Request the size whose shorter side is draft_size; draft never goes below it.
@@ -143,6 +153,26 @@ def check_image_header(
     if min(width, height) < min_size:
         raise BadSample("tiny_image", f"{name}: {width}x{height}, a side is below min_size {min_size}")
     return width, height
+
+
+def decode_for(transform: Callable, data, decode: DecodeSettings):
+    """`transform`'s output for one sample's image bytes or file: a transform that decodes for itself (one with a
+    `decoded(data, decode)`, such as transforms.TrainingCrop, which draws its crop before decoding) does; any other
+    gets the decoded RGB image."""
+    decoded = getattr(transform, "decoded", None)
+    if decoded is not None:
+        return decoded(data, decode)
+    return transform(decode_image(data, decode.min_size, decode.max_pixels, decode.draft_size))
+
+
+def _upright_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) once EXIF orientation is applied (5–8 turn the image a quarter), from the header alone."""
+    width, height = image.size
+    try:
+        orientation = image.getexif().get(0x0112, 1)
+    except Exception:  # a broken EXIF block: _apply_exif_orientation leaves the image as stored
+        orientation = 1
+    return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
 
 
 def _apply_exif_orientation(image: Image.Image) -> Image.Image:

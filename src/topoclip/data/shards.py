@@ -12,7 +12,6 @@ are drawn with replacement with probability proportional to their source's weigh
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -29,7 +28,7 @@ import torch.utils.data
 import webdataset as wds
 
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
-from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_image
+from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_for
 from topoclip.data.quality import BadSample, DataQualityError
 from topoclip.door import IMAGE_BYTES, open_regular
 
@@ -296,11 +295,11 @@ class ShardDataset(torch.utils.data.IterableDataset):
                     "unpaired_member", f"{sample.get('__url__')}: key {sample.get('__key__')} has only {members}"
                 )
             caption = clean_caption(sample[self.caption_extension])
-            image = decode_image(sample[image_key], **dataclasses.asdict(self.decode))
+            pixels = decode_for(self.transform, sample[image_key], self.decode)
         except BadSample as bad:
             logger.debug("skipped %s: %s", sample.get("__key__"), bad)
             return bad
-        return self.transform(image), caption, f"{sample.get('__url__')}/{sample.get('__key__')}"
+        return pixels, caption, f"{sample.get('__url__')}/{sample.get('__key__')}"
 
     def __iter__(self) -> Iterator[RawBatch]:
         rank, world_size, worker, num_workers = worker_position(self.rank, self.world_size, self.first)

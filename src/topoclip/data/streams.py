@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from topoclip.data.batch import RawBatch
 from topoclip.data.quality import DataQualityError
 from topoclip.errors import ConfigError
-from topoclip.transforms import train_transform
+from topoclip.transforms import TrainingCrop
 from topoclip.workers import settle_before_fork
 
 
@@ -26,8 +26,8 @@ def stream_batches(open_stream: Callable, config, start_step: int, rank: int, wo
     local_batch, workers = train.batch_size // world_size, train.num_workers
     # Streams: each sample's crop is seeded from its place in the stream (see CsvDataset), not by the worker.
     generator = torch.Generator()
-    transform = train_transform(vision.image_size, vision.mean, vision.std, scale=data.augment_scale,
-                                generator=generator)
+    transform = TrainingCrop(vision.image_size, scale=data.augment_scale, generator=generator)  # uint8: normalised
+    # on the device (training.data.prefetch_to_device)
     resume = StreamPosition(workers, world_size, stream)
     dataset = open_stream(data, transform=transform, batch_size=local_batch, seed=train.seed, rank=rank,
                           world_size=world_size, crop_generator=generator)

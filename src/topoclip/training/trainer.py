@@ -252,7 +252,8 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
     settings, model = config.train, state.model
     batches = prefetch_to_device(training_batches(config, state.step, run.info.rank, run.info.world_size,
                                                   tokenizer=run.tokenizer, pin_memory=device.type == "cuda",
-                                                  stream=run.resumed_stream), device)
+                                                  stream=run.resumed_stream), device, config.model.vision.mean,
+                                 config.model.vision.std)
     bar = tqdm(range(state.step, settings.steps), initial=state.step, total=settings.steps,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
