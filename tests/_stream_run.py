@@ -11,16 +11,17 @@ import sys
 from topoclip.cli import main
 from topoclip.training import trainer
 
-keys_file = open(sys.argv[1], "a", encoding="utf-8")
 original = trainer.training_batches
 
 
 def logged(config, start_step, *args, **kwargs):
-    for step, batch in enumerate(original(config, start_step, *args, **kwargs), start=start_step + 1):
-        keys_file.write(json.dumps({"step": step, "keys": batch.keys}) + "\n")
-        keys_file.flush()
-        yield batch
+    with open(sys.argv[1], "a", encoding="utf-8") as keys_file:
+        for step, batch in enumerate(original(config, start_step, *args, **kwargs), start=start_step + 1):
+            keys_file.write(json.dumps({"step": step, "keys": batch.keys}) + "\n")
+            keys_file.flush()
+            yield batch
 
 
-trainer.training_batches = logged
-sys.exit(main(["train", *sys.argv[2:]]))
+if __name__ == "__main__":  # (a DataLoader worker started by a fork server imports this module again)
+    trainer.training_batches = logged
+    sys.exit(main(["train", *sys.argv[2:]]))
