@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -190,6 +191,17 @@ def gpu_rate() -> dict:
     return {}
 
 
+def machine() -> str:
+    """This CPU's model name (Linux), or the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.platform()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 384, 512], help="shorter sides of the JPEGs")
@@ -204,6 +216,7 @@ def main() -> int:
     parser.add_argument("--openclip", help="a Python with open_clip_torch (and pandas): OpenCLIP's path too")
     parser.add_argument("--shards", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "topoclip-loader-shards"))
     parser.add_argument("--out", help="write the results as JSON here (e.g. docs/results/loader.json)")
+    parser.add_argument("--note", default="", help="what else the machine was doing, recorded with the results")
     parser.add_argument("--measure", choices=["topoclip", "openclip"], help=argparse.SUPPRESS)
     parser.add_argument("--pattern", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -219,9 +232,12 @@ def main() -> int:
         paths[args.baseline_label] = (sys.executable, "topoclip", str(Path(args.baseline).resolve()))
     if args.openclip:
         paths["openclip"] = (args.openclip, "openclip", "")
-    results = {"benchmark": "loader", "cores": cores, "batch": args.batch, "batches": args.batches,
-               "rounds": args.rounds, "image_size": args.image_size, "machine": platform.platform(),
-               "processor": platform.processor(), "gpu_step": gpu_rate(), "sizes": {}}
+    command = shlex.join(["python", "benchmarks/loader.py"] + [f"X/{Path(a).name}" if os.path.isabs(a) else a
+                                                               for a in sys.argv[1:]])
+    results = {"benchmark": "loader", "command": command, "note": args.note, "cores": cores, "batch": args.batch,
+               "batches": args.batches,
+               "rounds": args.rounds, "image_size": args.image_size, "machine": machine(), "gpu_step": gpu_rate(),
+               "sizes": {}}
     for short in args.sizes:
         pattern, bits = make_shards(Path(args.shards) / f"{short}", args.samples, short)
         rows = {name: {count: [] for count in workers} for name in paths}

@@ -857,6 +857,32 @@ def fsdp_memory_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def loader_table(result: dict) -> str:
+    """benchmarks/loader.py: images a second one DataLoader worker delivers to the training loop, topoclip's path
+    beside the baseline commit's and OpenCLIP's, and the workers the measured GPU step needs."""
+    paths = list(next(iter(result["sizes"].values()))["paths"])
+    gpu = result.get("gpu_step") or {}
+    rows = [f"Measured: `{result['command']}` on {result['machine']} ({result['cores']} cores; {result['note']}), "
+            f"batches of {result['batch']}, {result['image_size']} px crops, the median of {result['rounds']} rounds: "
+            f"images per second one worker delivers (the whole path: tar, decode, crop, tokenize, the pipe).", ""]
+    header = "| shorter side (bits/pixel) | " + " | ".join(paths) + " | topoclip ÷ " + " | topoclip ÷ ".join(
+        paths[1:]) + " |" + (f" workers for {gpu['images_per_s']:,.0f} img/s (topoclip, {paths[-1]}) |" if gpu else "")
+    rows += [header, "|---" * (2 * len(paths) + bool(gpu)) + "|"]
+    for size, entry in result["sizes"].items():
+        per_worker = [entry["paths"][name]["per_worker"] for name in paths]
+        ratios = [per_worker[0] / other for other in per_worker[1:]]
+        cells = [f"{value:,.0f}" for value in per_worker] + [f"{ratio:.1f}×" for ratio in ratios]
+        if gpu:
+            workers = entry["workers_for_the_gpu_step"]
+            cells.append(f"{workers[paths[0]]}, {workers[paths[-1]]}")
+        rows.append(f"| {size} px ({entry['bits_per_pixel']:.1f}) | " + " | ".join(cells) + " |")
+    if gpu:
+        rows += ["", f"The GPU step: {gpu['preset']}, {gpu['precision']}, batch {gpu['batch']}, compiled, on random "
+                     f"tensors, {gpu['images_per_s']:,.0f} img/s on an {gpu['gpu']} ({gpu['source']}); the workers "
+                     f"it needs are that rate over one worker's, on cores like these."]
+    return "\n".join(rows)
+
+
 def csv_rows_table(result: dict) -> str:
     """benchmarks/csv_rows.py: what a CSV's rows cost a DataLoader worker, as Python strings and packed."""
     columns = ("in-process MiB", "peak while reading MiB", "copied per forked reader MiB", "pickled MiB", "pickle s",
@@ -875,7 +901,7 @@ RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "comp
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
              "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
              "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table,
-             "gpu-check": gpu_check_table, "fsdp-memory": fsdp_memory_table}
+             "gpu-check": gpu_check_table, "fsdp-memory": fsdp_memory_table, "loader": loader_table}
 
 
 def load_results(name: str):

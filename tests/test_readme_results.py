@@ -675,3 +675,20 @@ def test_the_csv_rows_benchmark_writes_the_file_the_readme_table_is_drawn_from(t
     table = readme_results.csv_rows_table(result).splitlines()
     assert table[0].startswith("Measured: `python benchmarks/csv_rows.py --rows 2000 --workers 1` (2,000 rows)")
     assert [line.split(" | ")[0] for line in table[4:]] == ["| list of str tuples", "| PackedRows"]
+
+
+@pytest.mark.slow
+def test_the_loader_benchmark_writes_the_file_the_readme_table_is_drawn_from(tmp_path):
+    """benchmarks/loader.py on a few small pictures, one worker, one round: the results file's shape, and its table."""
+    out = tmp_path / "loader.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loader.py"), "--sizes", "64", "--samples", "32",
+                    "--batch", "8", "--batches", "2", "--rounds", "1", "--workers", "1", "--image-size", "32",
+                    "--shards", str(tmp_path / "shards"), "--note", "a test", "--out", str(out)],
+                   check=True, capture_output=True, timeout=600)
+    result = json.loads(out.read_text())
+    entry = result["sizes"]["64"]
+    assert entry["paths"]["topoclip"]["batch_dtype"] == "uint8" and entry["paths"]["topoclip"]["per_worker"] > 0
+    assert 1.5 < entry["bits_per_pixel"] < 8  # photo-like: JPEG q90 of photos spends 2–4 bits a pixel
+    table = readme_results.loader_table(result).splitlines()
+    assert table[0].startswith("Measured: `python benchmarks/loader.py --sizes 64") and "a test" in table[0]
+    assert table[4].startswith("| 64 px (")
