@@ -41,7 +41,7 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     config = load_config(args.preset, [f"train.parallelism={args.parallelism}", "train.precision=fp32",
                                        f"train.batch_size={args.batch}", *args.set])
-    info = init_distributed("cpu", group_of_one=args.parallelism == "fsdp")
+    info = init_distributed(args.device, group_of_one=args.parallelism == "fsdp")
     state = build_state(config, info.device, initialise=True)
     model = state.model
     trained = model
@@ -50,9 +50,10 @@ def worker(args) -> None:
     vision, text = config.model.vision, config.model.text
     generator = torch.Generator().manual_seed(info.rank)
     local = args.batch // info.world_size
-    images = torch.randn(local, 3, vision.image_size, vision.image_size, generator=generator)
+    images = torch.randn(local, 3, vision.image_size, vision.image_size, generator=generator).to(info.device)
     ids = torch.randint(5, text.vocab_size, (local, text.context_length), generator=generator)
     ids[:, 0] = text.cls_token_id
+    ids = ids.to(info.device)
     forward_backward_loss(trained, images, TextBatch(ids, torch.ones_like(ids, dtype=torch.bool)))
     gradients = local_bytes(p.grad for p in model.parameters() if p.grad is not None)
     optimizer_step(trained, state.optimizer)
@@ -63,6 +64,8 @@ def worker(args) -> None:
                                  if isinstance(value, torch.Tensor)),
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
     }
+    if info.device.type == "cuda":  # what the GPU held at most: weights, gradients, state, activations, buffers
+        figures["peak_device"] = torch.cuda.max_memory_allocated(info.device)
     everyone = gather_objects(figures)
     if info.rank == 0:
         count = sum(p.numel() for p in model.parameters())  # DTensor.numel() is the whole parameter's
@@ -82,7 +85,7 @@ def launch(args, parallelism: str, world: int) -> dict:
     # --standalone: a rendezvous on a port the launcher picks itself (no race with another launch for a free port)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), __file__,
                "--worker",
-               "--parallelism", parallelism, "--preset", args.preset, "--batch", str(args.batch),
+               "--parallelism", parallelism, "--preset", args.preset, "--batch", str(args.batch), "--device", args.device,
                *[part for setting in args.set for part in ("--set", setting)]]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     lines = [line for line in done.stdout.splitlines() if line.startswith('{"benchmark"')]
@@ -98,6 +101,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="the global batch of the one step")
     parser.add_argument("--worlds", default="1,2,4", help="numbers of processes")
     parser.add_argument("--budget-gib", type=float, default=80.0, help="per-rank memory for the largest-model line")
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU a process)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--parallelism", default="ddp", help=argparse.SUPPRESS)

@@ -14,6 +14,12 @@ Steps, each in its own process with a time limit, each recorded as passed / fail
 3. The ViT-B/16 step (benchmarks/mfu.py), sphere and Multi(32, 16), batch 256, bf16, eager (then, last, compiled):
    images/s, FLOPs, MFU against a matmul peak measured in the same run, and OpenCLIP's own model when it imports.
 4. Shards against random tensors (benchmarks/shard_throughput.py) with the default workers.
+Issue #59's steps, chosen with --only (each also in the full check, after the above):
+5. `loader`: benchmarks/loader.py, one worker and 8, 12, 16 on 256 px JPEGs: the rate per worker on this node.
+6. `shards_workers`: shards against random tensors with 8 workers, the step compiled (the goal: ≥ 0.95).
+7. `profile`: benchmarks/profile_step.py, both ViT-B/16 presets compiled: the top kernels and the idle share.
+8. `nccl`: `topoclip train` over NCCL in one process: FSDP (its group of one) and DDP under torchrun (world 1).
+9. `fsdp_memory`: benchmarks/fsdp_memory.py on CUDA, one process each of DDP and FSDP: the GPU's peak bytes.
 With --tiny every size is the tiny preset's and every count a few steps, so the whole path runs on a laptop.
 --budget bounds the whole check (a GPU is lent for minutes): each step's limit is cut to what is left, and a step
 with too little left is recorded as skipped. check.json and report.txt are rewritten after every step.
@@ -139,6 +145,8 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="a new folder for check.json, report.txt and the runs")
     parser.add_argument("--budget", type=float, default=480.0,
                         help="seconds for the whole check; steps in order, each cut to what is left, the rest skipped")
+    parser.add_argument("--only", default="", help="run only these steps, comma-separated, e.g. "
+                        "loader,shards_workers,profile,nccl,fsdp_memory (issue #59's); default: all")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=False)
@@ -149,12 +157,16 @@ def main() -> int:
               "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "steps": {}}
     steps = report["steps"]
+    chosen = set(filter(None, args.only.split(",")))
+    wanted = lambda name: not chosen or name in chosen  # noqa: E731
     write_report(report, out)
-    steps["gpu_tests"] = run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--run-gpu",
-                              "--show-capture=no", "--tb=short", "tests/test_gpu.py"], 180)
-    write_report(report, out)
-    steps["training"] = {}
-    training(args, out, steps["training"], lambda: write_report(report, out))
+    if wanted("gpu_tests"):
+        steps["gpu_tests"] = run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--run-gpu",
+                                  "--show-capture=no", "--tb=short", "tests/test_gpu.py"], 180)
+        write_report(report, out)
+    if wanted("training"):
+        steps["training"] = {}
+        training(args, out, steps["training"], lambda: write_report(report, out))
     presets = "tiny" if args.tiny else "sphere-vit-b16,multi-32x16-vit-b16"
     batch = "8" if args.tiny else "256"
     small = ["--rounds", "1", "--steps", "2", "--warmup", "1"] if args.tiny else ["--rounds", "3"]
@@ -165,12 +177,41 @@ def main() -> int:
               "--batch", batch, "--device", args.device, *shard]
     # The compiled step goes last: compiling two ViT-B/16 towers is the slowest step, and the least new.
     for name, limit, command in (("step_eager", 150, mfu), ("shards_vs_random", 120, shards),
-                                 ("step_compiled", 600, [*mfu, "--compile"])):
-        steps[name] = run(command, limit)
-        write_report(report, out)
+                                 ("step_compiled", 600, [*mfu, "--compile"]), *issue_59_steps(args, out, batch)):
+        if wanted(name):
+            steps[name] = run(command, limit)
+            write_report(report, out)
     lines = write_report(report, out)
     print("\n".join(lines))
     return 0 if report["passed"] else 1
+
+
+def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str]]]:
+    """(name, limit, command) of the loader at more workers, the shards with 8 workers compiled, the step profiled,
+    training over NCCL in one process, and FSDP's memory on the GPU (see the module text)."""
+    tiny = args.tiny
+    workers = ["1", "2"] if tiny else ["1", "8", "12", "16"]
+    loader = [sys.executable, str(HERE / "loader.py"), "--sizes", "256", "--samples", "128" if tiny else "4096",
+              "--batch", "16" if tiny else "256", "--batches", "2" if tiny else "8", "--rounds", "1",
+              "--workers", *workers, "--shards", str(out / "loader-shards"), "--out", str(out / "loader.json"),
+              "--note", "on the lent GPU machine, beside nothing else"]
+    shards = [sys.executable, str(HERE / "shard_throughput.py"), "--preset", "tiny" if tiny else "sphere-vit-b16",
+              "--batch", batch, "--device", args.device, "--workers", "2" if tiny else "8"] + (
+        ["--samples", "256", "--steps", "3", "--warmup", "1", "--rounds", "1", "--image-size", "64"] if tiny
+        else ["--compile", "--precision", "bf16"])
+    precision = ["--precision", "fp32" if args.device == "cpu" else "bf16"]
+    profile = [sys.executable, str(HERE / "profile_step.py"), "--batch", batch, "--device", args.device, *precision]
+    profiles = [(f"profile_{preset}", 240, [*profile, "--preset", preset] + ([] if tiny else ["--compile"]))
+                for preset in (["tiny"] if tiny else ["sphere-vit-b16", "multi-32x16-vit-b16"])]
+    train = ["--preset", "tiny", "--quiet", "--set", f"train.device={args.device}", "--set", "train.steps=20",
+             "--set", "train.checkpoint_every=10", "--set", "evaluate.size=16", "--set", "train.batch_size=16"]
+    fsdp = topoclip("train", *train, "--set", "train.parallelism=fsdp", "--out", str(out / "nccl-fsdp"))
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "topoclip",
+           "train", *train, "--out", str(out / "nccl-ddp")]
+    memory = [sys.executable, str(HERE / "fsdp_memory.py"), "--preset", "tiny" if tiny else "sphere-vit-b16",
+              "--batch", "8" if tiny else "64", "--worlds", "1", "--device", args.device]
+    return [("loader", 240, loader), ("shards_workers", 300, shards), *profiles, ("nccl_fsdp", 120, fsdp),
+            ("nccl_ddp", 120, ddp), ("fsdp_memory", 180, memory)]
 
 
 def statuses(node: dict, prefix: str = ""):

@@ -21,6 +21,8 @@ def test_the_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     resume = report["steps"]["training"]["resume_losses"]
     assert resume["steps_compared"] >= 5 and resume["largest_relative_difference"] == 0.0
     assert (out / "report.txt").read_text().startswith("GPU check on cpu")
+    assert {"loader", "shards_workers", "profile_tiny", "nccl_fsdp", "nccl_ddp", "fsdp_memory"} <= set(report["steps"])
+    assert json.loads((out / "loader.json").read_text())["sizes"]["256"]["paths"]["topoclip"]["per_worker"] > 0
 
 
 def test_a_spent_budget_skips_every_step_and_still_writes_the_report(tmp_path):
