@@ -20,13 +20,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from topoclip.checkpoint import save_checkpoint
+from topoclip.io.checkpoint import save_checkpoint
 from topoclip.config import load_config
-from topoclip.embed import embed
-from topoclip.inference import load
-from topoclip.model import CLIP
-from topoclip.tokenizer import Tokenizer
-from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
+from topoclip.run.embed import embed
+from topoclip.run.inference import load
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import Tokenizer
+from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
 
 
 def write_images(folder: Path, count: int, size: int, classes: int = 1) -> Path:

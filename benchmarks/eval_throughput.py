@@ -18,9 +18,9 @@ from pathlib import Path
 
 from embed_throughput import arguments, random_model, write_images
 from topoclip.data.folders import load_class_folders
-from topoclip.embed import embed
-from topoclip.evaluation.zeroshot import evaluating, image_embedding_batches
-from topoclip.inference import load
+from topoclip.run.embed import embed
+from topoclip.run.evaluation.zeroshot import evaluating, image_embedding_batches
+from topoclip.run.inference import load
 
 CLASSES = 10
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def local_bytes(tensors) -> int:
     """Bytes of this rank's part of `tensors` (an FSDP DTensor's local shard)."""
-    from topoclip.distributed import local_part
+    from topoclip.core.distributed import local_part
 
     return sum(local_part(tensor).numel() * local_part(tensor).element_size() for tensor in tensors)
 
@@ -33,10 +33,10 @@ def worker(args) -> None:
     import torch
 
     from topoclip.config import load_config
-    from topoclip.distributed import barrier, gather_objects, init_distributed
-    from topoclip.training.step import forward_backward_loss, optimizer_step
-    from topoclip.training.trainer import build_state
-    from topoclip.tokenizer import TextBatch
+    from topoclip.core.distributed import barrier, gather_objects, init_distributed
+    from topoclip.run.training.step import forward_backward_loss, optimizer_step
+    from topoclip.run.training.trainer import build_state
+    from topoclip.preprocess.tokenizer import TextBatch
 
     torch.set_num_threads(1)
     config = load_config(args.preset, [f"train.parallelism={args.parallelism}", "train.precision=fp32",

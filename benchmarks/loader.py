@@ -7,7 +7,7 @@
 
 What it measures: images per second delivered to the training loop by DataLoader workers doing the whole path —
 tar → JPEG decode → random resized crop → tensor → tokenize → the batch across the worker pipe — as the trainer
-runs it (`topoclip.training.data.training_batches`, user shards, train.num_workers workers), and OpenCLIP 3.3's
+runs it (`topoclip.run.training.data.training_batches`, user shards, train.num_workers workers), and OpenCLIP 3.3's
 own `open_clip_train.data.get_wds_dataset` with its `image_transform(is_train=True)` and tokenizer (in a venv with
 OpenCLIP's training extra, `pip install 'open_clip_torch[training]'`: pandas and webdataset ≤ 0.2.86, which it pins;
 with webdataset 1.x its group_by_keys_nothrow fails on the end-of-shard marker 1.x yields, KeyError 'fname'). Each path runs with 1 worker (the rate of one worker on one core: the figure to divide a GPU's rate
@@ -106,8 +106,8 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
     import torch
 
     from topoclip.config import load_config
-    from topoclip.tokenizer import Tokenizer
-    from topoclip.training.data import training_batches
+    from topoclip.preprocess.tokenizer import Tokenizer
+    from topoclip.run.training.data import training_batches
 
     config = load_config("tiny", ["data.source=shards", f"data.train_data={pattern}", f"train.num_workers={workers}",
                                   f"train.batch_size={batch}", f"model.vision.image_size={image_size}",
@@ -116,7 +116,7 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
     stream = training_batches(config, 0, tokenizer=tokenizer)
     normalize = None
     try:  # this checkout's uint8 batches are normalised where the step runs (a GPU); timed apart
-        from topoclip.training.data import device_pixels
+        from topoclip.run.training.data import device_pixels
 
         vision = config.model.vision
         normalize = lambda images: device_pixels(images, vision.mean, vision.std)  # noqa: E731

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from topoclip.training.step import set_tf32
+from topoclip.run.training.step import set_tf32
 from train_step import synchronize, time_steps, topoclip_step
 
 # OpenCLIP's model for each topoclip preset (its name in open_clip, or "custom" for the same sizes).
@@ -64,7 +64,7 @@ def openclip_step(name: str, preset: str, batch: int, *, device: str, precision:
     import open_clip
 
     from topoclip.config import load_config
-    from topoclip.training.step import autocast_context
+    from topoclip.run.training.step import autocast_context
 
     torch.manual_seed(0)
     if name == "custom":  # the preset's sizes, built with open_clip's own classes

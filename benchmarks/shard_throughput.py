@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from topoclip.training.data import prefetch_factor
+from topoclip.run.training.data import prefetch_factor
 from train_step import synchronize, topoclip_step
 
 WORDS = ("a red cube on the left of a small blue ball under green light near two yellow stars and a "
@@ -56,8 +56,8 @@ def make_shards(folder: Path, samples: int, image_size: int, per_shard: int = 25
 def feeds(args, pattern: str):
     """(step(), {"random": feed, "shards": feed}, config): one training step and the two ways to fill its inputs."""
     from topoclip.config import load_config
-    from topoclip.tokenizer import Tokenizer
-    from topoclip.training.data import prefetch_to_device, training_batches
+    from topoclip.preprocess.tokenizer import Tokenizer
+    from topoclip.run.training.data import prefetch_to_device, training_batches
 
     overrides = [f"train.batch_size={args.batch}"] + args.overrides
     step, _, (images, text) = topoclip_step(args.preset, args.batch, device=args.device, precision=args.precision,

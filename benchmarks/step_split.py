@@ -19,12 +19,12 @@ import torch
 from topoclip.config import load_config
 from topoclip.data.batch import derived_seed
 from topoclip.data.scenes import SceneDataset
-from topoclip.model import CLIP
-from topoclip.tokenizer import Tokenizer
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import Tokenizer
 from topoclip.data.scene_batches import RenderedScenes
-from topoclip.training.optim import build_optimizer
-from topoclip.training.step import forward_backward, optimizer_step
-from topoclip.transforms import RandomResizedCrop, resized_crops, train_transform
+from topoclip.run.training.optim import build_optimizer
+from topoclip.run.training.step import forward_backward, optimizer_step
+from topoclip.preprocess.transforms import RandomResizedCrop, resized_crops, train_transform
 
 
 def main() -> None:

@@ -17,9 +17,9 @@ import statistics
 import torch
 
 from topoclip.config import load_config
-from topoclip.model import CLIP
-from topoclip.text import LENGTH_BUCKET, trimmed_length
-from topoclip.training.step import autocast_context
+from topoclip.model.clip import CLIP
+from topoclip.model.text import LENGTH_BUCKET, trimmed_length
+from topoclip.run.training.step import autocast_context
 from train_step import time_steps
 
 

@@ -15,10 +15,10 @@ import time
 import torch
 
 from topoclip.config import load_config
-from topoclip.model import CLIP
-from topoclip.tokenizer import TextBatch
-from topoclip.training.optim import build_optimizer
-from topoclip.training.step import forward_backward_loss, optimizer_step
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import TextBatch
+from topoclip.run.training.optim import build_optimizer
+from topoclip.run.training.step import forward_backward_loss, optimizer_step
 
 
 def topoclip_step(preset: str, batch: int, *, device: str = "cpu", precision: str = "fp32", text_length: int = 0,

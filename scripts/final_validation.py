@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from topoclip.checkpoint import CHECKPOINTS, checkpoint_step, load_checkpoint, step_checkpoints
-from topoclip.evaluation.run import evaluate, headline
+from topoclip.io.checkpoint import CHECKPOINTS, checkpoint_step, load_checkpoint, step_checkpoints
+from topoclip.run.evaluation.run import evaluate, headline
 
 
 def main(folder: str) -> None:

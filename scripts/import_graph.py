@@ -1,11 +1,14 @@
-"""The import graph of src/topoclip: circles and arrows back up, counting imports inside functions too.
+"""The import graph of src/topoclip, by module and by folder (layer): circles, and arrows back up, counting imports
+inside functions too.
 
     python scripts/import_graph.py          # prints each circle and each arrow back up; exit 1 when there is one
 
 A module imports another when any `import`/`from … import` in it names that module (or a name of a package that is
 itself a module), at any depth of the file. Loading a package's __init__ on the way to a submodule is not an arrow.
-An arrow back up is a module of the library proper (anything but the command line, `topoclip.training` and
-`topoclip.experiments`) importing from one of those three; they may import the library.
+
+The folders of topoclip are layers, each importing only from those below it (LAYERS, lowest first): an arrow back
+up is an import from a module of one layer into a module of a layer above it. A folder-level circle (a knot) is a
+set of folders that import each other, however their modules do.
 """
 from __future__ import annotations
 
@@ -14,7 +17,11 @@ import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent.parent / "src"
-UPPER = ("topoclip.training", "topoclip.experiments", "topoclip.cli", "topoclip.__main__")  # above the library
+# The layers, lowest first: the mathematics and the door (core); text and pixels into model inputs (preprocess); the
+# data sources and readers (data); the settings and their checks, which ask the data registry (config); the model
+# (model); models and runs on disk (io); what runs a model: training, evaluation, inference (run); the analyses
+# (analysis); the experiments and the report (experiments); the command line (cli, __main__).
+LAYERS = ("core", "preprocess", "data", "config", "model", "io", "run", "analysis", "experiments", "cli", "__main__")
 
 
 def module_name(file: Path) -> str:
@@ -76,23 +83,37 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def arrows_back_up(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(library module, upper module) for each import from the library proper into the trainer, the experiments or
-    the command line."""
-    def upper(name: str) -> bool:
-        return name.startswith(UPPER)
+def folder(name: str) -> str:
+    """The folder (layer) of a module: topoclip.io.checkpoint -> io."""
+    return name.split(".")[1] if name.count(".") else name
 
-    return sorted((a, b) for a, targets in edges.items() if not upper(a) for b in targets if upper(b))
+
+def folder_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Folder -> the folders its modules import."""
+    found: dict[str, set[str]] = {}
+    for a, targets in edges.items():
+        found.setdefault(folder(a), set()).update(folder(b) for b in targets if folder(b) != folder(a))
+    return found
+
+
+def arrows_back_up(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, module) for each import from a layer into a layer above it (see LAYERS); a folder not in LAYERS sits
+    above them all."""
+    def rank(name: str) -> int:
+        return LAYERS.index(folder(name)) if folder(name) in LAYERS else len(LAYERS)
+
+    return sorted((a, b) for a, targets in edges.items() for b in targets if rank(b) > rank(a))
 
 
 def main() -> int:
     edges = graph()
-    found, back = circles(edges), arrows_back_up(edges)
+    found, back = circles(edges) + circles(folder_graph(edges)), arrows_back_up(edges)
     for component in found:
         print("circle: " + ", ".join(component))
     for a, b in back:
         print(f"arrow back up: {a} -> {b}")
-    print(f"{len(edges)} modules, {sum(map(len, edges.values()))} imports: {len(found)} circles, {len(back)} arrows back up")
+    print(f"{len(edges)} modules in {len(folder_graph(edges))} folders, {sum(map(len, edges.values()))} imports: "
+          f"{len(found)} circles, {len(back)} arrows back up")
     return 1 if found or back else 0
 
 

@@ -31,8 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from topoclip.door import read_json
-from topoclip.errors import file_name_problem
+from topoclip.core.door import read_json
+from topoclip.core.errors import file_name_problem
 from topoclip.experiments.compare import MODELS, comparison_rows
 from topoclip.experiments.compare import markdown as compare_markdown
 from topoclip.experiments.grid import load_grid
@@ -43,7 +43,7 @@ from topoclip.experiments.statistics import (format_p, holm, mean_std, paired, p
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 README = ROOT / "README.md"
-DOCUMENTS = (README, *sorted(RESULTS.glob("*.md")))  # the report and each of its pages
+DOCUMENTS = (README, *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.glob("*.md")))  # the front door, the docs, the report
 
 
 def default_run_table(results: dict) -> str:
@@ -163,7 +163,7 @@ def similarities_table(runs: list[dict]) -> str:
     """Markdown (the paper's Fig. 6 as numbers): per model and domain, the median similarity of each kind of pair,
     the positive–negative image–text gap as a fraction of the similarity's range, and the share of negative
     image–text pairs above the median positive, from `topoclip analyze similarities` JSONs."""
-    from topoclip.geometry import get_topology
+    from topoclip.core.geometry import get_topology
 
     kinds = ("positive image-text", "negative image-text", "negative image-image", "negative text-text")
     lines = [f"{runs[0]['size']} test pairs per domain; median s in the topology's own units (a sum of m cosines for "

@@ -2,7 +2,7 @@
 
 usage: _distributed_worker.py INPUTS.pt OUT_DIR [ddp|fsdp]
 
-Each rank joins the gloo group through topoclip.distributed.init_distributed (torchrun's env),
+Each rank joins the gloo group through topoclip.core.distributed.init_distributed (torchrun's env),
 checks the collectives, then for every case in INPUTS wraps the same CLIP in DDP (or shards it with FSDP2, as
 train.parallelism=fsdp does), takes its half of the global batch, runs forward_backward (twice) and writes the
 mean loss, its gradients (after DDP's all-reduce; FSDP's shards put together), their global norm and whether the
@@ -23,15 +23,15 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from topoclip.config import load_config  # noqa: E402
-from topoclip.distributed import (  # noqa: E402
+from topoclip.core.distributed import (  # noqa: E402
     barrier, broadcast_object, cleanup, gather_features, init_distributed, is_main, local_part, unwrap)
-from topoclip.model import CLIP  # noqa: E402
-from topoclip.tokenizer import TextBatch  # noqa: E402
-from topoclip.training.lock import apply_locks  # noqa: E402
-from topoclip.losses import loss_keywords  # noqa: E402
-from topoclip.training.guard import parameters_finite  # noqa: E402
-from topoclip.training.sharding import shard  # noqa: E402
-from topoclip.training.step import forward_backward  # noqa: E402
+from topoclip.model.clip import CLIP  # noqa: E402
+from topoclip.preprocess.tokenizer import TextBatch  # noqa: E402
+from topoclip.run.training.lock import apply_locks  # noqa: E402
+from topoclip.core.losses import loss_keywords  # noqa: E402
+from topoclip.run.training.guard import parameters_finite  # noqa: E402
+from topoclip.run.training.sharding import shard  # noqa: E402
+from topoclip.run.training.step import forward_backward  # noqa: E402
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -111,10 +111,10 @@ def nan_on_rank_1_seen(model, rank: int) -> bool:
 def evaluation(case: dict, parallelism: str) -> dict:
     """Zero-shot classification and retrieval, each rank embedding its share of the images in a decoding worker
     (a sharded model: every rank runs as many forwards, its share or not)."""
-    from topoclip.evaluation.retrieval import evaluate_retrieval
-    from topoclip.evaluation.zeroshot import evaluate_classification_modes
+    from topoclip.run.evaluation.retrieval import evaluate_retrieval
+    from topoclip.run.evaluation.zeroshot import evaluate_classification_modes
 
-    from topoclip.evaluation.zeroshot import embed_images
+    from topoclip.run.evaluation.zeroshot import embed_images
 
     classification, retrieval, model, tokenizer, transform = evaluation_inputs(case)
     if parallelism == "fsdp":
@@ -131,8 +131,8 @@ def evaluation_inputs(case: dict):
 
     from topoclip.data.folders import LazyImages
     from topoclip.data.types import ClassificationSet, RetrievalSet
-    from topoclip.tokenizer import Tokenizer
-    from topoclip.transforms import eval_transform
+    from topoclip.preprocess.tokenizer import Tokenizer
+    from topoclip.preprocess.transforms import eval_transform
 
     config = load_config("tiny")
     model = CLIP(config.model).eval()

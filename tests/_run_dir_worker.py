@@ -7,7 +7,7 @@ import os
 import sys
 
 from topoclip.config import load_config
-from topoclip.training.trainer import train
+from topoclip.run.training.trainer import train
 
 work, settings = sys.argv[1], sys.argv[2:]
 rank = os.environ["RANK"]

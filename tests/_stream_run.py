@@ -9,7 +9,7 @@ import json
 import sys
 
 from topoclip.cli import main
-from topoclip.training import trainer
+from topoclip.run.training import trainer
 
 original = trainer.training_batches
 

@@ -12,7 +12,7 @@ from PIL import Image
 from topoclip.data.batch import RawBatch
 from topoclip.data.quality import BadSampleCounter
 from topoclip.data.shard_writer import shard_pattern, write_shards
-from topoclip.transforms import eval_transform
+from topoclip.preprocess.transforms import eval_transform
 
 SIZE = 16
 TRANSFORM = eval_transform(SIZE, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # pixel values stay in [0, 1]

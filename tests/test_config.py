@@ -11,7 +11,7 @@ import topoclip
 from topoclip.config import (NUMERIC_RANGES, Config, ConfigError, DataConfig, EvaluateConfig, TrainConfig, load_config,
                              parse_value, preset_dict, to_dict,
                              valid_keys)
-from topoclip.errors import UserError
+from topoclip.core.errors import UserError
 
 
 def test_presets_are_listed_and_resolve_their_base():

@@ -1,5 +1,5 @@
 """The one door (issue #58): every file a stranger can hand over is opened, read, listed and copied through
-topoclip.door. The first test fails when a module outside it reads a path itself; the rest pin what the door
+topoclip.core.door. The first test fails when a module outside it reads a path itself; the rest pin what the door
 promises: regular files only (a FIFO or a device refused at once), no link out of its folder, size, depth and count
 bounds, copies that never follow links and land whole."""
 import ast
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from topoclip import door
-from topoclip.errors import DiskFullError
+from topoclip.core import door
+from topoclip.core.errors import DiskFullError
 
-SOURCE = Path(door.__file__).parent
+SOURCE = Path(door.__file__).parent.parent  # src/topoclip
 
 # Calls that open, read, list or copy a path (the name as written in the source: the callee's last part, and for a
 # method its receiver), and the reading modes of open().
@@ -25,16 +25,16 @@ LOADERS = {"torch.load", "json.load", "np.load", "pickle.load", "dcp.load"}
 
 # The few reads outside the door, each of what topoclip itself wrote or shipped, or of what the door checked first.
 ALLOWED = {
-    ("checkpoint.py", "check_weights_fit", "safe_open"): "the path comes from door.regular_file just before",
-    ("checkpoint.py", "read_weights", "load_file"): "the path comes from door.regular_file just before",
-    ("checkpoint.py", "load_training_state", "torch.load"): "reads the file object door.open_regular opened",
+    ("io/checkpoint.py", "check_weights_fit", "safe_open"): "the path comes from door.regular_file just before",
+    ("io/checkpoint.py", "read_weights", "load_file"): "the path comes from door.regular_file just before",
+    ("io/checkpoint.py", "load_training_state", "torch.load"): "reads the file object door.open_regular opened",
     ("cli/__init__.py", "main", "os.open"): "opens os.devnull for writing",
     ("cli/files.py", "command_push", "iterdir"): "lists the folder `push --dry-run` has just written",
     ("config/loading.py", "_preset_files", "iterdir"): "lists the presets shipped in the package",
     ("config/loading.py", "preset_dict", "read_text"): "reads a preset shipped in the package",
     ("config/loading.py", "describe_preset", "read_text"): "reads a preset shipped in the package",
-    ("convert/files.py", "read_state_dict", "load_file"): "the path comes from door.regular_file just before",
-    ("convert/files.py", "read_state_dict", "torch.load"): "reads the file object door.open_regular opened",
+    ("io/convert/files.py", "read_state_dict", "load_file"): "the path comes from door.regular_file just before",
+    ("io/convert/files.py", "read_state_dict", "torch.load"): "reads the file object door.open_regular opened",
     ("data/benchmark_sets.py", "_samples", "tarfile.open"): "the shard was opened through door.open_regular first",
     ("data/benchmark_sets.py", "_header_ok", "Image.open"): "decodes bytes already read (BytesIO)",
     ("data/images.py", "decode_image", "Image.open"): "decodes bytes, or a file door.open_regular opened",
@@ -42,22 +42,22 @@ ALLOWED = {
     ("data/shard_writer.py", "_check_last_shard", "tarfile.open"): "the path comes from door.regular_file",
     ("data/shards.py", "_members", "gopen.gopen"): "a URL the user typed (a file's is refused earlier)",
     ("data/shards.py", "_members", "tarfile.open"): "reads the stream door.open_regular (or gopen) opened",
-    ("evaluation/benchmarks.py", "get_benchmark", "read_text"): "reads benchmark data shipped in the package",
+    ("run/evaluation/benchmarks.py", "get_benchmark", "read_text"): "reads benchmark data shipped in the package",
     ("experiments/grid.py", "grid_names", "iterdir"): "lists the grids shipped in the package",
     ("experiments/grid.py", "load_grid", "iterdir"): "lists the grids shipped in the package",
     ("experiments/grid.py", "load_grid", "read_text"): "reads a grid shipped in the package",
-    ("hub.py", "upload_folder", "iterdir"): "lists the folder upload_folder has just written",
-    ("run_folder.py", "_lock", "os.open"): "creates and locks RUN/.lock with O_NOFOLLOW (a link refused)",
-    ("training/sharding.py", "load_optimizer_shards", "dcp.load"): "the folder passed door.check_tree just before",
+    ("run/hub.py", "upload_folder", "iterdir"): "lists the folder upload_folder has just written",
+    ("core/locks.py", "_lock", "os.open"): "creates and locks RUN/.lock with O_NOFOLLOW (a link refused)",
+    ("run/training/sharding.py", "load_optimizer_shards", "dcp.load"): "the folder passed door.check_tree just before",
 }
 
 
 def reads(tree: ast.AST):
     """(enclosing function, call) of every call in `tree` that reads a path (see READERS, OPENERS, LOADERS), but calls
-    of the door's own functions (imported from topoclip.door, or as door.NAME)."""
+    of the door's own functions (imported from topoclip.core.door, or as door.NAME)."""
     found, scope = [], []
     doors = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             and node.module == "topoclip.door" for alias in node.names}
+             and node.module == "topoclip.core.door" for alias in node.names}
 
     class Visitor(ast.NodeVisitor):
         def visit_FunctionDef(self, node):
@@ -101,12 +101,12 @@ def test_every_reader_of_a_path_is_the_door():
     outside = []
     for path in sorted(SOURCE.rglob("*.py")):
         module = path.relative_to(SOURCE).as_posix()
-        if module == "door.py":
+        if module == "core/door.py":
             continue
         for function, call in reads(ast.parse(path.read_text(encoding="utf-8"))):
             if (module, function, call) not in ALLOWED:
                 outside.append(f"{module}: {function or '<module>'} calls {call}")
-    assert outside == [], "read through topoclip.door (or add the case to ALLOWED with its reason):\n" + "\n".join(outside)
+    assert outside == [], "read through topoclip.core.door (or add the case to ALLOWED with its reason):\n" + "\n".join(outside)
 
 
 def test_the_allowed_reads_are_still_there():

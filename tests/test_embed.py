@@ -9,13 +9,13 @@ import torch
 from PIL import Image
 
 import topoclip
-from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
-from topoclip import embed as embedding
-from topoclip.checkpoint import save_checkpoint
+from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
+from topoclip.run import embed as embedding
+from topoclip.io.checkpoint import save_checkpoint
 from topoclip.cli import main
 from topoclip.config import load_config
-from topoclip.model import CLIP
-from topoclip.tokenizer import Tokenizer
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import Tokenizer
 
 TEXTS = ["a red circle", "", "a blue square", "a green triangle"]
 

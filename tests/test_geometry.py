@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from topoclip import geometry
-from topoclip.geometry import TOPOLOGIES, similarity, to_space
+from topoclip.core import geometry
+from topoclip.core.geometry import TOPOLOGIES, similarity, to_space
 
 from _tolerance import fp32_pair, gamma
 

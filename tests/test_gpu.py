@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from topoclip.config import load_config
-from topoclip.geometry import similarity, to_space
-from topoclip.model import CLIP
-from topoclip.tokenizer import TextBatch
-from topoclip.training.step import forward_backward, process_settings
+from topoclip.core.geometry import similarity, to_space
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import TextBatch
+from topoclip.run.training.step import forward_backward, process_settings
 
 from _tolerance import TINY, fp32_pair, gamma, model_roundings
 
@@ -77,7 +77,7 @@ def test_geodesic_16k_by_16k_in_chunks_fits_memory():
 
 
 def test_cuda_training_run(tmp_path):
-    from topoclip.training.trainer import train
+    from topoclip.run.training.trainer import train
 
     run = train(load_config("tiny", ["train.steps=4", "train.precision=bf16", "train.device=cuda", "evaluate.size=32",
                                      "data.scenes.train_size=512", "data.scenes.test_size=64", "train.num_workers=2"]),
@@ -111,7 +111,7 @@ def text_of_lengths(config, lengths, device):
 def test_compiled_bf16_step_has_no_graph_break_nor_recompilation_across_lengths():
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from topoclip.training.step import autocast_context
+    from topoclip.run.training.step import autocast_context
 
     config = load_config("tiny").model
     model = CLIP(config).cuda()
@@ -130,8 +130,8 @@ def test_compiled_bf16_step_has_no_graph_break_nor_recompilation_across_lengths(
 
 
 def test_fused_optimizer_skips_a_non_finite_step_on_the_device():
-    from topoclip.training.optim import build_optimizer
-    from topoclip.training.step import forward_backward_loss, optimizer_step
+    from topoclip.run.training.optim import build_optimizer
+    from topoclip.run.training.step import forward_backward_loss, optimizer_step
 
     config = load_config("tiny")
     model = CLIP(config.model).cuda()
@@ -159,7 +159,7 @@ def test_a_raw_batch_pins_its_images_and_tokens():
 
 def test_a_diverging_cuda_run_stops_in_one_line_without_saving_bad_weights(tmp_path, capsys):
     """On CUDA the trainer reads values only at log/checkpoint steps; the non-finite policy must still hold."""
-    from topoclip.checkpoint import step_checkpoints
+    from topoclip.io.checkpoint import step_checkpoints
     from topoclip.cli import main
 
     run = tmp_path / "run"
@@ -175,7 +175,7 @@ def test_a_diverging_cuda_run_stops_in_one_line_without_saving_bad_weights(tmp_p
 
 def test_batches_prefetched_to_the_gpu_arrive_whole_and_in_order():
     from topoclip.data.batch import RawBatch
-    from topoclip.training.data import prefetch_to_device
+    from topoclip.run.training.data import prefetch_to_device
 
     config = load_config("tiny").model
     sent = [RawBatch(torch.randn(64, 3, 32, 32).pin_memory(), ["x"] * 64, {}, batch_for(config, 64, "cpu").pin_memory())

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.config.loading import valid_keys
-from topoclip.errors import UserError
-from topoclip.training.trainer import train
+from topoclip.core.errors import UserError
+from topoclip.run.training.trainer import train
 
 SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
          'evaluate.template_modes=["distance"]', "data.scenes.train_size=256", "data.scenes.val_size=32",
@@ -110,7 +110,7 @@ def test_a_run_folders_config_resumes_or_is_one_line(run, tmp_path_factory, capf
                                 st.sampled_from([None, "max_length", "type", "vocab", "pattern", "Regex", "id"]),
                                 values), min_size=1, max_size=3))
 def test_a_checkpoints_tokenizer_file_loads_or_is_one_line(run, tmp_path_factory, capfd, edits):
-    from topoclip.checkpoint import step_checkpoints
+    from topoclip.io.checkpoint import step_checkpoints
 
     folder = tmp_path_factory.mktemp("checkpoint") / "checkpoint"
     shutil.copytree(step_checkpoints(run / "checkpoints")[-1], folder)
@@ -190,7 +190,7 @@ def test_a_pool_file_is_read_or_refused_in_one_line(tmp_path_factory, pool, part
 def test_a_transformers_config_imports_or_is_one_line(tmp_path_factory, config, towers):
     """Any config.json of a transformers CLIPModel folder: refused in one line before any weight is read (there are
     none here), never a traceback."""
-    from topoclip.convert.hf import import_hf
+    from topoclip.io.convert.hf import import_hf
 
     folder = tmp_path_factory.mktemp("hf")
     values = {"model_type": "clip", "text_config": dict(towers), "vision_config": dict(towers), **config}
@@ -205,7 +205,7 @@ def test_a_transformers_config_imports_or_is_one_line(tmp_path_factory, config, 
 @given(name=st.text(max_size=120) | st.sampled_from(["../../etc", "org/name@..", "a/b@main", "a" * 200 + "/b",
                                                      "org/name@refs/pr/1", "org//name", "-org/name"]))
 def test_a_hub_id_is_taken_or_refused_in_one_line(name):
-    from topoclip.pretrained import split_revision
+    from topoclip.io.pretrained import split_revision
 
     try:
         repo, revision = split_revision(name, None)

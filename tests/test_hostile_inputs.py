@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from topoclip.checkpoint import TRAINING_STATE, step_checkpoints
+from topoclip.io.checkpoint import TRAINING_STATE, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
-from topoclip.training.trainer import train
+from topoclip.run.training.trainer import train
 
 SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
          'evaluate.template_modes=["distance"]', "data.scenes.train_size=256", "data.scenes.val_size=32",
@@ -137,7 +137,7 @@ def test_a_checkpoints_tokenizer_is_checked_against_its_model(run, tmp_path, cap
     status = main(["predict", str(folder), "--labels", "cat,dog", "--image", str(tmp_path / "x.png")])
     if message == "context length":  # the model's own context length wins: nothing is sized from the file
         assert status == 0
-        from topoclip.tokenizer import Tokenizer
+        from topoclip.preprocess.tokenizer import Tokenizer
 
         with pytest.raises(ValueError, match="context length"):
             Tokenizer.load(folder / "tokenizer.json")
@@ -156,8 +156,8 @@ def test_a_deeply_nested_tokenizer_file_is_one_line(run, tmp_path, capsys):
 def test_a_panic_inside_the_tokenizer_library_is_a_user_error():
     from tokenizers import Regex, normalizers
 
-    from topoclip.errors import UserError
-    from topoclip.tokenizer import Tokenizer
+    from topoclip.core.errors import UserError
+    from topoclip.preprocess.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.train(["a red circle", "a blue square"], vocab_size=64)
     tokenizer._backend.normalizer = normalizers.Replace(Regex("(a|a)*$"), "x")  # past the library's retry limit
@@ -286,7 +286,7 @@ def test_make_shards_refuses_a_folder_that_holds_anything(tmp_path, capsys):
 def test_ctrl_c_in_a_resumable_command_says_how_to_go_on(command, tmp_path, monkeypatch, capsys):
     """Ctrl-C exits with status 130 and, where the command keeps what it finished, the command line that goes on."""
     import topoclip.data.shard_writer as writer
-    import topoclip.embed as embedding
+    import topoclip.run.embed as embedding
     import topoclip.experiments.runner as runner
 
     began = [True]
@@ -317,9 +317,9 @@ def test_ctrl_c_in_train_names_the_resume_once_a_checkpoint_is_saved(tmp_path, m
     """Ctrl-C inside the first checkpoint's torch.save (whose zip writer then fails with "unexpected pos") is said as
     an interrupt, leaving no half checkpoint and nothing to go on from; after a checkpoint, the line gives the command
     that goes on, and that command finishes the run."""
-    import topoclip.checkpoint as checkpoint
-    import topoclip.distributed as distributed
-    import topoclip.training.trainer as trainer
+    import topoclip.io.checkpoint as checkpoint
+    import topoclip.core.distributed as distributed
+    import topoclip.run.training.trainer as trainer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -484,7 +484,7 @@ def test_sizes_that_pass_alone_but_not_together_are_refused_before_anything_is_b
     options = [part for setting in settings for part in ("--set", setting)]
     assert main(["train", "--preset", "tiny", *options, "--out", str(tmp_path / "run")]) == 2
     assert "positions" in one_line_error(capsys) if "model.vision.patch_size=1" in settings else True
-    from topoclip.model import CLIP
+    from topoclip.model.clip import CLIP
 
     with pytest.raises(ConfigError, match="positions, over 65,536|over the 17,179,869,184"):
         CLIP(load_config("tiny", settings).model)
@@ -523,7 +523,7 @@ def test_a_damaged_eval_json_is_one_line_on_resume_and_a_note_on_push(run, tmp_p
                                   '{"step": ' + "9" * 5000 + "}", "[" * 100_000, '{"step": 1, "eval": {"x/top1": "y"}}',
                                   '{"step": 1, "loss": "' + "x" * 50_000_000 + '"}'])
 def test_metrics_lines_without_their_numbers_are_left_out_of_the_plots(tmp_path, line):
-    from topoclip.training.logger import plot_metrics
+    from topoclip.run.training.logger import plot_metrics
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 0, "loss": 3.0, "scale": 10.0, "lr": 0.1}\n' + line + "\n")
@@ -544,7 +544,7 @@ def test_a_license_is_an_identifier_not_yaml(run, tmp_path, capsys):
 
 
 def test_embed_counts_every_shard_after_a_resume(run, tmp_path, images, monkeypatch):
-    from topoclip import embed as embedding
+    from topoclip.run import embed as embedding
 
     (images / "bad.png").write_bytes(b"not an image")
     whole = embedding.embed(run, tmp_path / "whole", images=str(images), shard_size=2, num_workers=0, progress=False)
@@ -689,8 +689,8 @@ def test_a_normalizer_that_inserts_megabytes_is_refused_on_loading(run, tmp_path
 
 
 def test_a_text_is_read_up_to_max_text_chars(run):
-    from topoclip.checkpoint import load_checkpoint
-    from topoclip.tokenizer import MAX_TEXT_CHARS
+    from topoclip.io.checkpoint import load_checkpoint
+    from topoclip.preprocess.tokenizer import MAX_TEXT_CHARS
 
     _, tokenizer, _ = load_checkpoint(run)
     huge = "a red circle " * (MAX_TEXT_CHARS // 4)  # 3.25 × the bound: cut, not read whole
@@ -700,7 +700,7 @@ def test_a_text_is_read_up_to_max_text_chars(run):
 def test_a_gzip_bomb_of_merges_is_read_no_further_than_the_bound(tmp_path):
     import gzip
 
-    from topoclip.convert.openai import MAX_MERGES_BYTES, read_merges
+    from topoclip.io.convert.openai import MAX_MERGES_BYTES, read_merges
 
     bomb = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
     with gzip.open(bomb, "wb", 9) as file:
@@ -781,7 +781,7 @@ def test_loader_workers_end_with_a_killed_parent(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(f"""
 import os, time, torch
-from topoclip.workers import start_worker
+from topoclip.core.workers import start_worker
 
 class Slow(torch.utils.data.Dataset):
     def __len__(self): return 1000

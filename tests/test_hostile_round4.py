@@ -18,9 +18,9 @@ import torch
 
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
-from topoclip.errors import UserError
+from topoclip.core.errors import UserError
 from topoclip.experiments import grid as grids
-from topoclip.training.trainer import train
+from topoclip.run.training.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
@@ -206,8 +206,8 @@ def test_a_cifar_pickle_of_shared_references_is_refused_at_once(tmp_path):
 
 
 def test_a_fifo_among_the_optimisers_shards_is_refused_at_once(tmp_path):
-    from topoclip.errors import CheckpointError
-    from topoclip.training.sharding import load_optimizer_shards
+    from topoclip.core.errors import CheckpointError
+    from topoclip.run.training.sharding import load_optimizer_shards
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -266,7 +266,7 @@ def test_a_run_folders_config_with_architectures_a_number_is_one_line(run, tmp_p
     ("hf-hub:org/name@main", "not in the local Hugging Face cache"),
 ])
 def test_a_hub_id_is_checked_before_the_hub_is_asked(tmp_path, capsys, monkeypatch, name, message):
-    from topoclip.inference import checkpoint_folder
+    from topoclip.run.inference import checkpoint_folder
 
     offline(monkeypatch)
     with pytest.raises(UserError, match=message):
@@ -289,7 +289,7 @@ def test_an_offline_cache_whose_ref_leads_out_is_one_line(tmp_path, capsys, monk
     (repository / "refs").mkdir(parents=True)
     (repository / "refs" / "main").write_text("../../../../../../etc")
     (repository / "snapshots").mkdir()
-    from topoclip.pretrained import hub_folder
+    from topoclip.io.pretrained import hub_folder
 
     offline(monkeypatch)
     with pytest.raises(UserError) as refused:
@@ -347,7 +347,7 @@ def test_an_integer_past_the_float_range_is_one_line(capsys):
 
 @pytest.mark.slow
 def test_an_export_onto_a_full_disk_leaves_nothing_and_says_so(run, tmp_path, capsys, monkeypatch):
-    import topoclip.convert.hf as hf
+    import topoclip.io.convert.hf as hf
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -391,7 +391,7 @@ def test_land_and_check_on_a_malformed_pool_file_are_one_line(tmp_path, monkeypa
 
 
 def test_a_training_state_whose_step_is_not_its_folders_is_damaged(run, tmp_path, capsys):
-    from topoclip.checkpoint import TRAINING_STATE
+    from topoclip.io.checkpoint import TRAINING_STATE
 
     folder = tmp_path / "run"
     shutil.copytree(run, folder)
@@ -435,7 +435,7 @@ def test_full_disk_advice_names_what_helps():
 
 
 def test_a_junk_folder_in_the_pretrained_cache_says_to_delete_it(tmp_path, monkeypatch):
-    from topoclip.pretrained import pretrained_folder
+    from topoclip.io.pretrained import pretrained_folder
 
     monkeypatch.setenv("TOPOCLIP_CACHE", str(tmp_path))
     junk = tmp_path / "pretrained" / "ViT-B-32--openai" / "main"
@@ -487,8 +487,8 @@ def test_ablate_never_writes_a_probe_through_a_link_nor_waits_on_a_fifo(ablation
 def test_a_torch_file_with_a_compressed_member_is_refused_before_it_inflates(tmp_path):
     import zipfile
 
-    from topoclip.convert.files import read_state_dict
-    from topoclip.errors import CheckpointError
+    from topoclip.io.convert.files import read_state_dict
+    from topoclip.core.errors import CheckpointError
 
     plain = tmp_path / "plain.bin"
     torch.save({"w": torch.zeros(4)}, plain)
@@ -540,7 +540,7 @@ def test_a_csv_of_one_endless_line_is_read_in_bounded_pieces(tmp_path):
 
 
 def test_json_of_millions_of_objects_is_refused_before_it_is_parsed():
-    from topoclip import door
+    from topoclip.core import door
 
     with pytest.raises(door.FileRefused, match="objects and lists, over the 4,000,000"):
         door.parse_json("[" + "{}," * door.JSON_CONTAINERS + "{}]", "x")
@@ -567,7 +567,7 @@ def test_a_hub_snapshot_or_cache_folder_that_links_out_is_refused(tmp_path, caps
     write_json(outside / "topoclip_config.json", {})
     (outside / "model.safetensors").write_bytes(b"x")
     (repository / "snapshots" / commit).symlink_to(outside)
-    from topoclip.pretrained import hub_folder
+    from topoclip.io.pretrained import hub_folder
 
     offline(monkeypatch)
     with pytest.raises(UserError, match="leads out of its repository folder"):
@@ -575,7 +575,7 @@ def test_a_hub_snapshot_or_cache_folder_that_links_out_is_refused(tmp_path, caps
     monkeypatch.setenv("TOPOCLIP_CACHE", str(tmp_path / "topoclip"))
     (tmp_path / "topoclip" / "pretrained" / "ViT-B-32--openai").mkdir(parents=True)
     (tmp_path / "topoclip" / "pretrained" / "ViT-B-32--openai" / "main").symlink_to(outside)
-    from topoclip.pretrained import pretrained_folder
+    from topoclip.io.pretrained import pretrained_folder
 
     with pytest.raises(UserError, match="cache of converted models"):
         pretrained_folder("ViT-B-32:openai")
@@ -583,7 +583,7 @@ def test_a_hub_snapshot_or_cache_folder_that_links_out_is_refused(tmp_path, caps
 
 @pytest.mark.parametrize("plant", ["link out", "fifo", "garbage"])
 def test_a_tokenizer_beside_openclip_weights_goes_through_the_door(tmp_path, capsys, plant):
-    from topoclip.convert.openai import OPENCLIP_CONFIG
+    from topoclip.io.convert.openai import OPENCLIP_CONFIG
 
     folder = tmp_path / "openclip"
     folder.mkdir()

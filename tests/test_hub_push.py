@@ -5,7 +5,7 @@ import pytest
 
 from topoclip.cli import main
 from topoclip.config import load_config
-from topoclip.training.trainer import train
+from topoclip.run.training.trainer import train
 
 OPENAI_LAYOUT = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
                  "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false"]

@@ -5,8 +5,8 @@ import torch
 faiss = pytest.importorskip("faiss")
 
 from topoclip.config import load_config  # noqa: E402
-from topoclip.geometry import to_space  # noqa: E402
-from topoclip.model import CLIP  # noqa: E402
+from topoclip.core.geometry import to_space  # noqa: E402
+from topoclip.model.clip import CLIP  # noqa: E402
 
 K = 10
 

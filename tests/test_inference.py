@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import topoclip
-from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
-from topoclip.checkpoint import save_checkpoint
+from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
+from topoclip.io.checkpoint import save_checkpoint
 from topoclip.cli import main
 from topoclip.config import load_config
-from topoclip.errors import UserError
-from topoclip.model import CLIP
-from topoclip.tokenizer import Tokenizer
+from topoclip.core.errors import UserError
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import Tokenizer
 
 from _reference import CAT, CAT_MISSING
 from _tolerance import TINY, fp32_pair, model_roundings
@@ -130,7 +130,7 @@ def test_hub_repo_loads_offline_from_the_cache(checkpoint, tmp_path):
               "print(tuple(clip.encode_text(['a cat']).shape))\n"
               "print('earlier', tuple(topoclip.load('someone/earlier').model.embedding_shape))\n"
               "try:\n    topoclip.load('hf-hub:someone/no-weights')\n"
-              "except topoclip.errors.UserError as error:\n    print('ERROR', error)\n")
+              "except topoclip.core.errors.UserError as error:\n    print('ERROR', error)\n")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from topoclip.geometry import TOPOLOGIES, similarity, to_space
-from topoclip.losses import LOSSES, TEMPERATURE_LOSSES, infonce_loss, sigmoid_loss
+from topoclip.core.geometry import TOPOLOGIES, similarity, to_space
+from topoclip.core.losses import LOSSES, TEMPERATURE_LOSSES, infonce_loss, sigmoid_loss
 
 
 def test_infonce_matches_a_hand_computed_3x3():

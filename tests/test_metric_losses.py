@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from topoclip.config import ConfigError, load_config
-from topoclip.losses import LOSSES, max_hinge_loss, n_pair_loss, pairwise_contrastive_loss, triplet_loss
-from topoclip.losses import loss_keywords
-from topoclip.training.step import loss_at
-from topoclip.training.trainer import train
+from topoclip.core.losses import LOSSES, max_hinge_loss, n_pair_loss, pairwise_contrastive_loss, triplet_loss
+from topoclip.core.losses import loss_keywords
+from topoclip.run.training.step import loss_at
+from topoclip.run.training.trainer import train
 
 
 def reference(name: str, s_it: torch.Tensor, s_ti: torch.Tensor, local: int, margin: float, best: float) -> float:
@@ -102,7 +102,7 @@ def test_the_margin_can_follow_the_similarity_range():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["contrastive", "triplet", "max-hinge", "n-pair"])
 def test_training_with_a_loss_without_temperature_keeps_tau_at_its_start(name, tmp_path):
-    from topoclip.checkpoint import load_checkpoint
+    from topoclip.io.checkpoint import load_checkpoint
 
     config = load_config("tiny", [f"train.loss={name}", "train.steps=3", "evaluate.size=16"])
     run = train(config, out_dir=tmp_path / name, progress=False)
@@ -123,7 +123,7 @@ def test_max_hinge_warmup_uses_the_triplet_loss_for_its_first_steps():
 def test_a_run_all_warmup_trains_exactly_as_the_triplet_loss(tmp_path):
     # Same seed, data and operations in the same order on one machine: the weights are bit-identical, and a warm-up
     # one step shorter is not (its last step takes the hardest negative).
-    from topoclip.checkpoint import load_checkpoint
+    from topoclip.io.checkpoint import load_checkpoint
 
     def weights(name, overrides):
         config = load_config("tiny", ["train.steps=3", "evaluate.size=16", *overrides])

@@ -4,10 +4,10 @@ import torch
 
 import topoclip
 from topoclip.config import load_config
-from topoclip.geometry import TOPOLOGIES
-from topoclip.losses import infonce_loss
-from topoclip.model import CLIP
-from topoclip.tokenizer import TextBatch
+from topoclip.core.geometry import TOPOLOGIES
+from topoclip.core.losses import infonce_loss
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import TextBatch
 
 from _tolerance import TINY, fp32_pair, model_roundings
 
@@ -142,5 +142,5 @@ def test_library_imports_without_the_trainer():
     import sys
 
     code = ("import sys, topoclip; topoclip.build_model('tiny'); "
-            "assert 'topoclip.training.trainer' not in sys.modules, 'the trainer was imported'")
+            "assert 'topoclip.run.training.trainer' not in sys.modules, 'the trainer was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,14 +8,14 @@ import torch
 pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 
-from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
-from topoclip.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
+from topoclip.io.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from topoclip.cli import main  # noqa: E402
 from topoclip.config import load_config  # noqa: E402
-from topoclip.errors import UserError  # noqa: E402
-from topoclip.export_onnx import compare_with_pytorch, example_inputs, export_onnx  # noqa: E402
-from topoclip.model import CLIP  # noqa: E402
-from topoclip.tokenizer import Tokenizer  # noqa: E402
+from topoclip.core.errors import UserError  # noqa: E402
+from topoclip.io.export_onnx import compare_with_pytorch, example_inputs, export_onnx  # noqa: E402
+from topoclip.model.clip import CLIP  # noqa: E402
+from topoclip.preprocess.tokenizer import Tokenizer  # noqa: E402
 
 from _tolerance import TINY, fp32_pair, model_roundings
 

@@ -22,6 +22,13 @@ def test_the_readme_figures_equal_the_committed_results_files():
     assert readme_results.render_blocks(readme) == readme, "run: python scripts/readme_results.py write"
 
 
+@pytest.mark.parametrize("page", sorted(path.name for path in (ROOT / "docs").glob("*.md")))
+def test_each_page_of_the_docs_equals_the_committed_results_files(page):
+    """The reference pages (docs/*.md, the README's sections since issue #60) keep their generated blocks current."""
+    document = (ROOT / "docs" / page).read_text()
+    assert readme_results.render_blocks(document) == document, "run: python scripts/readme_results.py write"
+
+
 def test_the_default_run_results_are_the_default_command_on_the_built_in_sets():
     results = json.loads((ROOT / "docs" / "results" / "default-run.json").read_text())
     assert results["command"] == "topoclip train"
@@ -616,8 +623,8 @@ def test_final_validation_is_the_trainers_own_evaluation_at_the_last_step(tmp_pa
     import torch
 
     from topoclip.config import load_config
-    from topoclip.training.logger import read_metrics
-    from topoclip.training.trainer import train
+    from topoclip.run.training.logger import read_metrics
+    from topoclip.run.training.trainer import train
 
     spec = importlib.util.spec_from_file_location("final_validation", ROOT / "scripts" / "final_validation.py")
     script = importlib.util.module_from_spec(spec)

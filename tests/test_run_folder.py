@@ -19,15 +19,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from topoclip.checkpoint import WEIGHTS, step_checkpoints
+from topoclip.io.checkpoint import WEIGHTS, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
-from topoclip.errors import NonFiniteError
-from topoclip.training import guard, trainer
-from topoclip.run_folder import read_metrics
-from topoclip.training.optim import cosine_with_warmup
-from topoclip.run_folder import LOCK, claim_run_folder
-from topoclip.training.trainer import train
+from topoclip.core.errors import NonFiniteError
+from topoclip.run.training import guard, trainer
+from topoclip.io.run_folder import read_metrics
+from topoclip.run.training.optim import cosine_with_warmup
+from topoclip.core.locks import LOCK
+from topoclip.io.run_folder import claim_run_folder
+from topoclip.run.training.trainer import train
 
 # A small, fast run: 32 px scenes, tiny towers, no DataLoader workers, small evaluation sets.
 SMALL = ["train.num_workers=0", "train.log_every=1", "train.warmup_steps=1", "evaluate.size=48",
@@ -88,7 +89,7 @@ def test_a_fresh_run_refuses_a_folder_that_holds_a_run(finished_run, tmp_path, c
 
 
 HOLD_LOCK = ("import sys, time\n"
-             "from topoclip.run_folder import claim_run_folder\n"
+             "from topoclip.io.run_folder import claim_run_folder\n"
              "claim_run_folder(sys.argv[1], resuming=sys.argv[2] == 'resume')\n"
              "print('locked', flush=True)\n"
              "time.sleep(300)\n")
@@ -133,8 +134,8 @@ def test_a_second_process_is_refused_while_another_holds_the_folder(finished_run
 def test_a_file_gone_between_listing_and_looking_is_not_a_special_file(tmp_path, monkeypatch):
     """A second process checking a folder in use saw the owner's scratch file listed, then renamed, and refused the
     folder for "special files" instead of saying who holds it: a vanished entry is neither a link nor special."""
-    from topoclip.errors import RunFolderError
-    from topoclip.run_folder import refuse_links
+    from topoclip.core.errors import RunFolderError
+    from topoclip.core.locks import refuse_links
 
     (tmp_path / "metrics.jsonl").write_text("{}")
     listing = Path.iterdir

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _reference import ERNIE_MISSING, ERNIE_VOCAB
 
-from topoclip.tokenizer import SPECIAL_TOKENS, TextBatch, Tokenizer
+from topoclip.preprocess.tokenizer import SPECIAL_TOKENS, TextBatch, Tokenizer
 
 needs_ernie = pytest.mark.skipif(ERNIE_VOCAB is None, reason=ERNIE_MISSING)
 
@@ -322,7 +322,7 @@ def test_training_is_deterministic_across_processes(trained, tmp_path):
     # Hash-map order differs per process; the trained vocabulary must not.
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); import test_tokenizer as t; "
-        "from topoclip.tokenizer import Tokenizer; "
+        "from topoclip.preprocess.tokenizer import Tokenizer; "
         "Tokenizer.train(t.make_captions(), vocab_size=300).save(sys.argv[2])"
     )
     subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "other.json")], check=True)

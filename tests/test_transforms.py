@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from topoclip.transforms import (
+from topoclip.preprocess.transforms import (
     OPENAI_MEAN,
     OPENAI_STD,
     CenterCrop,

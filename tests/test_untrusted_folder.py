@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from topoclip import checkpoint
-from topoclip.checkpoint import step_checkpoints
+from topoclip.io import checkpoint
+from topoclip.io.checkpoint import step_checkpoints
 from topoclip.cli import main
 from topoclip.config import load_config
-from topoclip.errors import NonFiniteError
-from topoclip.training.trainer import train
+from topoclip.core.errors import NonFiniteError
+from topoclip.run.training.trainer import train
 
 SMALL = ["train.num_workers=0", "train.threads=1", "train.warmup_steps=1", "evaluate.size=16",
          'evaluate.template_modes=["distance"]', "data.scenes.train_size=256", "data.scenes.val_size=32",
@@ -98,7 +98,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(run, tmp_path,
 
 def test_the_last_update_is_checked_before_it_is_saved(tmp_path, monkeypatch, capsys):
     # The last step has no next step whose loss vouches for its update (lr 1e6 made such weights once).
-    from topoclip.training import trainer
+    from topoclip.run.training import trainer
 
     monkeypatch.setattr(trainer, "batch_loss", lambda *args: torch.tensor(float("nan")))
     config = load_config("tiny", SMALL + ["train.steps=1"])
@@ -127,7 +127,7 @@ def test_a_run_name_cannot_put_the_run_folder_outside_runs(name):
 
 
 def test_a_mistyped_local_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
-    from topoclip import inference
+    from topoclip.run import inference
 
     asked = []
     monkeypatch.setattr(inference, "hub_folder", lambda *args: asked.append(args))
@@ -141,7 +141,7 @@ def test_a_mistyped_local_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
 
 def test_a_template_without_its_field_is_refused_by_the_library(run):
     import topoclip
-    from topoclip.errors import UserError
+    from topoclip.core.errors import UserError
 
     clip = topoclip.load(run)
     with pytest.raises(UserError, match="must hold one"):

@@ -1,4 +1,4 @@
-"""topoclip.workers: how DataLoader workers start (worker_options), what a fork needs before (settle_before_fork)
+"""topoclip.core.workers: how DataLoader workers start (worker_options), what a fork needs before (settle_before_fork)
 and what a worker does first (start_worker; its tests are in test_hostile_inputs.py)."""
 import os
 import signal
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from topoclip.workers import settle_before_fork, worker_options
+from topoclip.core.workers import settle_before_fork, worker_options
 
 from _launch import free_port, launch_env
 
@@ -54,9 +54,9 @@ from PIL import Image
 from topoclip.data.folders import LazyImages
 from topoclip.data.scene_batches import AugmentedScenes, RenderedScenes, collate
 from topoclip.data.scenes import SceneConfig, SceneDataset
-from topoclip.evaluation.zeroshot import _pixel_batches
-from topoclip.transforms import eval_transform, train_transform
-from topoclip.workers import worker_options
+from topoclip.run.evaluation.zeroshot import _pixel_batches
+from topoclip.preprocess.transforms import eval_transform, train_transform
+from topoclip.core.workers import worker_options
 from parents import Many, Parent
 
 def loaders(workers, folder):
@@ -118,8 +118,8 @@ def test_images_already_in_memory_are_transformed_without_workers(monkeypatch):
     # a fork); the batches are the same.
     from PIL import Image
 
-    from topoclip.evaluation import zeroshot
-    from topoclip.transforms import eval_transform
+    from topoclip.run.evaluation import zeroshot
+    from topoclip.preprocess.transforms import eval_transform
 
     images = [Image.fromarray(np.full((40, 40, 3), 30 * i, np.uint8)) for i in range(5)]
     expected = torch.cat(list(zeroshot._pixel_batches(images, eval_transform(32), 2, 0, 5, workers=0)))
@@ -132,7 +132,7 @@ def test_images_already_in_memory_are_transformed_without_workers(monkeypatch):
 def test_a_generator_travels_to_a_fork_servers_worker_with_its_state():
     import pickle
 
-    from topoclip.workers import _reduce_generator
+    from topoclip.core.workers import _reduce_generator
 
     generator = torch.Generator().manual_seed(7)
     torch.rand(3, generator=generator)  # a state that is not a seed's
@@ -143,7 +143,7 @@ def test_a_generator_travels_to_a_fork_servers_worker_with_its_state():
 
 KILLED_MID_EPOCH = """
 import sys, time, torch, torch.distributed as dist
-from topoclip.workers import worker_options
+from topoclip.core.workers import worker_options
 from parents import Many
 
 if __name__ == "__main__":

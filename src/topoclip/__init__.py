@@ -2,15 +2,15 @@
 
 The library (model, geometry, losses, tokenizer, data, evaluation) imports without the trainer;
 `topoclip.train`, `topoclip.evaluate` and `topoclip.load` (a trained or converted model with its
-tokenizer and image transform) load their modules on first use; `topoclip.convert` imports
+tokenizer and image transform) load their modules on first use; `topoclip.io.convert` imports
 foreign checkpoints.
 """
 from topoclip.config import Config, ConfigError, ModelConfig, load_config, presets
-from topoclip.geometry import TOPOLOGIES, similarity, to_space
-from topoclip.losses import LOSSES, infonce_loss, sigmoid_loss
-from topoclip.model import CLIP, CLIPOutput, build_model
-from topoclip.temperature import Temperature
-from topoclip.tokenizer import TextBatch, Tokenizer
+from topoclip.core.geometry import TOPOLOGIES, similarity, to_space
+from topoclip.core.losses import LOSSES, infonce_loss, sigmoid_loss
+from topoclip.model.clip import CLIP, CLIPOutput, build_model
+from topoclip.core.temperature import Temperature
+from topoclip.preprocess.tokenizer import TextBatch, Tokenizer
 
 __version__ = "0.1.0"
 
@@ -24,15 +24,15 @@ __all__ = [
 def __getattr__(name):
     # The trainer and the evaluation runner are imported on first use: `import topoclip` stays light.
     if name == "train":
-        from topoclip.training.trainer import train
+        from topoclip.run.training.trainer import train
 
         return train
     if name == "evaluate":
-        from topoclip.evaluation.run import evaluate
+        from topoclip.run.evaluation.run import evaluate
 
         return evaluate
     if name in ("load", "Pretrained"):
-        from topoclip import inference
+        from topoclip.run import inference
 
         return getattr(inference, name)
     raise AttributeError(f"module 'topoclip' has no attribute {name!r}")

@@ -12,9 +12,9 @@ from topoclip.analysis.inputs import encode_pairs, load_model, scene_pairs
 from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.data.scenes import classification_sets
-from topoclip.evaluation.zeroshot import evaluate_classification
-from topoclip.geometry import to_space
-from topoclip.losses import infonce_loss
+from topoclip.run.evaluation.zeroshot import evaluate_classification
+from topoclip.core.geometry import to_space
+from topoclip.core.losses import infonce_loss
 
 from _tolerance import TINY, fp32_pair, gamma, model_roundings
 
@@ -26,7 +26,7 @@ SMALL = ["train.num_workers=0", "train.log_every=1", "train.steps=8", "train.bat
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from topoclip.training.trainer import train
+    from topoclip.run.training.trainer import train
 
     return train(load_config("tiny", SMALL), out_dir=tmp_path_factory.mktemp("analysis") / "run", progress=False)
 
@@ -272,7 +272,7 @@ def test_probe_features_are_class_tokens_before_projection(loaded, tmp_path):
 def test_cost_counts():
     config = load_config("tiny")
     result = cost.preset_cost(config, batch_sizes=(4, 1024))
-    from topoclip.model import CLIP
+    from topoclip.model.clip import CLIP
 
     model = CLIP(config.model)
     assert result["parameters"]["total"] == sum(p.numel() for p in model.parameters())

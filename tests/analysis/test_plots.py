@@ -3,7 +3,7 @@ import json
 
 from PIL import Image
 
-from topoclip.training.logger import evaluation_series, plot_metrics
+from topoclip.run.training.logger import evaluation_series, plot_metrics
 
 
 def evaluation_records():

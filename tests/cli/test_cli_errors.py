@@ -13,13 +13,13 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from topoclip.checkpoint import TOKENIZER, WEIGHTS, step_checkpoints
+from topoclip.io.checkpoint import TOKENIZER, WEIGHTS, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import load_config
-from topoclip.errors import UserError
-from topoclip import run_folder
-from topoclip.training import resume, trainer
-from topoclip.training.trainer import train
+from topoclip.core.errors import UserError
+from topoclip.io import run_folder
+from topoclip.run.training import resume, trainer
+from topoclip.run.training.trainer import train
 
 SMALL = ["train.num_workers=0", "train.log_every=1", "train.warmup_steps=1", "evaluate.size=16",
          'evaluate.template_modes=["distance"]', "data.scenes.train_size=2048", "data.scenes.val_size=64",

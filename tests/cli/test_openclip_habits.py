@@ -90,7 +90,7 @@ def test_batch_size_counts_the_processes_srun_starts(capsys, monkeypatch):
 @pytest.mark.slow
 def test_epochs_count_the_epoch_of_the_config_the_run_trains_with(tmp_path, capsys):
     from topoclip.config import load_config
-    from topoclip.training.trainer import train
+    from topoclip.run.training.trainer import train
 
     run = train(load_config("tiny", ["train.steps=1", "train.batch_size=8", "data.scenes.train_size=64",
                                      "evaluate.size=16"]), out_dir=tmp_path / "run", progress=False)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from topoclip.cli import main
-from topoclip.convert.files import read_state_dict
-from topoclip.errors import CheckpointError
+from topoclip.io.convert.files import read_state_dict
+from topoclip.core.errors import CheckpointError
 
 
 class WritesAMarker:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from topoclip.cli import main
-from topoclip.convert.openai import bytes_to_unicode
+from topoclip.io.convert.openai import bytes_to_unicode
 
 from _tolerance import fp32_pair, network_roundings
 
@@ -98,7 +98,7 @@ def test_a_model_trained_here_exports_to_transformers(tmp_path):
     """A WordPiece vocabulary trained here: exported with eos_token_id = its [SEP], which transformers pools at."""
     import topoclip
     from topoclip.config import load_config
-    from topoclip.training.trainer import train
+    from topoclip.run.training.trainer import train
 
     layout = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
               "model.text.pooling=end_of_text", "model.text.norm_first=true", "model.text.embedding_norm=false",
@@ -119,7 +119,7 @@ def test_a_model_trained_here_exports_to_transformers(tmp_path):
 @pytest.mark.slow
 def test_models_transformers_cannot_hold_are_refused_in_one_line(tmp_path, capsys):
     from topoclip.config import load_config
-    from topoclip.training.trainer import train
+    from topoclip.run.training.trainer import train
 
     run = train(load_config("tiny", ["train.steps=1", "evaluate.size=16", "train.eval_every=0"]),
                 out_dir=tmp_path / "run", progress=False)
@@ -170,10 +170,10 @@ def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder,
 def test_an_end_token_of_id_2_is_refused_for_transformers(tmp_path, capsys):
     """transformers reads eos_token_id 2 as 'pool at the largest id'; a vocabulary whose [SEP] is 2 would export a
     model transformers pools elsewhere."""
-    from topoclip.checkpoint import save_checkpoint
+    from topoclip.io.checkpoint import save_checkpoint
     from topoclip.config import load_config
-    from topoclip.model import CLIP
-    from topoclip.tokenizer import Tokenizer
+    from topoclip.model.clip import CLIP
+    from topoclip.preprocess.tokenizer import Tokenizer
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[SEP]", "[CLS]", "[MASK]", "a", "red", "cat"]) + "\n")

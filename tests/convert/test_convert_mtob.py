@@ -12,8 +12,8 @@ import topoclip
 from _conversion_references import MtobCLIP
 from _reference import ERNIE_MISSING, ERNIE_VOCAB
 from topoclip.cli import main
-from topoclip.convert.mtob import import_mtob
-from topoclip.errors import CheckpointError
+from topoclip.io.convert.mtob import import_mtob
+from topoclip.core.errors import CheckpointError
 
 from _tolerance import fp32_pair, network_roundings
 

@@ -15,7 +15,7 @@ import topoclip
 from _conversion_references import OpenAICLIP
 from topoclip.cli import main
 from topoclip.config import ConfigError
-from topoclip.convert.openai import bpe_tokenizer, bytes_to_unicode, import_openai
+from topoclip.io.convert.openai import bpe_tokenizer, bytes_to_unicode, import_openai
 
 from _tolerance import fp32_pair, network_roundings
 

@@ -4,14 +4,14 @@ import json
 import pytest
 import torch
 
-from topoclip.checkpoint import load_checkpoint, save_checkpoint, step_checkpoints
+from topoclip.io.checkpoint import load_checkpoint, save_checkpoint, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
-from topoclip.convert.upcycle import shared_basis, upcycle
-from topoclip.model import CLIP
-from topoclip.tokenizer import TextBatch
-from topoclip.training.init_from import check_initial_checkpoint, starting_config
-from topoclip.training.tokenizer_setup import build_tokenizer, fit_to_trained_tokenizer
+from topoclip.io.convert.upcycle import shared_basis, upcycle
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import TextBatch
+from topoclip.run.training.init_from import check_initial_checkpoint, starting_config
+from topoclip.run.training.tokenizer_setup import build_tokenizer, fit_to_trained_tokenizer
 
 from _tolerance import TINY, fp32_pair, model_roundings
 

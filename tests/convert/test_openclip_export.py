@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from topoclip.checkpoint import load_checkpoint, save_checkpoint
+from topoclip.io.checkpoint import load_checkpoint, save_checkpoint
 from topoclip.cli import main
 from topoclip.config import load_config
-from topoclip.model import CLIP
+from topoclip.model.clip import CLIP
 
 from _tolerance import TINY, fp32_pair, model_roundings
 
@@ -19,7 +19,7 @@ OPENAI_LAYOUT = ["model.topology=sphere", "model.class_tokens=1", "model.text.at
 # Ordinary texts, one longer than the 32-token context (truncated: its end token kept).
 TEXTS = ["a red circle left of a blue square", "The GREEN triangle!!", "a photo of the cat", "two small stars",
          " ".join(["a big red circle and a small blue square"] * 6)]
-# OpenAI's BPE from a small merges file (topoclip.convert.openai): the end-of-text token is the largest id.
+# OpenAI's BPE from a small merges file (topoclip.io.convert.openai): the end-of-text token is the largest id.
 MERGES = ["t h", "th e</w>", "a t</w>", "c a", "r e", "re d</w>", "c at</w>", "b l", "bl u", "blu e</w>", "s t",
           "st a", "sta r", "star s</w>"]
 
@@ -27,14 +27,14 @@ MERGES = ["t h", "th e</w>", "a t</w>", "c a", "r e", "re d</w>", "c at</w>", "b
 def tokenizer_and_config(kind, tmp_path):
     """A WordPiece vocabulary trained here (pooled at its [SEP], model.text.end_token_id), or OpenAI's BPE."""
     if kind == "wordpiece":
-        from topoclip.tokenizer import Tokenizer
+        from topoclip.preprocess.tokenizer import Tokenizer
 
         config = load_config("tiny", OPENAI_LAYOUT)
         tokenizer = Tokenizer.train(TEXTS * 3, vocab_size=config.model.text.vocab_size,
                                     context_length=config.model.text.context_length)
         return tokenizer, load_config("tiny", OPENAI_LAYOUT + [f"model.text.end_token_id={tokenizer.sep_id}",
                                                                f"model.text.cls_token_id={tokenizer.cls_id}"])
-    from topoclip.convert.openai import bpe_tokenizer
+    from topoclip.io.convert.openai import bpe_tokenizer
 
     merges = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
     merges.write_bytes(gzip.compress(("#version: 0.2\n" + "\n".join(MERGES) + "\n").encode()))
@@ -126,7 +126,7 @@ def test_a_model_trained_here_exports_to_open_clip_with_its_own_tokenizer(tmp_pa
     create_model_and_transforms and get_tokenizer on strings: topoclip's text and image embeddings."""
     open_clip = pytest.importorskip("open_clip")
     import topoclip
-    from topoclip.training.trainer import train
+    from topoclip.run.training.trainer import train
 
     run = train(load_config("tiny", OPENAI_LAYOUT + ["train.steps=2", "evaluate.size=16", "train.eval_every=0"]),
                 out_dir=tmp_path / "run", progress=False)

@@ -12,8 +12,8 @@ import webdataset as wds
 
 from topoclip.data.shard_writer import csv_to_shards, shard_pattern, write_shards
 from topoclip.data.shards import ShardDataset, command_urls, expand_shard_sources, expand_urls, read_captions
-from topoclip.errors import UserError
-from topoclip.transforms import ToTensor
+from topoclip.core.errors import UserError
+from topoclip.preprocess.transforms import ToTensor
 
 from _user_data import (SIZE, TRANSFORM, bad_images, collect, encode, good_images, noise, write_broken_shards,
                         write_caption_table)
@@ -192,7 +192,7 @@ def test_a_stopped_csv_conversion_resumes_into_the_shards_an_uninterrupted_one_w
     stats and the scratch of one under way are written again, and every shard, stats file and count equals an
     uninterrupted conversion's; the stats cover every row, the bad ones after the last shard's too."""
     import topoclip.data.shard_writer as writer
-    from topoclip.errors import UserError
+    from topoclip.core.errors import UserError
 
     path, good, expected = write_caption_table(tmp_path / "source")  # (its last rows are bad)
     whole, whole_counter = csv_to_shards(path, tmp_path / "whole", samples_per_shard=3, image_size=SIZE)
@@ -230,7 +230,7 @@ def test_a_stopped_csv_conversion_resumes_into_the_shards_an_uninterrupted_one_w
 
 
 def test_a_resume_refuses_what_is_not_its_conversion_in_one_line(tmp_path):
-    from topoclip.errors import UserError
+    from topoclip.core.errors import UserError
 
     path, good, _ = write_caption_table(tmp_path / "source")
     out = tmp_path / "out"
@@ -269,7 +269,7 @@ def test_a_resume_mends_what_a_stop_or_a_user_left_and_refuses_what_it_cannot_tr
     import errno
     import os
     import topoclip.data.shard_writer as writer
-    from topoclip.errors import UserError
+    from topoclip.core.errors import UserError
 
     path, good, expected = write_caption_table(tmp_path / "source")
     out = tmp_path / "out"

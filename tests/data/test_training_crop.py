@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from topoclip.data.images import DecodeSettings, decode_image
-from topoclip.transforms import (OPENAI_MEAN, OPENAI_STD, Normalize, RandomResizedCrop, ToTensor, TrainingCrop,
+from topoclip.data.images import DecodeSettings, decode_for, decode_image
+from topoclip.preprocess.transforms import (OPENAI_MEAN, OPENAI_STD, Normalize, RandomResizedCrop, ToTensor, TrainingCrop,
                                  device_pixels, train_transform)
 
 SIZE = 64  # the output side: small, so the pictures below span no reduction (1×) to an eighth (8×)
@@ -60,7 +60,7 @@ def tomorrows(data: bytes, generator: torch.Generator) -> tuple[tuple, torch.Ten
     crop = TrainingCrop(SIZE, generator=generator)
     get_params = crop.crop.get_params
     crop.crop.get_params = lambda width, height: boxes.append(get_params(width, height)) or boxes[-1]
-    pixels = crop.decoded(data, DecodeSettings())
+    pixels = decode_for(crop, data, DecodeSettings())
     assert pixels.dtype == torch.uint8 and pixels.shape == (3, SIZE, SIZE)
     return boxes[0], device_pixels(pixels[None], OPENAI_MEAN, OPENAI_STD)[0]
 
@@ -122,6 +122,6 @@ def test_a_crop_of_a_decoded_image_is_the_decoded_path(samples):
     """TrainingCrop(image) on an already decoded image: the same box and pixels as from its bytes when no reduction
     applies."""
     data = samples[0]
-    by_bytes = TrainingCrop(SIZE, generator=torch.Generator().manual_seed(3)).decoded(data, DecodeSettings())
+    by_bytes = decode_for(TrainingCrop(SIZE, generator=torch.Generator().manual_seed(3)), data, DecodeSettings())
     by_image = TrainingCrop(SIZE, generator=torch.Generator().manual_seed(3))(decode_image(data))
     assert torch.equal(by_bytes, by_image)

@@ -12,18 +12,18 @@ import pytest
 import torch
 from PIL import Image
 
-from topoclip.training.tokenizer_setup import fit_to_trained_tokenizer
-from topoclip.checkpoint import save_checkpoint
+from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
+from topoclip.io.checkpoint import save_checkpoint
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config, validate
 from topoclip.data.benchmark_sets import load_wds_set, read_cifar_binary
-from topoclip.evaluation.benchmarks import get_benchmark, load_classification_entry
-from topoclip.evaluation.clip_benchmark import FlatFeatures, output_name
-from topoclip.evaluation.zeroshot import zero_shot_classifier
-from topoclip.errors import UserError
-from topoclip.geometry import flatten, similarity, to_space
-from topoclip.model import CLIP
-from topoclip.tokenizer import Tokenizer
+from topoclip.run.evaluation.benchmarks import get_benchmark, load_classification_entry
+from topoclip.run.clip_benchmark import FlatFeatures, output_name
+from topoclip.run.evaluation.zeroshot import zero_shot_classifier
+from topoclip.core.errors import UserError
+from topoclip.core.geometry import flatten, similarity, to_space
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import Tokenizer
 
 SYNSETS = {"n01440764": "tench", "n01443537": "goldfish", "n01484850": "great white shark"}
 
@@ -270,7 +270,7 @@ def test_topologies_without_a_flat_form_are_refused_in_one_line(topology):
 
 
 def test_the_flat_mode_averages_as_clip_benchmark_does(checkpoint):
-    from topoclip.checkpoint import load_checkpoint
+    from topoclip.io.checkpoint import load_checkpoint
 
     model, tokenizer, _ = load_checkpoint(checkpoint)
     names, templates = ["tench", "goldfish", "great white shark"], ["a photo of a {}.", "a {} in the water."]

@@ -17,7 +17,7 @@ import _reference
 from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.data.scenes import classification_sets, retrieval_set
-from topoclip.training.trainer import train
+from topoclip.run.training.trainer import train
 
 pytestmark = pytest.mark.torchvision
 
@@ -118,7 +118,7 @@ def test_a_ps_geodesic_run_is_refused_in_one_line(tmp_path, capsys):
 
 def test_openclip_s_eval_pixels_equal_the_shortest_resize():
     open_clip = pytest.importorskip("open_clip")
-    from topoclip.transforms import eval_transform
+    from topoclip.preprocess.transforms import eval_transform
 
     preprocess = open_clip.image_transform(224, is_train=False)
     ours = eval_transform(224, resize="shortest")
@@ -150,7 +150,7 @@ def test_clip_benchmark_s_numpy_2_4_failure_is_one_line_naming_the_fix(builder, 
 def test_the_shipped_prompts_are_clip_benchmark_s(builder):
     from pathlib import Path
 
-    from topoclip.evaluation.benchmarks import get_benchmark
+    from topoclip.run.evaluation.benchmarks import get_benchmark
 
     shipped = Path(builder.__file__).parent / "datasets"
     names = json.loads((shipped / "en_classnames.json").read_text())
@@ -169,7 +169,7 @@ def test_cifar100_s_python_version_scores_as_clip_benchmark_scores_it(builder, r
     import numpy as np
     import torchvision
 
-    from topoclip.evaluation.benchmarks import get_benchmark
+    from topoclip.run.evaluation.benchmarks import get_benchmark
 
     classnames = list(get_benchmark("cifar100").classnames)
     rng = np.random.default_rng(0)

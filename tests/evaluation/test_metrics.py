@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from topoclip.evaluation.metrics import (
+from topoclip.run.evaluation.metrics import (
     ClassificationAccumulator,
     RetrievalAccumulator,
     classification_metrics,

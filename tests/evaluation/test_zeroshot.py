@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from topoclip import geometry
+from topoclip.core import geometry
 from topoclip.data.types import ClassificationSet, RetrievalSet
-from topoclip.evaluation.metrics import retrieval_metrics
-from topoclip.evaluation.retrieval import evaluate_retrieval
-from topoclip.evaluation.zeroshot import evaluate_classification, record, zero_shot_classifier
+from topoclip.run.evaluation.metrics import retrieval_metrics
+from topoclip.run.evaluation.retrieval import evaluate_retrieval
+from topoclip.run.evaluation.zeroshot import evaluate_classification, record, zero_shot_classifier
 
 from _tolerance import fp32_pair
 

@@ -11,7 +11,7 @@ from topoclip.experiments import grid as grids
 from topoclip.experiments.report import curve_metrics, late_rise, still_rising
 from topoclip.cli import main
 from topoclip.config import ConfigError, to_dict
-from topoclip.model import describe_model
+from topoclip.model.clip import describe_model
 
 # Tiny runs with small evaluation sets: what a smoke test of a grid looks like.
 FAST = ["--preset", "tiny", "--seeds", "2", "--steps", "3", "--probe-size", "16", "--set", "train.num_workers=0",
@@ -249,7 +249,7 @@ def test_ablate_whole_table3_after_a_subset(tmp_path, capsys):
 def test_an_ablation_folder_has_one_owner(tmp_path, capsys):
     """Before: two ablate on one --out both ran (a "new" run folder was deleted before the trainer took its
     lock) and ablation.json mixed one process's settings with the other's results."""
-    from topoclip.run_folder import claim_folder
+    from topoclip.core.locks import claim_folder
 
     out = tmp_path / "grid"
     with claim_folder(out, "ablation folder"):  # as a first ablate holds it

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from topoclip import distributed
+from topoclip.core import distributed
 from topoclip.config import load_config
-from topoclip.distributed import DistributedInfo, gather_features, init_distributed, unwrap
-from topoclip.model import CLIP
-from topoclip.tokenizer import TextBatch
-from topoclip.training.lock import apply_locks
-from topoclip.losses import loss_keywords
-from topoclip.training.step import forward_backward
+from topoclip.core.distributed import DistributedInfo, gather_features, init_distributed, unwrap
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import TextBatch
+from topoclip.run.training.lock import apply_locks
+from topoclip.core.losses import loss_keywords
+from topoclip.run.training.step import forward_backward
 
 from _launch import free_port, launch_env
 from _tolerance import assert_fp32_close, model_roundings
@@ -151,13 +151,13 @@ def test_two_ranks_evaluate_as_one_process(run):
     operations on one thread, so the records are equal, not merely close."""
     from _distributed_worker import evaluation_inputs
 
-    from topoclip.evaluation.retrieval import evaluate_retrieval
-    from topoclip.evaluation.zeroshot import evaluate_classification_modes
+    from topoclip.run.evaluation.retrieval import evaluate_retrieval
+    from topoclip.run.evaluation.zeroshot import evaluate_classification_modes
 
     *_, results = run
     torch.set_num_threads(1)
     classification, retrieval, model, tokenizer, transform = evaluation_inputs(EVALUATION)
-    from topoclip.evaluation.zeroshot import embed_images
+    from topoclip.run.evaluation.zeroshot import embed_images
 
     expected = {"classification": evaluate_classification_modes(model, tokenizer, classification, transform,
                                                                  ["distance", "embedding"], batch_size=1),

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from topoclip.config import load_config
-from topoclip.errors import NonFiniteError
-from topoclip.training.guard import MAX_SKIPPED_STEPS, StepGuard
-from topoclip.run_folder import RunFolder
+from topoclip.core.errors import NonFiniteError
+from topoclip.run.training.guard import MAX_SKIPPED_STEPS, StepGuard
+from topoclip.io.run_folder import RunFolder
 
 NAN, ONE = torch.tensor(float("nan")), torch.tensor(1.0)
 

@@ -3,12 +3,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from topoclip.checkpoint import WEIGHTS, step_checkpoints
+from topoclip.io.checkpoint import WEIGHTS, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
-from topoclip.model import CLIP
-from topoclip.training.lock import lock_tower, tower_groups
-from topoclip.training.optim import build_optimizer
+from topoclip.model.clip import CLIP
+from topoclip.run.training.lock import lock_tower, tower_groups
+from topoclip.run.training.optim import build_optimizer
 
 STEPS = ["--set", "train.steps=20", "--set", "train.lr=0.01", "--set", "evaluate.size=16", "--set",
          "train.checkpoint_every=0"]

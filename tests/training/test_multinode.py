@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from topoclip.training.logger import read_metrics
+from topoclip.run.training.logger import read_metrics
 
 from _launch import LAUNCH_TIMEOUT_S, descendants, free_port, launch_env, signal_all, torchrun
 

@@ -8,13 +8,13 @@ from torch._dynamo.testing import CompileCounter
 
 from topoclip.config import load_config
 from topoclip.data.batch import RawBatch
-from topoclip.model import CLIP
-from topoclip.text import LENGTH_BUCKET, trimmed_length
-from topoclip.tokenizer import TextBatch, Tokenizer
-from topoclip.training.optim import build_optimizer
-from topoclip.training.guard import SkippedSteps
-from topoclip.training.step import forward_backward_loss, nonfinite_anywhere, optimizer_step, process_settings
-from topoclip.training.trainer import train
+from topoclip.model.clip import CLIP
+from topoclip.model.text import LENGTH_BUCKET, trimmed_length
+from topoclip.preprocess.tokenizer import TextBatch, Tokenizer
+from topoclip.run.training.optim import build_optimizer
+from topoclip.run.training.guard import SkippedSteps
+from topoclip.run.training.step import forward_backward_loss, nonfinite_anywhere, optimizer_step, process_settings
+from topoclip.run.training.trainer import train
 
 from _tolerance import TINY, fp32_pair, model_roundings
 
@@ -125,7 +125,7 @@ def test_perf_settings_have_defaults_and_the_cpu_optimizer_is_not_fused():
 
 def test_user_data_batches_arrive_tokenized_by_the_loader_workers(tmp_path):
     from topoclip.data.shard_writer import write_shards
-    from topoclip.training.data import training_batches
+    from topoclip.run.training.data import training_batches
 
     captions = [f"a photo number {i} of a {'red' if i % 2 else 'blue'} thing" for i in range(16)]
     images = [torch.randint(0, 255, (24, 24, 3), dtype=torch.uint8).numpy() for _ in captions]

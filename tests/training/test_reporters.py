@@ -4,8 +4,8 @@ import json
 import pytest
 
 from topoclip.config import ConfigError, load_config, to_dict
-from topoclip.training.logger import read_metrics, reporter_scalars
-from topoclip.training.trainer import train
+from topoclip.run.training.logger import read_metrics, reporter_scalars
+from topoclip.run.training.trainer import train
 
 SHORT = ["train.steps=4", "train.log_every=2", "train.eval_every=2", "evaluate.size=16", "evaluate.validation_size=16"]
 

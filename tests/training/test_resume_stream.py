@@ -20,7 +20,7 @@ import torch
 from topoclip.config import load_config
 from topoclip.data.shard_writer import shard_pattern, write_shards
 from topoclip.data.streams import StreamPosition
-from topoclip.training.data import training_batches
+from topoclip.run.training.data import training_batches
 
 from test_train_user_data import scene_samples
 

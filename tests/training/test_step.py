@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from topoclip.config import load_config
-from topoclip.losses import get_loss
-from topoclip.model import CLIP
-from topoclip.tokenizer import TextBatch
-from topoclip.training.step import autocast_context, forward_backward
+from topoclip.core.losses import get_loss
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import TextBatch
+from topoclip.run.training.step import autocast_context, forward_backward
 
 from _tolerance import assert_fp32_close, model_roundings
 

@@ -4,12 +4,12 @@ import shutil
 
 import pytest
 
-from topoclip.checkpoint import load_checkpoint, step_checkpoints
+from topoclip.io.checkpoint import load_checkpoint, step_checkpoints
 from topoclip.cli import main
 from topoclip.config import ConfigError, load_config
-from topoclip.geometry import TOPOLOGIES
-from topoclip.training.optim import cosine_with_warmup, parameter_groups
-from topoclip.training.trainer import train
+from topoclip.core.geometry import TOPOLOGIES
+from topoclip.run.training.optim import cosine_with_warmup, parameter_groups
+from topoclip.run.training.trainer import train
 
 # A small, fast run: 32 px scenes, tiny towers, no DataLoader workers, small evaluation sets.
 SMALL = ["train.num_workers=0", "train.log_every=1", "evaluate.size=48", "evaluate.template_modes=[\"distance\"]",
@@ -76,7 +76,7 @@ def test_each_topology_learns(tmp_path, topology):
 
 
 def test_parameter_groups_and_schedule():
-    from topoclip.model import CLIP
+    from topoclip.model.clip import CLIP
 
     model = CLIP(load_config("tiny").model)
     decay, no_decay = parameter_groups(model, 0.2)  # [{params, weight_decay}, ...]
@@ -134,8 +134,8 @@ def test_tokenizer_that_does_not_fit_is_refused(tmp_path):
 def test_a_new_topology_is_one_function_and_one_registry_line(tmp_path, monkeypatch):
     import torch
 
-    from topoclip import geometry
-    from topoclip.model import describe_model
+    from topoclip.core import geometry
+    from topoclip.model.clip import describe_model
 
     def twice_cosine(u, v):  # the toy topology: a sphere whose similarity spans [−2, 2]
         return 2 * geometry.inner_product(u, v)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from topoclip.config import load_config
-from topoclip.training.logger import read_metrics
-from topoclip.training.trainer import train
+from topoclip.run.training.logger import read_metrics
+from topoclip.run.training.trainer import train
 
 from _launch import torchrun
 from _tolerance import TINY, gamma, model_roundings

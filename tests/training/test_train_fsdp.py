@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from topoclip.checkpoint import load_checkpoint
+from topoclip.io.checkpoint import load_checkpoint
 from topoclip.config import load_config
-from topoclip.model import CLIP
-from topoclip.training.trainer import train
+from topoclip.model.clip import CLIP
+from topoclip.run.training.trainer import train
 
 from _launch import launch_env, torchrun
 from _tolerance import TINY, gamma, model_roundings

@@ -20,10 +20,10 @@ from topoclip.config import load_config
 from topoclip.data.quality import DataQualityError
 from topoclip.data.scenes import SceneConfig, SceneDataset
 from topoclip.data.shard_writer import shard_pattern, write_shards
-from topoclip.tokenizer import Tokenizer
-from topoclip.training import trainer
-from topoclip.training.logger import read_metrics
-from topoclip.training.trainer import train
+from topoclip.preprocess.tokenizer import Tokenizer
+from topoclip.run.training import trainer
+from topoclip.run.training.logger import read_metrics
+from topoclip.run.training.trainer import train
 
 BATCH = 4
 
@@ -378,7 +378,7 @@ def test_user_evaluation_sets_give_records(tmp_path, table):
 def test_a_worker_with_only_an_unreadable_shard_does_not_reach_the_model(tmp_path):
     """Two shards, two workers: one worker's only shard is garbage, so it yields a batch of 0 samples that
     only carries the count. That batch must not be trained on (0 x 0 px images); its count rides on the next."""
-    from topoclip.training.data import training_batches
+    from topoclip.run.training.data import training_batches
 
     scenes = scene_samples(8, offset=200)
     write_shards(scenes, tmp_path / "shards", samples_per_shard=8)

@@ -4,8 +4,8 @@ import torch
 from topoclip.config import load_config
 from topoclip.data.scenes import SceneConfig, SceneDataset
 from topoclip.data.scene_batches import StepBatchSampler
-from topoclip.training.data import LOADER_BATCHES_IN_FLIGHT, prefetch_factor, training_batches
-from topoclip.transforms import Normalize, OPENAI_MEAN, OPENAI_STD, ToTensor, resized_crops
+from topoclip.run.training.data import LOADER_BATCHES_IN_FLIGHT, prefetch_factor, training_batches
+from topoclip.preprocess.transforms import Normalize, OPENAI_MEAN, OPENAI_STD, ToTensor, resized_crops
 
 from _tolerance import fp32_pair
 

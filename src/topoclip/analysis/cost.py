@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from topoclip import geometry
+from topoclip.core import geometry
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import Config, ModelConfig
 
@@ -106,7 +106,7 @@ def logit_memory(config: ModelConfig, batch_sizes: Sequence[int] = BATCH_SIZES) 
 
 def preset_cost(config: Config, batch_sizes: Sequence[int] = BATCH_SIZES, name: Optional[str] = None) -> dict:
     """Every cost figure of one configuration (builds the model on the CPU with random weights)."""
-    from topoclip.model import CLIP
+    from topoclip.model.clip import CLIP
 
     model = CLIP(config.model).eval()
     counted, formula = counted_flops(model), formula_flops(config.model)

@@ -28,7 +28,7 @@ import torch
 from topoclip.analysis.inputs import encode_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
-from topoclip.inference import Pretrained
+from topoclip.run.inference import Pretrained
 
 FRACTIONS = (0.0, 0.15, 0.3, 0.5)
 BATCH_SIZES = (32, 128, 512)
@@ -38,7 +38,7 @@ SCALES = tuple(10 ** (x / 10) for x in range(-10, 31))  # τ from 0.1 to 1000, 1
 def equilibrium_terms(similarity: torch.Tensor, scales) -> dict[str, torch.Tensor]:
     """similarity (b, b) with positives on the diagonal; scales: τ, a float or (T,) -> each term (T,) (0-d for a float).
 
-    Returns {"alignment", "uniformity", "loss", "ratio"}; loss equals topoclip.losses.infonce_loss.
+    Returns {"alignment", "uniformity", "loss", "ratio"}; loss equals topoclip.core.losses.infonce_loss.
     """
     scales = torch.as_tensor(scales, dtype=torch.float32, device=similarity.device)
     logits = scales.reshape(-1, 1, 1) * similarity.float()  # (T, b, b)

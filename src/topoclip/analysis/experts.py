@@ -15,12 +15,12 @@ from typing import Sequence
 
 import torch
 
-from topoclip import geometry
+from topoclip.core import geometry
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
-from topoclip.evaluation.metrics import ClassificationAccumulator
-from topoclip.evaluation.zeroshot import embed_images, evaluating, zero_shot_classifier
-from topoclip.inference import Pretrained
+from topoclip.run.evaluation.metrics import ClassificationAccumulator
+from topoclip.run.evaluation.zeroshot import embed_images, evaluating, zero_shot_classifier
+from topoclip.run.inference import Pretrained
 
 SETS = ("shape", "colour", "composition")
 

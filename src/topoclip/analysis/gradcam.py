@@ -26,10 +26,10 @@ import torch.nn.functional as F
 
 from topoclip.analysis.inputs import scene_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
-from topoclip.geometry import get_topology
+from topoclip.core.geometry import get_topology
 from topoclip.config import ConfigError
-from topoclip.errors import UserError
-from topoclip.inference import Pretrained
+from topoclip.core.errors import UserError
+from topoclip.run.inference import Pretrained
 
 
 @dataclass

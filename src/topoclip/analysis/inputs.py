@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from topoclip.checkpoint import resolve_checkpoint
+from topoclip.io.checkpoint import resolve_checkpoint
 from topoclip.config import Config, ConfigError
 from topoclip.data.types import RetrievalSet
-from topoclip.errors import resolve_device
-from topoclip.evaluation.zeroshot import embed_images, embed_texts
-from topoclip.inference import Pretrained, load_folder
-from topoclip.run_folder import METRICS, RunFolder
+from topoclip.core.errors import resolve_device
+from topoclip.run.evaluation.zeroshot import embed_images, embed_texts
+from topoclip.run.inference import Pretrained, load_folder
+from topoclip.io.run_folder import METRICS, RunFolder
 
 STYLES = ("in-domain", "out-of-domain")
 

@@ -21,8 +21,8 @@ from torch.func import functional_call
 from topoclip.analysis.inputs import scene_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
-from topoclip.inference import Pretrained
-from topoclip.losses import get_loss
+from topoclip.run.inference import Pretrained
+from topoclip.core.losses import get_loss
 
 PLANE_SCALES = (1.0, 100.0)
 GRADIENT_SCALES = (1.0, 3.0, 10.0, 30.0, 100.0)
@@ -63,7 +63,7 @@ def shifted(weights: dict, directions: Sequence[dict], coefficients: Sequence[fl
 
 def model_loss_function(loaded: Pretrained) -> LossOfSimilarity:
     """The run's training loss as f(similarity, τ) (with the learned β for the sigmoid loss)."""
-    from topoclip.losses import loss_keywords
+    from topoclip.core.losses import loss_keywords
 
     loss, keywords = get_loss(loaded.config.train.loss), loss_keywords(loaded.config)
     bias = loaded.model.temperature.bias

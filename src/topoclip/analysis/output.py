@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from topoclip.atomic import save_png_atomic, write_text_atomic
+from topoclip.core.atomic import save_png_atomic, write_text_atomic
 
 
 def pyplot():

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
-from topoclip.evaluation.zeroshot import evaluating
-from topoclip.inference import Pretrained
+from topoclip.run.evaluation.zeroshot import evaluating
+from topoclip.run.inference import Pretrained
 
 WEIGHT_DECAYS = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 TASKS = ("shape", "colour", "composition")

@@ -22,8 +22,8 @@ import torch
 
 from topoclip.analysis.inputs import STYLES, EncodedPairs, encode_pairs
 from topoclip.analysis.output import pyplot, save_figure, write_json
-from topoclip.geometry import get_topology
-from topoclip.inference import Pretrained
+from topoclip.core.geometry import get_topology
+from topoclip.run.inference import Pretrained
 
 KINDS = ("positive image-text", "negative image-text", "negative image-image", "negative text-text")
 BINS = 60

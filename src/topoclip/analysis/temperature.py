@@ -26,9 +26,9 @@ import numpy as np
 
 from topoclip.analysis.inputs import find_run_folder
 from topoclip.data.sources import epoch_steps
-from topoclip.run_folder import RunFolder
+from topoclip.io.run_folder import RunFolder
 from topoclip.analysis.output import pyplot, save_figure, write_json
-from topoclip.checkpoint import load_config_from
+from topoclip.io.checkpoint import load_config_from
 from topoclip.config import Config
 
 TOLERANCE = 0.02
@@ -90,7 +90,7 @@ class TemperatureCurve:
 def read_curve(path, window: Optional[int] = None, tolerance: float = TOLERANCE,
                name: Optional[str] = None) -> TemperatureCurve:
     """The τ curve of a run folder (or of the run a checkpoint belongs to)."""
-    from topoclip.run_folder import read_metrics
+    from topoclip.io.run_folder import read_metrics
 
     run_dir = find_run_folder(path)
     config = load_config_from(run_dir)

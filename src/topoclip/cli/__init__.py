@@ -24,7 +24,7 @@ from topoclip.cli.experiments import add_ablate, add_compare
 from topoclip.cli.files import add_convert, add_data, add_export, add_push
 from topoclip.cli.run import (add_benchmark, add_embed, add_eval, add_predict, add_presets, add_pretrained,
                              add_train)
-from topoclip.errors import DISK_FULL_ERRNOS, UserError
+from topoclip.core.errors import DISK_FULL_ERRNOS, UserError
 
 USER_ERROR_STATUS = 2
 INTERRUPTED_STATUS = 130

@@ -22,8 +22,8 @@ def analysis_inputs(args):
 def out_folder(out, folder) -> Path:
     """--out, else FOLDER/analysis: inside a folder that may be anyone's, so never a link that leads out of it
     (the results would be written wherever it points)."""
-    from topoclip.door import check_inside
-    from topoclip.errors import RunFolderError
+    from topoclip.core.door import check_inside
+    from topoclip.core.errors import RunFolderError
 
     if out:
         return Path(out)
@@ -93,7 +93,7 @@ def command_analyze_probe(args) -> int:
 
 def command_analyze_cost(args) -> int:
     from topoclip.analysis.cost import analyze_cost
-    from topoclip.checkpoint import load_config_from, resolve_checkpoint
+    from topoclip.io.checkpoint import load_config_from, resolve_checkpoint
 
     configs = [load_config_from(resolve_checkpoint(Path(path))) for path in args.models]
     names = [Path(path).name for path in args.models]

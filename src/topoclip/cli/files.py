@@ -13,7 +13,7 @@ from topoclip.config import DEFAULT_PRESET, ConfigError, load_config
 
 
 def command_convert(args) -> int:
-    from topoclip.convert import convert
+    from topoclip.io.convert import convert
 
     folder = convert(args.source_format, args.source, args.destination, vocab=args.vocab, activation=args.activation,
                      overrides=args.overrides, class_tokens=args.class_tokens, embed_dim=args.embed_dim,
@@ -23,7 +23,7 @@ def command_convert(args) -> int:
 
 
 def add_convert(commands) -> None:
-    from topoclip.convert import FORMATS
+    from topoclip.io.convert import FORMATS
 
     convert = add_command(commands, "convert", command_convert, "import a foreign checkpoint (the authors' release, "
                           "OpenAI, OpenCLIP), and/or upcycle a single-token model to m class tokens; writes a "
@@ -44,9 +44,9 @@ def add_convert(commands) -> None:
 
 
 def command_export(args) -> int:
-    from topoclip.checkpoint import load_checkpoint, save_checkpoint
-    from topoclip.convert import check_destination
-    from topoclip.inference import checkpoint_folder
+    from topoclip.io.checkpoint import load_checkpoint, save_checkpoint
+    from topoclip.io.convert import check_destination
+    from topoclip.run.inference import checkpoint_folder
 
     if not (args.onnx or args.weights or args.openclip or args.hf):
         raise ConfigError("say what to export: --onnx DST (ONNX encoders), --weights DST (safetensors folder), "
@@ -64,25 +64,25 @@ def command_export(args) -> int:
             check_destination(folder)
     model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
     if args.openclip:  # each format's refusal before any other format is written
-        from topoclip.convert.openclip_export import openclip_refusal, tokenizer_refusal
+        from topoclip.io.convert.openclip_export import openclip_refusal, tokenizer_refusal
 
         reason = openclip_refusal(config) or tokenizer_refusal(config, tokenizer)
         if reason:
             raise ConfigError(f"OpenCLIP cannot load this model: {reason}")
     if args.hf:
-        from topoclip.convert.hf import hf_refusal
+        from topoclip.io.convert.hf import hf_refusal
 
         if hf_refusal(config, tokenizer):
             raise ConfigError(hf_refusal(config, tokenizer))
     if args.openclip:
-        from topoclip.convert.openclip_export import export_openclip
+        from topoclip.io.convert.openclip_export import export_openclip
 
         export_openclip(model, config, args.openclip, tokenizer)
         print(f"wrote {args.openclip} (open_clip_config.json, open_clip_model.safetensors, tokenizer.json, "
               f"tokenizer_config.json): open_clip.create_model_and_transforms('local-dir:{args.openclip}') and "
               f"open_clip.get_tokenizer('local-dir:{args.openclip}')")
     if args.hf:
-        from topoclip.convert.hf import export_hf
+        from topoclip.io.convert.hf import export_hf
 
         export_hf(model, config, args.hf, tokenizer)
         print(f"wrote {args.hf} (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, "
@@ -92,7 +92,7 @@ def command_export(args) -> int:
         save_checkpoint(check_destination(args.weights), model, config, tokenizer)
         print(f"wrote {args.weights} (model.safetensors, topoclip_config.json{', tokenizer.json' if tokenizer else ''})")
     if args.onnx:
-        from topoclip.export_onnx import export_onnx
+        from topoclip.io.export_onnx import export_onnx
 
         print(export_onnx(model, config, tokenizer, args.onnx, check=not args.no_check, flat=args.flat))
     return 0
@@ -121,10 +121,10 @@ def add_export(commands) -> None:
 
 
 def command_push(args) -> int:
-    from topoclip.hub import push, upload_folder
+    from topoclip.run.hub import push, upload_folder
 
     if args.dry_run:
-        from topoclip.convert import check_destination
+        from topoclip.io.convert import check_destination
 
         folder = upload_folder(args.checkpoint, check_destination(args.dry_run), args.repo_id, args.license)
         print(f"wrote {folder}: what `topoclip push` would upload ({', '.join(sorted(p.name for p in folder.iterdir()))})")
@@ -150,7 +150,7 @@ def add_push(commands) -> None:
 
 def command_make_shards(args) -> int:
     from topoclip.data.shard_writer import CONVERSION, csv_to_shards, require_empty_folder, shard_pattern, write_shards
-    from topoclip.errors import UserError
+    from topoclip.core.errors import UserError
 
     if args.resume and not args.csv:
         raise UserError("--resume continues a CSV conversion (--csv); built-in scenes are rendered whole into a new --out")
@@ -202,7 +202,7 @@ def command_ceiling(args) -> int:
               "ceiling": retrieval_ceiling(config.data.scenes, args.split, size, settings.captions_per_image)}
     text = json.dumps(result, indent=2)
     if args.out:
-        from topoclip.atomic import write_text_atomic
+        from topoclip.core.atomic import write_text_atomic
 
         write_text_atomic(args.out, text + "\n")
     print(text)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from topoclip.config import ConfigError
-from topoclip.distributed import launch_world_size
+from topoclip.core.distributed import launch_world_size
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def add_openclip_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def pretrained_name(args: argparse.Namespace) -> Optional[str]:
-    """The pretrained model (topoclip.pretrained) that --pretrained names: MODEL:TAG, or OpenCLIP's --model MODEL
+    """The pretrained model (topoclip.io.pretrained) that --pretrained names: MODEL:TAG, or OpenCLIP's --model MODEL
     --pretrained TAG; None without --pretrained. ConfigError for --model alone."""
     model, tag = args.openclip_model, args.openclip_pretrained
     if tag is None:

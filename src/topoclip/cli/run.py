@@ -9,8 +9,8 @@ from pathlib import Path
 from topoclip.cli.common import add_command, add_overrides, whole
 from topoclip.cli.openclip_flags import add_openclip_flags
 from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict
-from topoclip.errors import EvaluationSetError, UserError, resolve_device
-from topoclip.evaluation.zeroshot import TEMPLATE_MODES
+from topoclip.core.errors import EvaluationSetError, UserError, resolve_device
+from topoclip.config.schema import TEMPLATE_MODES
 
 
 # --------------------------------------------------------------------------- train
@@ -19,14 +19,14 @@ from topoclip.evaluation.zeroshot import TEMPLATE_MODES
 def command_train(args) -> int:
     from topoclip.cli.openclip_flags import overrides, pretrained_name
     from topoclip.data.sources import epoch_steps
-    from topoclip.distributed import launch_rank, launch_world_size
-    from topoclip.run_folder import RunFolder
-    from topoclip.training.resume import resume_config
-    from topoclip.training.trainer import new_run_dir, train
+    from topoclip.core.distributed import launch_rank, launch_world_size
+    from topoclip.io.run_folder import RunFolder
+    from topoclip.run.training.resume import resume_config
+    from topoclip.run.training.trainer import new_run_dir, train
 
     name = pretrained_name(args)
     if name is not None:
-        from topoclip.pretrained import get_pretrained, pretrained_folder
+        from topoclip.io.pretrained import get_pretrained, pretrained_folder
 
         if args.init_from or args.resume:
             raise ConfigError("--pretrained starts a new run from a pretrained model; it cannot be combined with "
@@ -36,7 +36,7 @@ def command_train(args) -> int:
 
     def steps_per_epoch(aliases: list[str]) -> int:  # of the config this run trains with (--epochs)
         if args.init_from:
-            from topoclip.training.init_from import starting_config
+            from topoclip.run.training.init_from import starting_config
 
             config = starting_config(args.init_from, args.preset, aliases + args.overrides)
         else:
@@ -57,7 +57,7 @@ def command_train(args) -> int:
         # train() refuses, before anything is written, an override that changes what the checkpoint fixes.
         config = load_config(values=to_dict(saved), overrides=args.overrides)
     elif args.init_from:
-        from topoclip.training.init_from import starting_config
+        from topoclip.run.training.init_from import starting_config
 
         config = starting_config(args.init_from, args.preset, args.overrides)
     else:
@@ -124,7 +124,7 @@ def with_evaluate(config, **changes):
 
 
 def command_pretrained(args) -> int:
-    from topoclip.pretrained import PRETRAINED, cache_dir
+    from topoclip.io.pretrained import PRETRAINED, cache_dir
 
     width = max(len(name) for name in PRETRAINED)
     for entry in PRETRAINED.values():
@@ -144,11 +144,11 @@ def add_pretrained(commands) -> None:
 
 
 def command_eval(args) -> int:
-    from topoclip.checkpoint import load_checkpoint
-    from topoclip.inference import checkpoint_folder
+    from topoclip.io.checkpoint import load_checkpoint
+    from topoclip.run.inference import checkpoint_folder
     from topoclip.config import Config, apply_overrides, from_dict, validate
-    from topoclip.evaluation.clip_benchmark import default_template_mode, write_results
-    from topoclip.evaluation.run import evaluate, no_evaluation_sets, summary_table
+    from topoclip.run.clip_benchmark import default_template_mode, write_results
+    from topoclip.run.evaluation.run import evaluate, no_evaluation_sets, summary_table
 
     if args.template_mode and not args.output:
         raise ConfigError("--template-mode chooses the mode of --output's CLIP_benchmark files; give --output DIR "
@@ -201,8 +201,8 @@ def add_eval(commands) -> None:
 
 
 def command_benchmark(args) -> int:
-    from topoclip.checkpoint import load_config_from, resolve_checkpoint
-    from topoclip.evaluation.clip_benchmark import run_clip_benchmark
+    from topoclip.io.checkpoint import load_config_from, resolve_checkpoint
+    from topoclip.run.clip_benchmark import run_clip_benchmark
 
     arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
     name = args.name or load_config_from(resolve_checkpoint(Path(args.checkpoint))).name or "topoclip"
@@ -224,7 +224,7 @@ def add_benchmark(commands) -> None:
 
 
 def command_embed(args) -> int:
-    from topoclip.embed import embed
+    from topoclip.run.embed import embed
 
     args.on_interrupt = f"{args.out} keeps the shards it finished: run the same command to continue after them"
     summary = embed(args.checkpoint, args.out, images=args.images, texts=args.texts, flat=args.flat,
@@ -260,14 +260,14 @@ def add_embed(commands) -> None:
 
 
 def command_predict(args) -> int:
-    from topoclip.inference import DEFAULT_TEMPLATES, load
+    from topoclip.run.inference import DEFAULT_TEMPLATES, load
 
     labels = [label.strip() for label in args.labels.split(",") if label.strip()]
     if not labels:
         raise ConfigError('--labels needs at least one class name, e.g. --labels "cat,dog"')
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give how many labels to print per image, at least 1")
-    from topoclip.evaluation.zeroshot import check_template
+    from topoclip.run.evaluation.zeroshot import check_template
 
     for template in args.template or []:  # before a model is loaded
         try:

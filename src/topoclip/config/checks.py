@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from topoclip.config.schema import Config, ConfigError, DataConfig, EvaluateConfig, ModelConfig, TrainConfig
+from topoclip.config.schema import (TEMPLATE_MODES, Config, ConfigError, DataConfig, EvaluateConfig, ModelConfig,
+                                    TrainConfig)
 from topoclip.data.sources import SOURCES, SourceError, get_source
-from topoclip.errors import file_name_problem
-from topoclip.geometry import TOPOLOGIES, get_topology
-from topoclip.evaluation.zeroshot import TEMPLATE_MODES
-from topoclip.losses import get_loss
+from topoclip.core.errors import file_name_problem
+from topoclip.core.geometry import TOPOLOGIES, get_topology
+from topoclip.core.losses import get_loss
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ def validate_reporters(config: TrainConfig) -> None:
 
 
 def group_count(layers: int) -> int:
-    """Groups of a tower of `layers` blocks, as `topoclip.training.lock.tower_groups` makes them: the embeddings,
+    """Groups of a tower of `layers` blocks, as `topoclip.run.training.lock.tower_groups` makes them: the embeddings,
     layers − 1 blocks, the last block with the final norm, the projection."""
     return layers + 2
 

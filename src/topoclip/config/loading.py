@@ -247,7 +247,7 @@ def presets() -> list[str]:
 def read_preset_file(path: Path) -> dict:
     """A preset JSON file's values (read through the door: a regular file, bounded); ConfigError naming the file
     when it is not a JSON object."""
-    from topoclip.door import read_json
+    from topoclip.core.door import read_json
 
     return read_json(path, "preset file", expect=dict, error=ConfigError)
 

@@ -9,11 +9,16 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from topoclip.data.scenes.config import SceneConfig
-from topoclip.errors import ConfigError  # noqa: F401  (topoclip.config exports it)
-from topoclip.geometry import TOPOLOGIES
+from topoclip.core.errors import ConfigError  # noqa: F401  (topoclip.config exports it)
+from topoclip.core.geometry import TOPOLOGIES
 
 
 # --------------------------------------------------------------------------- model
+
+
+# The template modes of zero-shot classification (topoclip.run.evaluation.zeroshot): whose averaging each is;
+# "flat" needs a topology with a flat form.
+TEMPLATE_MODES = {"distance": "the paper's", "embedding": "CLIP's", "flat": "CLIP_benchmark's"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ class VisionConfig:
     # Normalisation of input pixels (OpenAI CLIP's statistics).
     mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
-    # Evaluation geometry (topoclip.transforms.eval_transform): "crop-box" resizes the centred crop box in
+    # Evaluation geometry (topoclip.preprocess.transforms.eval_transform): "crop-box" resizes the centred crop box in
     # one step; "shortest" is OpenCLIP's Resize(shorter side) then CenterCrop, PIL's own two steps, which
     # imported OpenAI / OpenCLIP models use so their published zero-shot numbers reproduce.
     eval_resize: Literal["crop-box", "shortest"] = "crop-box"
@@ -54,7 +59,7 @@ class TextConfig:
     # vocabularies, 2 in vocabularies topoclip trains).
     cls_token_id: int = 101
     # OpenAI CLIP's text tower is "causal" (each token attends to itself and earlier ones) and
-    # pooled at its end-of-text token; see topoclip.pooling for the two layouts of the m tokens.
+    # pooled at its end-of-text token; see topoclip.model.pooling for the two layouts of the m tokens.
     attention: Literal["bidirectional", "causal"] = "bidirectional"
     pooling: Literal["class_tokens", "end_of_text"] = "class_tokens"
     # pooling=end_of_text reads the first token of this id (the tokenizer's end token: [SEP] in a WordPiece
@@ -119,7 +124,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     grad_clip: float = 1.0  # global-norm clip; 0 turns it off
-    # topoclip.losses: InfoNCE and SigLIP's sigmoid (with τ), and the metric-learning losses without τ.
+    # topoclip.core.losses: InfoNCE and SigLIP's sigmoid (with τ), and the metric-learning losses without τ.
     loss: Literal["infonce", "sigmoid", "contrastive", "triplet", "max-hinge", "n-pair"] = "infonce"
     # The margin ε of contrastive / triplet / max-hinge, in similarity units; with margin_relative, in units of
     # the half-width of the topology's similarity range (the same margin relative to each range: ×m on ps-inner).
@@ -136,7 +141,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     compile: bool = False
     # How the processes torchrun starts share the model: "ddp" keeps a whole copy on each; "fsdp" shards weights,
-    # gradients and AdamW moments over them (PyTorch's FSDP2, per transformer block; topoclip.training.sharding).
+    # gradients and AdamW moments over them (PyTorch's FSDP2, per transformer block; topoclip.run.training.sharding).
     parallelism: Literal["ddp", "fsdp"] = "ddp"
     # fp32 matrix products on CUDA in TF32 (OpenCLIP's trainer does the same); false: bit-level fp32.
     allow_tf32: bool = True
@@ -149,11 +154,11 @@ class TrainConfig:
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     # A checkpoint whose weights and tokenizer start the run (`topoclip train --init-from`); its model
-    # must match this one (topoclip.training.init_from). "" = random initialisation.
+    # must match this one (topoclip.run.training.init_from). "" = random initialisation.
     init_from: str = ""
     # Locked towers (LiT), as OpenCLIP's --lock-image, --lock-image-unlocked-groups, --lock-text and
     # --lock-text-unlocked-layers: a locked tower's parameters are not trained, except its last N groups
-    # (topoclip.training.lock: embeddings, one group per block, the projection).
+    # (topoclip.run.training.lock: embeddings, one group per block, the projection).
     lock_image: bool = False
     lock_image_unlocked_groups: int = 0
     lock_text: bool = False
@@ -203,7 +208,7 @@ class EvaluateConfig:
     validation_size: int = 200  # the same for the periodic evaluations during training (train.eval_every)
     captions_per_image: int = 5
     # The user's own sets: class folders, "imagenet1k=PATH" (or cifar10 / cifar100: the benchmark's names and
-    # templates), or CLIP_benchmark WebDataset folders; see topoclip.evaluation.benchmarks.
+    # templates), or CLIP_benchmark WebDataset folders; see topoclip.run.evaluation.benchmarks.
     classification: list[str] = field(default_factory=list)
     retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files, CLIP_benchmark folders
     batch_size: int = 256

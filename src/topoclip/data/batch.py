@@ -17,7 +17,7 @@ import torch.utils.data
 from topoclip.data.quality import BadSample
 
 if TYPE_CHECKING:
-    from topoclip.tokenizer import TextBatch
+    from topoclip.preprocess.tokenizer import TextBatch
 
 
 def derived_seed(*parts: int) -> int:

@@ -39,7 +39,7 @@ import torch
 from PIL import Image
 
 from topoclip.data.folders import listed
-from topoclip.door import IMAGE_BYTES, PICKLE_BYTES, is_folder, is_regular, list_folder, open_regular, read_bytes, read_text
+from topoclip.core.door import IMAGE_BYTES, PICKLE_BYTES, is_folder, is_regular, list_folder, open_regular, read_bytes, read_text
 from topoclip.data.images import MAX_CAPTION_CHARS, DecodeSettings, clean_caption, decode_image
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.data.shards import MAX_SHARDS

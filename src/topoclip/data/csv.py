@@ -24,8 +24,8 @@ import torch.utils.data
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.images import DecodeSettings, clean_caption, decode_for, resolve_image_path
 from topoclip.data.quality import BadSample
-from topoclip.door import open_regular
-from topoclip.errors import ConfigError
+from topoclip.core.door import open_regular
+from topoclip.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

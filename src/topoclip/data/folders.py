@@ -19,7 +19,7 @@ from topoclip.data.images import (DecodeSettings, check_image_header, clean_capt
                                   resolve_image_path)
 from topoclip.data.quality import BadSample, BadSampleCounter
 from topoclip.data.types import ClassificationSet, RetrievalSet
-from topoclip.door import CAPTIONS_BYTES, is_folder, list_folder, parse_json, read_json, read_text
+from topoclip.core.door import CAPTIONS_BYTES, is_folder, list_folder, parse_json, read_json, read_text
 
 DEFAULT_TEMPLATES = ["a photo of a {}."]
 

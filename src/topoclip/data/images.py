@@ -27,20 +27,18 @@ from io import BytesIO
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-import numpy as np
 from PIL import Image, ImageOps
 
 from topoclip.data.quality import BadSample
-from topoclip.door import IMAGE_BYTES, escapes, is_regular, list_folder, open_regular
-from topoclip.tokenizer import MAX_TEXT_CHARS
+from topoclip.core.door import IMAGE_BYTES, escapes, is_regular, list_folder, open_regular
+from topoclip.preprocess.transforms import TrainingCrop, to_rgb
+from topoclip.preprocess.tokenizer import MAX_TEXT_CHARS
 
 # The formats decode_image opens: what img2dataset, web crawls and evaluation sets contain.
 IMAGE_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "AVIF")
 # File extensions (lower case, no dot) treated as images by the folder and shard loaders.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "avif")
 
-_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
-_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -156,13 +154,20 @@ def check_image_header(
 
 
 def decode_for(transform: Callable, data, decode: DecodeSettings):
-    """`transform`'s output for one sample's image bytes or file: a transform that decodes for itself (one with a
-    `decoded(data, decode)`, such as transforms.TrainingCrop, which draws its crop before decoding) does; any other
-    gets the decoded RGB image."""
-    decoded = getattr(transform, "decoded", None)
-    if decoded is not None:
-        return decoded(data, decode)
-    return transform(decode_image(data, decode.min_size, decode.max_pixels, decode.draft_size))
+    """`transform`'s output for one sample's image bytes or file. A TrainingCrop draws its box from the header's size
+    before any pixel is decoded, and a JPEG is decoded at the reduced DCT scale that still holds the box at the
+    output's resolution (TrainingCrop.draw); any other transform gets the decoded RGB image."""
+    if not isinstance(transform, TrainingCrop):
+        return transform(decode_image(data, decode.min_size, decode.max_pixels, decode.draft_size))
+    drawn = {}
+
+    def plan(width: int, height: int) -> Optional[tuple[int, int]]:
+        drawn["size"] = (width, height)
+        drawn["box"], needed = transform.draw(width, height)
+        return needed
+
+    image = decode_image(data, decode.min_size, decode.max_pixels, plan=plan)
+    return transform.cut(image, drawn["size"], drawn["box"])
 
 
 def _upright_size(image: Image.Image) -> tuple[int, int]:
@@ -181,29 +186,6 @@ def _apply_exif_orientation(image: Image.Image) -> Image.Image:
         return ImageOps.exif_transpose(image)
     except Exception:
         return image
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """PIL image of any mode -> RGB (alpha composited on white, 16-bit scaled to 8-bit; see module doc)."""
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode in _SIXTEEN_BIT_MODES or mode == "I":
-        values = np.asarray(image).astype(np.int64)  # (H, W)
-        if mode in _SIXTEEN_BIT_MODES or values.max(initial=0) > 255:
-            values = (np.clip(values, 0, 65535) * 255 + 32767) // 65535
-        return Image.fromarray(np.clip(values, 0, 255).astype(np.uint8), "L").convert("RGB")
-    if mode == "F":
-        values = np.asarray(image, dtype=np.float32)  # (H, W)
-        values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
-        if values.max(initial=0.0) <= 1.0:
-            values = values * 255.0
-        return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), "L").convert("RGB")
-    if mode in _ALPHA_MODES or "transparency" in image.info:
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
 
 
 # The longest caption read: far above any real one (the text context keeps its first few hundred characters),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping, Union
 
-from topoclip.errors import UserError
+from topoclip.core.errors import UserError
 
 # Every kind of bad sample a loader can skip, and what it means.
 BAD_SAMPLE_KINDS = {

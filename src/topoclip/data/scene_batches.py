@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from topoclip.data.batch import RawBatch, derived_seed
 from topoclip.data.scenes import SceneDataset
-from topoclip.transforms import RandomResizedCrop, resized_crops, train_transform
-from topoclip.workers import worker_options
+from topoclip.preprocess.transforms import RandomResizedCrop, resized_crops, train_transform
+from topoclip.core.workers import worker_options
 
 # The largest training split kept in memory as uint8 pixels; larger ones are rendered every step.
 SCENES_IN_MEMORY_BYTES = 2 * 1024**3

@@ -24,13 +24,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import numpy as np
 from PIL import Image
 
-from topoclip.atomic import SCRATCH_SUFFIX, scratch_name, write_text_atomic
+from topoclip.core.atomic import SCRATCH_SUFFIX, scratch_name, write_text_atomic
 from topoclip.data.csv import SETTINGS, CaptionTable
 from topoclip.data.images import DecodeSettings, clean_caption, decode_image, resolve_image_path
 from topoclip.data.quality import BadSample, BadSampleCounter
-from topoclip.door import is_regular, list_folder, open_regular, parse_json, read_json, regular_file, sha256_file
-from topoclip.errors import UserError
-from topoclip.run_folder import LOCK, claim_folder
+from topoclip.core.door import is_regular, list_folder, open_regular, parse_json, read_json, regular_file, sha256_file
+from topoclip.core.errors import UserError
+from topoclip.core.locks import LOCK, claim_folder
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import webdataset as wds
 from topoclip.data.batch import Outcome, RawBatch, assemble_batches, derived_seed, worker_position
 from topoclip.data.images import IMAGE_EXTENSIONS, DecodeSettings, clean_caption, decode_for
 from topoclip.data.quality import BadSample, DataQualityError
-from topoclip.door import IMAGE_BYTES, open_regular
+from topoclip.core.door import IMAGE_BYTES, open_regular
 
 logger = logging.getLogger(__name__)
 

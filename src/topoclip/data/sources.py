@@ -30,7 +30,7 @@ class DataSource:
     # A stream (True) is read in order and resumes from a saved position; False: indexed by the step.
     stream: bool
     # The training batches of one rank: batches(config, start_step, rank, world_size, loader_options, *,
-    # tokenizer=, pin_memory=, stream=) -> an endless iterator of RawBatch (topoclip.training.data calls it).
+    # tokenizer=, pin_memory=, stream=) -> an endless iterator of RawBatch (topoclip.run.training.data calls it).
     batches: Callable[..., Iterator[Any]]
     # Up to `count` clean captions of the training data (for training a new vocabulary).
     captions: Callable[[Any, int], list[str]]

@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from topoclip.data.batch import RawBatch
 from topoclip.data.quality import DataQualityError
-from topoclip.errors import ConfigError
-from topoclip.transforms import TrainingCrop
-from topoclip.workers import settle_before_fork
+from topoclip.core.errors import ConfigError
+from topoclip.preprocess.transforms import TrainingCrop
+from topoclip.core.workers import settle_before_fork
 
 
 def stream_batches(open_stream: Callable, config, start_step: int, rank: int, world_size: int, loader_options: dict,

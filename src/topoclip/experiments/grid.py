@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from topoclip.config import Config, ConfigError, ModelConfig, from_dict, load_config, to_dict
-from topoclip.run_folder import RunFolder
+from topoclip.io.run_folder import RunFolder
 
 GRIDS_PACKAGE = "topoclip.experiments.grids"
 RUNS = "runs"
@@ -104,7 +104,7 @@ def _text_list(value, where: str) -> list[str]:
 def load_grid(name: str) -> Grid:
     """A shipped grid by name, or a grid JSON file (read through the door; its shape checked before anything is
     planned from it)."""
-    from topoclip.door import read_json
+    from topoclip.core.door import read_json
 
     shipped = {Path(p.name).stem: p for p in resources.files(GRIDS_PACKAGE).iterdir() if p.name.endswith(".json")}
     if name in shipped:
@@ -184,7 +184,7 @@ def cell_label(levels: Sequence[Level]) -> str:
 
 def half_range(model: ModelConfig) -> float:
     """(s_max − s_min) / 2 of the model's similarity; refused for an unbounded one (euclidean)."""
-    from topoclip.geometry import get_topology
+    from topoclip.core.geometry import get_topology
 
     topology = get_topology(model.topology)
     if not math.isfinite(topology.half_range(model.sphere_count)):
@@ -253,7 +253,7 @@ def plan(grid: Grid, out_dir, seeds: int, overrides: Sequence[str] = (), preset:
 
     Refuses a run folder that was made with other settings.
     """
-    from topoclip.door import check_inside
+    from topoclip.core.door import check_inside
 
     out_dir = Path(out_dir)
     chosen = select_cells(grid, cells)
@@ -296,7 +296,7 @@ def saved_settings(path: Path, root: Optional[Path] = None) -> dict:
     """A run's saved config.json as a dict of every setting: one written before a setting existed reads with
     that setting's default (which is what the run trained with), so it still equals a config made today. Read
     through the door (inside `root`, the folder it came in); ConfigError when it is not a JSON object."""
-    from topoclip.door import read_json
+    from topoclip.core.door import read_json
 
     values = read_json(path, "a run's config", root, expect=dict, error=ConfigError)
     try:

@@ -22,13 +22,14 @@ from typing import Callable, Optional, Sequence, Union
 from topoclip.analysis.output import write_json
 from topoclip.analysis.temperature import read_curve
 from topoclip.config import ConfigError, load_config
-from topoclip.model import describe_model
-from topoclip.door import check_inside, copy_tree, is_folder, is_regular, list_folder, read_json, remove_tree
+from topoclip.model.clip import describe_model
+from topoclip.core.door import check_inside, copy_tree, is_folder, is_regular, list_folder, read_json, remove_tree
 from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, load_grid, out_folder, plan,
                                        saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
-from topoclip.losses import get_loss
-from topoclip.run_folder import EVALUATION, RunFolder, claim_folder
+from topoclip.core.losses import get_loss
+from topoclip.core.locks import claim_folder
+from topoclip.io.run_folder import EVALUATION, RunFolder
 
 PROBE = "probe.json"
 REUSED = "reused.json"  # in a run folder copied from another ablation: where from
@@ -104,7 +105,7 @@ def run_one(spec: RunSpec, threads: int = 0) -> dict:
     Path(spec.log_file).parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_file, "a") as log, contextlib.redirect_stdout(log):
         if state != "finished":
-            from topoclip.training.trainer import train
+            from topoclip.run.training.trainer import train
 
             config = load_config(values=spec.config)
             if state == "killed":
@@ -134,9 +135,9 @@ def probe_run(run_dir: Path, train_size: int) -> dict:
 
 def run_record(spec: RunSpec) -> dict:
     """The numbers of one finished run: Table 6's columns plus every headline metric."""
-    from topoclip.evaluation.run import headline, read_evaluation
+    from topoclip.run.evaluation.run import headline, read_evaluation
 
-    from topoclip.run_folder import read_metrics
+    from topoclip.io.run_folder import read_metrics
 
     run_dir = Path(spec.run_dir)
     folder, out_dir = RunFolder(run_dir), out_folder(spec)

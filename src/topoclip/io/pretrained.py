@@ -1,0 +1,167 @@
+"""Pretrained models by name, as OpenCLIP names them (`MODEL:TAG`, its `--model MODEL --pretrained TAG`).
+
+Each name is a Hugging Face Hub repository in transformers' CLIPModel layout (its weights, config, BPE merges and
+pixel statistics side by side; topoclip.io.convert.hf reads it). `topoclip.load(NAME)`, `topoclip train --pretrained
+NAME` and `topoclip pretrained` use this table. The files are fetched on first use into the Hugging Face cache
+(HF_HUB_CACHE), where later uses and offline machines (HF_HUB_OFFLINE=1) find them; the model is converted from
+them in memory when loaded, and into a topoclip folder under `cache_dir()` when a run starts from it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from topoclip.core.atomic import scratch_name
+from topoclip.io.checkpoint import CONFIG, MODEL_CONFIG, TOKENIZER, WEIGHTS
+from topoclip.core.door import escapes, is_regular
+from topoclip.core.errors import CheckpointError, UserError
+
+# A Hub repository id as the Hub takes it (huggingface_hub.utils.validate_repo_id): org/name, each part letters,
+# digits, "-", "_" and ".", not starting or ending with "-" or ".", no "--" or "..", each part at most 96 characters.
+REPO_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?$",
+                     re.ASCII)
+# A revision as the Hub names one: a branch or tag ("main", "v1.0", "refs/pr/1") or a commit hash; never "..", which
+# would lead out of the cache's refs/ folder.
+REVISION = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w./-]{0,127}$", re.ASCII)
+
+
+def check_repo_id(repo_id: str) -> str:
+    """`repo_id` when the Hub would take it (see REPO_ID), else UserError saying the form."""
+    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
+        raise UserError(f"{repo_id!r:.100} is not a Hub repository id; give the repository as org/name (or "
+                        f"user/name), of letters, digits, '-', '_' and '.' only, e.g. my-org/topoclip-vit-b16")
+    return repo_id
+
+
+def split_revision(repo_id: str, revision: Optional[str]) -> tuple[str, Optional[str]]:
+    """("org/name", revision) from "org/name" or "org/name@REV" (the Hub's own spelling), both checked (see REPO_ID,
+    REVISION); UserError naming the form otherwise, before anything is asked of the Hub or its cache."""
+    if isinstance(repo_id, str) and "@" in repo_id:
+        repo_id, _, written = repo_id.partition("@")
+        if revision is not None and written != revision:
+            raise UserError(f"{repo_id}@{written:.60} names a revision and --revision gives {revision!r:.60}; give one")
+        revision = written
+    check_repo_id(repo_id)
+    if revision is not None and not (isinstance(revision, str) and REVISION.match(revision)):
+        raise UserError(f"revision {revision!r:.80} is not a Hub revision; give a branch, tag or commit hash, e.g. main")
+    return repo_id, revision
+
+
+HF_BIN_WEIGHTS = "pytorch_model.bin"  # transformers' older weights file (read with weights_only=True)
+
+
+@dataclass(frozen=True)
+class PretrainedModel:
+    name: str  # OpenCLIP's MODEL:TAG
+    repo: str  # the Hub repository (transformers' CLIPModel layout)
+    note: str
+
+
+PRETRAINED = {entry.name: entry for entry in [
+    PretrainedModel("ViT-B-32:openai", "openai/clip-vit-base-patch32", "OpenAI's CLIP, WIT-400M"),
+    PretrainedModel("ViT-B-16:openai", "openai/clip-vit-base-patch16", "OpenAI's CLIP, WIT-400M"),
+    PretrainedModel("ViT-L-14:openai", "openai/clip-vit-large-patch14", "OpenAI's CLIP, WIT-400M"),
+    PretrainedModel("ViT-L-14-336:openai", "openai/clip-vit-large-patch14-336", "OpenAI's CLIP at 336 px"),
+    PretrainedModel("ViT-B-32:laion2b_s34b_b79k", "laion/CLIP-ViT-B-32-laion2B-s34B-b79K", "OpenCLIP on LAION-2B"),
+    PretrainedModel("ViT-B-16:laion2b_s34b_b88k", "laion/CLIP-ViT-B-16-laion2B-s34B-b88K", "OpenCLIP on LAION-2B"),
+    PretrainedModel("ViT-L-14:laion2b_s32b_b82k", "laion/CLIP-ViT-L-14-laion2B-s32B-b82K", "OpenCLIP on LAION-2B"),
+    PretrainedModel("ViT-H-14:laion2b_s32b_b79k", "laion/CLIP-ViT-H-14-laion2B-s32B-b79K", "OpenCLIP on LAION-2B"),
+]}
+
+
+def get_pretrained(name: str) -> PretrainedModel:
+    """The entry of `name`; UserError listing the names otherwise."""
+    try:
+        return PRETRAINED[name]
+    except KeyError:
+        raise UserError(f"no pretrained model {name!r}; `topoclip pretrained` lists them ({', '.join(PRETRAINED)})") from None
+
+
+def cache_dir() -> Path:
+    """Where converted pretrained models are kept: $TOPOCLIP_CACHE, else ~/.cache/topoclip."""
+    return Path(os.environ.get("TOPOCLIP_CACHE") or Path.home() / ".cache" / "topoclip")
+
+
+def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
+    """A topoclip checkpoint folder of `name`: converted once from the Hub's files and kept under cache_dir()."""
+    from topoclip.io.convert import convert
+
+    entry = get_pretrained(name)
+    if revision is not None:
+        split_revision(entry.repo, revision)
+    folder = cache_dir() / "pretrained" / name.replace(":", "--") / (revision or "main")
+    why = escapes(folder, cache_dir())
+    if why:
+        raise UserError(f"topoclip's cache of converted models: {why}; delete that link and run again")
+    if folder.exists() and not is_regular(folder / WEIGHTS, folder):  # conversions land whole: this is not one
+        raise UserError(f"{folder} is in topoclip's cache of converted models but holds no converted {name} (no "
+                        f"{WEIGHTS}); delete that folder and run again: it is converted anew")
+    if not folder.exists():
+        snapshot = hub_folder(entry.repo, revision)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = scratch_name(folder)  # the conversion lands whole or not at all
+        convert("hf", snapshot, staging)
+        try:
+            os.replace(staging, folder)
+        except OSError:  # another process converted it meanwhile
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None) -> Path:
+    """The local snapshot folder of a Hub repo in topoclip's layout (downloaded, or from the cache offline)."""
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    except ImportError:
+        raise UserError(f"{repo_id!r} is not a local folder; loading it from the Hugging Face Hub needs "
+                        f"huggingface_hub: pip install 'topoclip[hub]'") from None
+
+    repo_id, revision = split_revision(repo_id, revision)
+
+    def fetch(name: str, required: bool = True) -> Optional[Path]:
+        try:
+            found = Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
+        except LocalEntryNotFoundError:
+            if not required:
+                return None
+            raise UserError(f"{repo_id}: {name} is not in the local Hugging Face cache and the Hub cannot be reached "
+                            f"(offline, or HF_HUB_OFFLINE=1); download it once online, or point HF_HUB_CACHE at a "
+                            f"cache that has it") from None
+        except RepositoryNotFoundError:
+            raise UserError(f"{repo_id!r}: no such Hugging Face Hub repository (or it is private: log in with "
+                            f"`hf auth login`)") from None
+        except EntryNotFoundError:
+            if not required:
+                return None
+            raise CheckpointError(f"Hub repository {repo_id} has no {name}; topoclip reads exported folders "
+                                  f"({WEIGHTS}, {MODEL_CONFIG}, {TOKENIZER}); convert other formats with "
+                                  f"`topoclip convert`") from None
+        except OSError as error:  # network failures
+            raise UserError(f"{repo_id}: could not download {name} ({error})") from None
+        except Exception as error:  # a damaged cache (refs/main naming no snapshot), an answer huggingface_hub refuses
+            first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            raise UserError(f"{repo_id}: the Hugging Face Hub or its cache could not give {name} "
+                            f"({type(error).__name__}: {first}); check HF_HUB_CACHE, or delete that repository's "
+                            f"folder there to download it again") from None
+        repository = found.parents[2]  # …/models--ORG--NAME/snapshots/REVISION/NAME: every link stays in the repository
+        why = escapes(found, repository)  # (the snapshot folder included: it is the cache's, not the user's, to place)
+        if why or found.parent.parent.name != "snapshots":
+            raise UserError(f"{repo_id}: the Hugging Face cache's {name} leads out of its repository folder "
+                            f"({why or found}); delete that repository's folder in HF_HUB_CACHE to download it again")
+        return found
+
+    weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
+    if fetch(MODEL_CONFIG, required=False) is None:
+        fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel
+    from topoclip.io.convert.hf import MERGES, PREPROCESSOR, is_hf_clip
+
+    if is_hf_clip(weights.parent):  # transformers' layout: its BPE files and pixel statistics too
+        for name in (MERGES, "vocab.json", PREPROCESSOR):
+            fetch(name, required=False)
+    fetch(TOKENIZER, required=False)
+    return weights.parent

@@ -1,0 +1,116 @@
+"""The CLIP model: two towers with m class tokens, a topology, a temperature.
+
+``model(images, text)`` returns a :class:`CLIPOutput` whose embeddings already lie on the chosen
+space (B, m, n); ``model.similarity(u, v)`` scores them (fp32, chunked, = −distance).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from topoclip.core import geometry
+from topoclip.config import Config, ConfigError, ModelConfig, load_config, validate_model
+from topoclip.core.temperature import Temperature
+from topoclip.model.text import TextTransformer
+from topoclip.model.vision import VisionTransformer
+
+
+@dataclass
+class CLIPOutput:
+    """What the model returns, always with these fields."""
+
+    image_embeds: Optional[torch.Tensor]  # (B, m, n) on the space, fp32; None if no images given
+    text_embeds: Optional[torch.Tensor]  # (B, m, n) on the space, fp32; None if no text given
+    scale: torch.Tensor  # τ = exp(t), 0-d fp32
+    bias: Optional[torch.Tensor]  # SigLIP β (0-d) or None
+
+
+# The most parameters a model may have: 2^34 fp32 numbers are 64 GiB, about five times ViT-bigG/14 with its text
+# tower. Each size has its own bound in topoclip.config; this bounds them together (width × layers, patches × width).
+MAX_PARAMETERS = 2**34
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """The number of parameters CLIP(config) has, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(parameter.numel() for parameter in CLIP(config).parameters())
+
+
+class CLIP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        validate_model(config)
+        if torch.empty(()).device.type != "meta":  # counted on the meta device first: refused before it is allocated
+            count = parameter_count(config)
+            if count > MAX_PARAMETERS:
+                raise ConfigError(f"the model has {count:,} parameters ({count * 4 / 2**30:,.0f} GiB in fp32), over the "
+                                  f"{MAX_PARAMETERS:,} topoclip builds; lower model.vision/text width or layers")
+        self.config = config
+        self.visual = VisionTransformer(config.vision, config.class_tokens, config.embed_dim)
+        self.text = TextTransformer(config.text, config.class_tokens, config.embed_dim)
+        t = config.temperature
+        self.temperature = Temperature(t.init, t.max_scale, t.learnable, t.bias_init)
+
+    @property
+    def embedding_shape(self) -> tuple[int, int]:
+        """(m, n) of one embedding."""
+        return self.config.sphere_count, self.config.sphere_dim
+
+    def _to_space(self, raw: torch.Tensor) -> torch.Tensor:
+        # (B, class_tokens, embed_dim) -> (B, m, n): the single-token product sphere reshapes one
+        # d-vector into m rows; the multi-token one keeps a row per class token.
+        return geometry.to_space(self.config.topology, raw.reshape(raw.shape[0], *self.embedding_shape))
+
+    def encode_image(self, images: torch.Tensor, flat: bool = False) -> torch.Tensor:
+        """images (B, 3, H, W) normalised -> (B, m, n) on the space; flat: (B, m·n), see `flatten`."""
+        return self.flatten(self._to_space(self.visual(images))) if flat else self._to_space(self.visual(images))
+
+    def encode_text(self, text, attention_mask: Optional[torch.Tensor] = None, flat: bool = False) -> torch.Tensor:
+        """A TextBatch (or ids (B, L) and mask (B, L)) -> (B, m, n) on the space; flat: (B, m·n), see `flatten`."""
+        if hasattr(text, "input_ids"):
+            text, attention_mask = text.input_ids, text.attention_mask
+        points = self._to_space(self.text(text, attention_mask))
+        return self.flatten(points) if flat else points
+
+    def flatten(self, points: torch.Tensor) -> torch.Tensor:
+        """(B, m, n) points -> (B, m·n) vectors whose inner product is `similarity` (sphere and ps-inner; the
+        other topologies raise a ValueError saying why): what an inner-product index or CLIP-style code needs."""
+        return geometry.flatten(self.config.topology, points)
+
+    def forward(self, images: Optional[torch.Tensor] = None, text=None) -> CLIPOutput:
+        return CLIPOutput(
+            image_embeds=None if images is None else self.encode_image(images),
+            text_embeds=None if text is None else self.encode_text(text),
+            scale=self.temperature.scale,
+            bias=self.temperature.bias,
+        )
+
+    def similarity(self, u: torch.Tensor, v: torch.Tensor, chunk_size: Optional[int] = None) -> torch.Tensor:
+        """(Bu, m, n), (Bv, m, n) -> (Bu, Bv) fp32 similarities s = −d(u, v) of the model's topology."""
+        return geometry.similarity(self.config.topology, u, v, chunk_size)
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each transformer block in backward (saves activation memory)."""
+        self.visual.transformer.gradient_checkpointing = enabled
+        self.text.transformer.gradient_checkpointing = enabled
+
+
+def build_model(spec: Union[str, Config, ModelConfig], overrides: Optional[list[str]] = None) -> CLIP:
+    """A CLIP from a preset name, a Config or a ModelConfig (`overrides` like "model.class_tokens=16")."""
+    if isinstance(spec, str):
+        spec = load_config(spec, overrides)
+    elif overrides:
+        raise ValueError("overrides apply to preset names; edit the config object directly")
+    return CLIP(spec.model if isinstance(spec, Config) else spec)
+
+
+def describe_model(model: ModelConfig) -> str:
+    """"Sphere(128)", "Euclidean R^128", "PS(16,8)", "PS(16,8) geodesic", "Multi(16,8)"."""
+    topology = geometry.get_topology(model.topology)
+    several = model.class_tokens > 1
+    label = topology.label.format(d=model.class_tokens * model.embed_dim, n=model.sphere_dim, m=model.sphere_count,
+                                  kind="Multi" if several else "PS")
+    return label + (f", {model.class_tokens} tokens" if several and not topology.product else "")

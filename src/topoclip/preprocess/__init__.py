@@ -1,0 +1,1 @@
+"""Raw inputs to model inputs: the tokenizer and the image transforms. Imports only topoclip.core."""

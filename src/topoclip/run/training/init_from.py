@@ -1,0 +1,88 @@
+"""Start a run from a checkpoint's weights (`topoclip train --init-from CHECKPOINT`, `train.init_from`).
+
+The checkpoint (a topoclip checkpoint or run folder, e.g. one written by `topoclip convert`) gives
+the new run its weights and its tokenizer (the text embedding is tied to its vocabulary). The run's
+model must be the checkpoint's: every setting of model.vision and model.text (activation, norms,
+attention, pooling, sizes, pixel statistics) and model.class_tokens / model.embed_dim must agree,
+or the run is refused naming the first difference — a mismatch such as GELU against an OpenAI
+checkpoint's QuickGELU would change every output silently. The topology, the sphere count and the
+temperature settings are the run's choice; τ itself (temperature.t) comes with the weights.
+To change the number of class tokens, upcycle first: `topoclip convert SRC DST --class-tokens M`.
+Without --preset the run takes the checkpoint's model and train settings; its data and evaluation
+settings are never taken from the checkpoint (a folder may be anyone's, and data settings can name
+a command: see config.refuse_folder_commands): they are the default preset's, or what --set gives.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from topoclip.io.checkpoint import TOKENIZER, check_weights_fit, load_config_from, load_weights, resolve_checkpoint
+from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, merge, to_dict
+from topoclip.model.clip import CLIP
+
+# Settings that may differ between the run and its starting checkpoint (see the module text).
+FREE_MODEL_SETTINGS = ("topology", "spheres", "temperature", "text.cls_token_id")
+
+
+def starting_config(checkpoint: Union[str, Path], preset: Optional[str] = None,
+                    overrides: Sequence[str] = ()) -> Config:
+    """The config of a new run from `checkpoint`: `preset` (checked against the checkpoint when the run
+    starts) or, without one, the checkpoint's own config; then `overrides`; train.init_from set."""
+    try:
+        folder = resolve_checkpoint(Path(checkpoint))
+    except FileNotFoundError as error:
+        raise ConfigError(f"--init-from: {error}") from None
+    if preset:
+        values = {}
+    else:  # the model and how it was trained; never data or evaluation settings (the folder may be anyone's)
+        saved = to_dict(load_config_from(folder))
+        # train.report_to is left out too: "wandb" would upload, which a folder's config never turns on.
+        train = {key: value for key, value in saved["train"].items() if key != "report_to"}
+        values = {"name": saved["name"], "model": saved["model"], "train": train}
+    # The data (and the evaluation sets) are the run's own: the default preset's, or what --set gives.
+    return load_config(preset or DEFAULT_PRESET, list(overrides),
+                       merge(values, {"train": {"init_from": str(checkpoint)}}))
+
+
+def initial_checkpoint(config: Config) -> Path:
+    """The checkpoint folder train.init_from names."""
+    try:
+        return resolve_checkpoint(Path(config.train.init_from))
+    except FileNotFoundError as error:
+        raise ConfigError(f"train.init_from: {error}") from None
+
+
+def check_initial_checkpoint(config: Config) -> None:
+    """Refuse a run whose model differs from its init_from checkpoint's (before anything is written)."""
+    folder = initial_checkpoint(config)
+    theirs = flat_dict(to_dict(load_config_from(folder).model))
+    ours = flat_dict(to_dict(config.model))
+    for key, value in ours.items():
+        if key.startswith(FREE_MODEL_SETTINGS) or theirs.get(key) == value:
+            continue
+        hint = (f"upcycle it first: topoclip convert {config.train.init_from} NEW_FOLDER --class-tokens M --embed-dim N"
+                if key in ("class_tokens", "embed_dim") else f"set --set model.{key}={_json(theirs.get(key))}")
+        raise ConfigError(f"train.init_from={config.train.init_from}: its model.{key} is {_json(theirs.get(key))} but "
+                          f"this run's is {_json(value)}; {hint} (or leave out --preset to train the checkpoint's own config)")
+    check_weights_fit(folder, config.model)  # from the safetensors header and a meta model: nothing allocated yet
+
+
+def initial_tokenizer(config: Config) -> Path:
+    """The tokenizer.json of the init_from checkpoint (the vocabulary its text embedding was trained on)."""
+    folder = initial_checkpoint(config)
+    if not (folder / TOKENIZER).is_file():
+        raise ConfigError(f"train.init_from={config.train.init_from} has no {TOKENIZER}; give its vocabulary with "
+                          f"--set data.tokenizer=FILE (or convert it again with --vocab)")
+    return folder / TOKENIZER
+
+
+def load_initial_weights(model: CLIP, config: Config) -> None:
+    """Load the init_from checkpoint's weights into the freshly built `model` (on its device)."""
+    load_weights(model, initial_checkpoint(config))
+
+
+def _json(value) -> str:
+    import json
+
+    return json.dumps(value) if not isinstance(value, str) else value

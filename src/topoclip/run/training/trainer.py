@@ -1,0 +1,397 @@
+"""`topoclip.train(config)`: the training loop in its run folder (layout: topoclip.io.run_folder).
+
+The run reads top-down: `build` (the tokenizer, the model and its TrainState, restored when resuming), `train_steps`
+(the loop), `finish` (the final evaluation). Around them: the tokenizer (training.tokenizer_setup), the training
+state a checkpoint saves and a resume restores (training.state), what a resume may change (training.resume), the
+step (training.step) and its guards (training.guard), the batches (training.data).
+
+Only rank 0 writes; every rank resumes from the same checkpoint. The data stream of the built-in
+scenes is a function of the step, so an interrupted and resumed CPU fp32 run reproduces the
+losses of an uninterrupted one.
+
+A run folder is never reused silently: a fresh run needs a new or empty folder, and one process at
+a time holds a folder. A resume continues the saved config and may change only RESUMABLE_SETTINGS
+(how long and how fast it trains, how often it logs, evaluates and saves, where it computes, what
+it is evaluated on); any other change is refused before anything is written, and config.json is
+replaced (atomically) only once the checkpoint has loaded. Resuming a finished run says so and
+changes nothing.
+
+Non-finite values never reach a checkpoint: the step's guards (training.guard) skip a step whose
+loss is inf/NaN and stop the run, in one line, on weights that became inf/NaN.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
+from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
+from topoclip.data.sources import get_source
+from topoclip.core.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects, init_distributed,
+                                  launch_rank, sum_across_ranks)
+from topoclip.core.door import read_text
+from topoclip.core.errors import CheckpointError, RunFolderError, UserError, require_device
+from topoclip.model.clip import CLIP
+from topoclip.preprocess.tokenizer import Tokenizer
+from topoclip.data.streams import StreamPosition
+from topoclip.run.training.data import prefetch_to_device, training_batches
+from topoclip.run.training.logger import MetricsLogger
+from topoclip.run.training.optim import build_optimizer, build_scheduler
+from topoclip.run.training.resume import finish_leftovers, finished, require_fitting_checkpoint, resume_config
+from topoclip.run.training.sharding import shard
+from topoclip.run.training.state import TrainState
+from topoclip.core.atomic import write_text_atomic
+from topoclip.io.run_folder import RunFolder, claim_run_folder
+from topoclip.run.training.guard import StepGuard
+from topoclip.run.training.lock import apply_locks
+from topoclip.core.losses import loss_keywords
+from topoclip.run.training.step import (batch_loss, forward_backward_loss, loss_at, optimizer_step,
+                                     process_settings)
+from topoclip.run.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
+
+# Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).
+BAD_FRACTION_MIN_SEEN = 1000
+
+
+def new_run_dir(config: Config) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{config.name or 'run'}-{stamp}"
+
+
+def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: bool = True) -> Path:
+    """Train `config` (default: the `cpu-multi` preset); returns the run folder.
+
+    out_dir: a new or empty folder (default runs/NAME-TIMESTAMP); a folder holding files is refused.
+    resume: a run folder; training continues from its newest checkpoint with its saved config (a
+        `config` given too may change RESUMABLE_SETTINGS of it, e.g. train.steps to train longer).
+        A finished run is left as it is.
+    Raises a UserError (one line: what, where, the fix) for anything the user can fix.
+    """
+    if resume is not None:
+        if out_dir is not None:
+            raise ConfigError("give out_dir (a new run) or resume (an existing run), not both")
+        run_dir = Path(resume)
+        config = resume_config(run_dir, config)
+    else:
+        config = config or load_config(DEFAULT_PRESET)
+        run_dir = Path(out_dir) if out_dir else new_run_dir(config)
+    validate(config)
+    require_device(config.train.device, "train.device")
+    if config.train.init_from and resume is None:
+        from topoclip.run.training.init_from import check_initial_checkpoint
+
+        check_initial_checkpoint(config)
+    if resume is not None:
+        note = finished(run_dir, config)
+        if note is not None:
+            if launch_rank() == 0:  # (no process group yet: the launcher's variables say which process this is)
+                with claim_run_folder(run_dir, resuming=True):
+                    finish_leftovers(run_dir, config)
+                print(note)
+            return run_dir
+    train_config = config.train
+    info = init_distributed(train_config.device, group_of_one=train_config.parallelism == "fsdp")
+    try:
+        with process_settings(train_config.threads, train_config.allow_tf32 if info.device.type == "cuda" else None):
+            return _train(config, run_dir, resume is not None, info, progress)
+    finally:
+        cleanup()
+
+
+def on_main(main: bool, action: Callable[[], Any]) -> Any:
+    """`action()` on rank 0; a UserError it raises is raised on every rank, so none waits for rank 0 forever."""
+    result, failure = None, None
+    if main:
+        try:
+            result = action()
+        except UserError as error:
+            failure = error
+    failure = broadcast_object(failure)
+    if failure is not None:
+        raise failure
+    return result
+
+
+def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
+    settings = config.train
+    if settings.batch_size % info.world_size:
+        raise ConfigError(f"train.batch_size={settings.batch_size} (the global batch) is not divisible by the "
+                          f"{info.world_size} processes; pick a multiple of {info.world_size}")
+    if (settings.batch_size // info.world_size) % settings.accumulation_steps:
+        raise ConfigError(f"the per-process batch {settings.batch_size // info.world_size} is not divisible by "
+                          f"train.accumulation_steps={settings.accumulation_steps}")
+    # The default folder's name holds the second its process started, which two ranks need not share: rank 0's
+    # folder is the run's on every rank.
+    run_dir = Path(broadcast_object(str(run_dir)))
+    # The user's evaluation sets are listed now, not found broken after hours of training.
+    on_main(info.rank == 0, lambda: check_evaluation_sets(config))
+    lock = on_main(info.rank == 0, lambda: claim_run_folder(run_dir, resuming))
+    try:
+        return _train_in_folder(config, run_dir, resuming, info, progress)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
+    run = build(config, RunFolder(run_dir), resuming, info)
+    logger = MetricsLogger(run_dir, enabled=run.main, resume_step=run.state.step, report_to=run.config.train.report_to,
+                           config=to_dict(run.config))
+    train_steps(run, logger, progress)
+    finish(run, logger)
+    return run_dir
+
+
+@dataclass
+class Run:
+    """One rank's run as `build` makes it: what the loop and `finish` use."""
+
+    config: Config
+    folder: RunFolder
+    info: DistributedInfo
+    tokenizer: Tokenizer
+    state: TrainState
+    trained: torch.nn.Module  # the model as the step calls it: wrapped for DDP, compiled
+    position: StreamPosition  # this rank's place in a user data stream
+    user_stream: bool  # a user stream keeps a position; the scenes are a function of the step
+    resumed_stream: Optional[dict] = None  # this rank's stream position in the checkpoint resumed from
+
+    main = property(lambda self: self.info.rank == 0)
+    device = property(lambda self: self.info.device)  # train.device, resolved for this rank by init_distributed
+
+
+def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedInfo) -> Run:
+    """The tokenizer, the model, its optimiser and schedule, restored from the newest good checkpoint when resuming;
+    a fresh run's config.json and tokenizer.json written."""
+    settings, main, device = config.train, info.rank == 0, info.device
+    if main:
+        print(f"run folder: {folder.path.resolve()}", flush=True)
+    torch.manual_seed(settings.seed)
+    # A fresh run's folder is empty; a resumed run keeps its tokenizer. Every rank builds the same one
+    # (training one is deterministic) and none reads a file rank 0 writes.
+    tokenizer = build_tokenizer(config, folder.tokenizer if resuming and os.path.lexists(folder.tokenizer) else None)
+    if not resuming:  # a resumed run keeps the ids its config.json recorded
+        config = fit_to_trained_tokenizer(config, tokenizer)
+    check_tokenizer(tokenizer, config)
+    if main and not resuming:
+        write_text_atomic(folder.config, json.dumps(to_dict(config), indent=2))
+        tokenizer.save(folder.tokenizer)
+    found = folder.step_checkpoints() if resuming else []  # this process holds the folder: the list stays true
+    if found:  # the folder's config: its shapes checked before allocating
+        require_fitting_checkpoint(found, config.model)
+    state = build_state(config, device, initialise=not found)
+    position, resumed_stream = StreamPosition(settings.num_workers, info.world_size), None
+    if resuming:
+        position, resumed_stream = restore(state, config, folder, found, info)
+    trained = state.model
+    if info.world_size > 1 and settings.parallelism == "ddp":
+        trained = torch.nn.parallel.DistributedDataParallel(
+            state.model, device_ids=[device.index] if device.type == "cuda" else None)
+    if settings.compile:
+        trained = torch.compile(trained)
+    return Run(config, folder, info, tokenizer, state, trained, position,
+               user_stream=get_source(config.data.source).stream, resumed_stream=resumed_stream)
+
+
+def build_state(config: Config, device: torch.device, initialise: bool) -> TrainState:
+    """The model (from train.init_from when `initialise`), locked as train.lock_* say, with its optimiser, lr
+    schedule and (fp16) loss scaler, at step 0."""
+    settings = config.train
+    model = CLIP(config.model).to(device)
+    if settings.init_from and initialise:
+        from topoclip.run.training.init_from import load_initial_weights
+
+        load_initial_weights(model, config)
+    if settings.gradient_checkpointing:
+        model.set_gradient_checkpointing(True)
+    apply_locks(model, settings)  # before the optimiser: locked weights are left out of it
+    if settings.parallelism == "fsdp":  # before the optimiser too: it holds the shards
+        shard(model)
+    optimizer = build_optimizer(model, settings)
+    scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
+    return TrainState(model, optimizer, build_scheduler(optimizer, settings), scaler)
+
+
+def restore(state: TrainState, config: Config, folder: RunFolder, found: list[Path],
+            info: DistributedInfo) -> tuple[StreamPosition, Optional[dict]]:
+    """A resumed run: `state` from the newest good checkpoint of `found` (if any), then config.json takes the
+    resume's changes; returns this rank's stream position, and as the checkpoint saved it (None: the scenes)."""
+    main, streams = info.rank == 0, None
+    if found:
+        used = state.restore(found, main)
+        chosen = sorted(set(gather_objects(used.name)))
+        if len(chosen) > 1:  # a file one rank could read and another not: the shards would be of different steps
+            raise CheckpointError(f"the ranks resumed from different checkpoints ({', '.join(chosen)}) of "
+                                  f"{folder.checkpoints}: a file there reads on some ranks only; check the "
+                                  f"filesystem every rank sees and resume again")
+        streams = state.streams[min(info.rank, len(state.streams) - 1)] if state.streams else None  # this rank's
+    # (a stream split another way cannot continue: refused before config.json takes the resume's changes)
+    position = StreamPosition(config.train.num_workers, info.world_size, streams)
+    if main:
+        print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
+        # Only now that the checkpoint has loaded does the saved config take the resume's changes.
+        text = json.dumps(to_dict(config), indent=2)
+        if read_text(folder.config, "the run's config", folder.path, error=RunFolderError) != text:
+            write_text_atomic(folder.config, text)
+    return position, streams
+
+
+def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
+    """From the state's step to train.steps: each step the batch, the loss and its gradient, the guards' verdict
+    and the update; the log, the validation and the checkpoint when due."""
+    config, state, device, main = run.config, run.state, run.device, run.main
+    settings, model = config.train, state.model
+    batches = prefetch_to_device(training_batches(config, state.step, run.info.rank, run.info.world_size,
+                                                  tokenizer=run.tokenizer, pin_memory=device.type == "cuda",
+                                                  stream=run.resumed_stream), device, config.model.vision.mean,
+                                 config.model.vision.std)
+    bar = tqdm(range(state.step, settings.steps), initial=state.step, total=settings.steps,
+               disable=not (progress and main), desc="train", dynamic_ncols=True)
+    window_start, window_images = time.perf_counter(), 0
+    guard = StepGuard(device, run.folder, config, main)
+    keywords = loss_keywords(config)  # the loss's margin and the topology's best similarity
+    for step in bar:
+        batch = next(batches)
+        run.position.advance(batch)
+        done = step + 1
+        # Every rank judges (and rank 0 logs) the counts of all ranks, so all stop together.
+        state.counter += global_counts(batch, device)
+        check_bad_fraction(state.counter, config.data.max_bad_fraction, BAD_FRACTION_MIN_SEEN)
+        images = batch.images.to(device, non_blocking=True)
+        text = (batch.text if batch.text is not None else run.tokenizer(batch.captions)).to(device, non_blocking=True)
+        model.train()
+        loss_name = loss_at(settings, step)  # train.loss, or triplet during max-hinge's warm-up
+        loss = forward_backward_loss(run.trained, images, text, loss_name, accumulation_steps=settings.accumulation_steps,
+                                     precision=settings.precision, scaler=state.scaler, keywords=keywords)
+        checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
+        evaluation_due = settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps)
+        verdict = guard.judge(model, loss, done, reads_due=checkpoint_due or evaluation_due
+                              or done % settings.log_every == 0)
+        if verdict.vouched is not None:  # the checkpoint held at the last step: its weights gave a finite loss
+            save(run, verdict.vouched)
+        grad_norm = update(state, guard, verdict, settings.grad_clip, done)
+        advance_schedule(state.scheduler)
+        window_images += settings.batch_size
+        if done % settings.log_every == 0 or done == settings.steps:
+            elapsed = time.perf_counter() - window_start
+            scale = float(model.temperature.scale.detach())
+            loss_value = sum_across_ranks([verdict.loss], device)[0] / run.info.world_size  # the global batch's loss
+            logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
+                        "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                        "images_per_s": window_images / max(elapsed, 1e-9), "data": state.counter.as_dict(),
+                        **({"skipped_steps": guard.skipped} if guard.skipped else {})})
+            bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
+            window_start, window_images = time.perf_counter(), 0
+        if evaluation_due:  # every rank embeds its share of the images (the last step too: the schedule's end on val)
+            values = run_evaluation(model, run.tokenizer, config, "val", device)
+            if main:
+                logger.log({"step": done, "eval": values})
+        if checkpoint_due:
+            snapshot = state.snapshot(done, gather_objects(run.position.state()) if run.user_stream else None)
+            if done < settings.steps:
+                guard.hold(snapshot)
+            else:
+                guard.vouch_last(batch_loss(model, images, text, loss_name, settings.precision, keywords), done)
+                save(run, snapshot)
+        # Kept from the first trainer: every rank waits for the others at the end of each step. DDP's all-reduce
+        # and the guards' already synchronise the ranks, so this costs only time; removing it is left for a
+        # measurement on GPUs.
+        barrier()
+    bar.close()
+
+
+def save(run: Run, snapshot: dict) -> None:
+    """Checkpoint `snapshot` of the run's state: made on every rank (FSDP gathers the weights and writes the
+    optimiser's shards), the rest written by rank 0."""
+    gathered = run.state.gathered(run.folder.checkpoints, snapshot["step"], run.main)
+    on_main(run.main, lambda: run.state.save(run.folder.checkpoints, run.config, run.tokenizer, snapshot,
+                                             run.config.train.keep_checkpoints, gathered))
+
+
+def update(state: TrainState, guard: StepGuard, verdict, grad_clip: float, step: int) -> float:
+    """The optimiser step the guards' verdict allows; the gradient norm (nan for a skipped step the host saw)."""
+    if not verdict.checked:  # not read on the host: a non-finite loss skips the update on the device
+        return optimizer_step(state.model, state.optimizer, state.scaler, grad_clip, skip=verdict.nonfinite)
+    if not verdict.finite:
+        state.optimizer.zero_grad(set_to_none=True)
+        return float("nan")
+    grad_norm = optimizer_step(state.model, state.optimizer, state.scaler, grad_clip)
+    guard.check_update(state.model, step)
+    return grad_norm
+
+
+def finish(run: Run, logger: MetricsLogger) -> None:
+    """The final evaluation on every rank; rank 0 writes eval.json, the last metrics record, the plots and the
+    summary."""
+    config, model, main = run.config, run.state.model, run.main
+    records = final_evaluation(model, run.tokenizer, config, run.device, main)  # every rank embeds its share
+    if main:
+        from topoclip.run.evaluation.run import (headline, no_evaluation_sets, summary_table, table_rows,
+                                             temperature_summary)
+
+        steps = config.train.steps
+        write_text_atomic(run.folder.evaluation, json.dumps(records, indent=2))
+        logger.log({"step": steps, "eval": headline(records), "final": True})
+        logger.final_table(*table_rows(records), step=steps)
+        logger.plot()
+        print(summary_table(records) if records else no_evaluation_sets(config))
+        print(f"\n{temperature_summary(model)}")
+        print(f"plots: {run.folder.plots.resolve()}  (loss, temperature, learning rate, evaluation)")
+        print(f"run folder: {run.folder.path.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
+    logger.close()
+    # Every rank leaves together: a rank that destroys its gloo group while rank 0 still evaluates can abort
+    # ("terminate called without an active exception"; seen in tests/training/test_train_distributed.py).
+    barrier()
+
+
+def advance_schedule(scheduler) -> None:
+    """One step of the lr schedule. A skipped step (non-finite loss) advances it too, deliberately: the lr
+    follows the step count, as under a GradScaler; torch's warning when the very first step was skipped
+    ("lr_scheduler.step() before optimizer.step()") is about the opposite mistake, and is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before", category=UserWarning)
+        scheduler.step()
+
+
+def check_evaluation_sets(config: Config) -> None:
+    """List the user's evaluation sets of every split training will use; EvaluationSetError when one is unusable."""
+    from topoclip.run.evaluation.run import user_evaluation_sets
+
+    for split in (["val"] if config.train.eval_every else []) + ["test"]:
+        user_evaluation_sets(config, split)
+
+
+def global_counts(batch, device) -> BadSampleCounter:
+    """This step's kept and skipped samples summed over every rank."""
+    kinds = sorted(BAD_SAMPLE_KINDS)
+    values = sum_across_ranks([len(batch)] + [batch.bad_samples.get(kind, 0) for kind in kinds], device)
+    return BadSampleCounter(int(values[0]), {kind: int(v) for kind, v in zip(kinds, values[1:]) if v})
+
+
+def run_evaluation(model, tokenizer, config: Config, split: str, device) -> dict:
+    from topoclip.run.evaluation.run import evaluate, headline
+
+    return headline(evaluate(model, tokenizer, config, split, device))
+
+
+def final_evaluation(model, tokenizer, config: Config, device, main: bool = True) -> list[dict]:
+    """The test-split records; the main process says first what it evaluates on (it can take a minute)."""
+    from topoclip.run.evaluation.run import evaluate, evaluation_sets
+
+    if main:
+        print("final evaluation: preparing the test sets...", flush=True)
+    sets = evaluation_sets(config, "test")
+    names = [dataset.name for group in sets for dataset in group]
+    if names and main:
+        print(f"evaluating on {len(names)} sets ({', '.join(names)})...", flush=True)
+    return evaluate(model, tokenizer, config, "test", device, sets=sets)
+
