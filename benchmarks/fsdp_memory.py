@@ -35,7 +35,7 @@ def worker(args) -> None:
     from topoclip.config import load_config
     from topoclip.core.distributed import barrier, gather_objects, init_distributed
     from topoclip.run.training.step import forward_backward_loss, optimizer_step
-    from topoclip.run.training.trainer import build_state
+    from topoclip.run.training.build import build_state
     from topoclip.preprocess.tokenizer import TextBatch
 
     torch.set_num_threads(1)

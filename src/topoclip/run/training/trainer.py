@@ -1,7 +1,7 @@
 """`topoclip.train(config)`: the training loop in its run folder (layout: topoclip.io.run_folder).
 
-The run reads top-down: `build` (the tokenizer, the model and its TrainState, restored when resuming), `train_steps`
-(the loop), `finish` (the final evaluation). Around them: the tokenizer (training.tokenizer_setup), the training
+The run reads top-down: `build` (training.build: the tokenizer, the model and its TrainState, restored when
+resuming), `train_steps` (the loop), `finish` (the final evaluation). Around them: the tokenizer (training.tokenizer_setup), the training
 state a checkpoint saves and a resume restores (training.state), what a resume may change (training.resume), the
 step (training.step) and its guards (training.guard), the batches (training.data).
 
@@ -22,41 +22,30 @@ loss is inf/NaN and stop the run, in one line, on weights that became inf/NaN.
 from __future__ import annotations
 
 import json
-import os
 import time
 import warnings
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
 from tqdm.auto import tqdm
 
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
-from topoclip.data.sources import get_source
 from topoclip.core.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects, init_distributed,
                                   launch_rank, sum_across_ranks)
-from topoclip.core.door import read_text
-from topoclip.core.errors import CheckpointError, RunFolderError, UserError, require_device
-from topoclip.model.clip import CLIP
-from topoclip.preprocess.tokenizer import Tokenizer
-from topoclip.data.streams import StreamPosition
+from topoclip.core.errors import UserError, require_device
 from topoclip.run.training.data import prefetch_to_device, training_batches
 from topoclip.run.training.logger import MetricsLogger
-from topoclip.run.training.optim import build_optimizer, build_scheduler
-from topoclip.run.training.resume import finish_leftovers, finished, require_fitting_checkpoint, resume_config
-from topoclip.run.training.sharding import shard
+from topoclip.run.training.resume import finish_leftovers, finished, resume_config
 from topoclip.run.training.state import TrainState
 from topoclip.core.atomic import write_text_atomic
 from topoclip.io.run_folder import RunFolder, claim_run_folder
 from topoclip.run.training.guard import StepGuard
-from topoclip.run.training.lock import apply_locks
 from topoclip.core.losses import loss_keywords
 from topoclip.run.training.step import (batch_loss, forward_backward_loss, loss_at, optimizer_step,
                                      process_settings)
-from topoclip.run.training.tokenizer_setup import build_tokenizer, check_tokenizer, fit_to_trained_tokenizer
+from topoclip.run.training.build import Run, build
 
 # Bad-sample fraction is judged only after this many samples (a few bad ones early prove nothing).
 BAD_FRACTION_MIN_SEEN = 1000
@@ -149,100 +138,6 @@ def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: Distri
     train_steps(run, logger, progress)
     finish(run, logger)
     return run_dir
-
-
-@dataclass
-class Run:
-    """One rank's run as `build` makes it: what the loop and `finish` use."""
-
-    config: Config
-    folder: RunFolder
-    info: DistributedInfo
-    tokenizer: Tokenizer
-    state: TrainState
-    trained: torch.nn.Module  # the model as the step calls it: wrapped for DDP, compiled
-    position: StreamPosition  # this rank's place in a user data stream
-    user_stream: bool  # a user stream keeps a position; the scenes are a function of the step
-    resumed_stream: Optional[dict] = None  # this rank's stream position in the checkpoint resumed from
-
-    main = property(lambda self: self.info.rank == 0)
-    device = property(lambda self: self.info.device)  # train.device, resolved for this rank by init_distributed
-
-
-def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedInfo) -> Run:
-    """The tokenizer, the model, its optimiser and schedule, restored from the newest good checkpoint when resuming;
-    a fresh run's config.json and tokenizer.json written."""
-    settings, main, device = config.train, info.rank == 0, info.device
-    if main:
-        print(f"run folder: {folder.path.resolve()}", flush=True)
-    torch.manual_seed(settings.seed)
-    # A fresh run's folder is empty; a resumed run keeps its tokenizer. Every rank builds the same one
-    # (training one is deterministic) and none reads a file rank 0 writes.
-    tokenizer = build_tokenizer(config, folder.tokenizer if resuming and os.path.lexists(folder.tokenizer) else None)
-    if not resuming:  # a resumed run keeps the ids its config.json recorded
-        config = fit_to_trained_tokenizer(config, tokenizer)
-    check_tokenizer(tokenizer, config)
-    if main and not resuming:
-        write_text_atomic(folder.config, json.dumps(to_dict(config), indent=2))
-        tokenizer.save(folder.tokenizer)
-    found = folder.step_checkpoints() if resuming else []  # this process holds the folder: the list stays true
-    if found:  # the folder's config: its shapes checked before allocating
-        require_fitting_checkpoint(found, config.model)
-    state = build_state(config, device, initialise=not found)
-    position, resumed_stream = StreamPosition(settings.num_workers, info.world_size), None
-    if resuming:
-        position, resumed_stream = restore(state, config, folder, found, info)
-    trained = state.model
-    if info.world_size > 1 and settings.parallelism == "ddp":
-        trained = torch.nn.parallel.DistributedDataParallel(
-            state.model, device_ids=[device.index] if device.type == "cuda" else None)
-    if settings.compile:
-        trained = torch.compile(trained)
-    return Run(config, folder, info, tokenizer, state, trained, position,
-               user_stream=get_source(config.data.source).stream, resumed_stream=resumed_stream)
-
-
-def build_state(config: Config, device: torch.device, initialise: bool) -> TrainState:
-    """The model (from train.init_from when `initialise`), locked as train.lock_* say, with its optimiser, lr
-    schedule and (fp16) loss scaler, at step 0."""
-    settings = config.train
-    model = CLIP(config.model).to(device)
-    if settings.init_from and initialise:
-        from topoclip.run.training.init_from import load_initial_weights
-
-        load_initial_weights(model, config)
-    if settings.gradient_checkpointing:
-        model.set_gradient_checkpointing(True)
-    apply_locks(model, settings)  # before the optimiser: locked weights are left out of it
-    if settings.parallelism == "fsdp":  # before the optimiser too: it holds the shards
-        shard(model)
-    optimizer = build_optimizer(model, settings)
-    scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
-    return TrainState(model, optimizer, build_scheduler(optimizer, settings), scaler)
-
-
-def restore(state: TrainState, config: Config, folder: RunFolder, found: list[Path],
-            info: DistributedInfo) -> tuple[StreamPosition, Optional[dict]]:
-    """A resumed run: `state` from the newest good checkpoint of `found` (if any), then config.json takes the
-    resume's changes; returns this rank's stream position, and as the checkpoint saved it (None: the scenes)."""
-    main, streams = info.rank == 0, None
-    if found:
-        used = state.restore(found, main)
-        chosen = sorted(set(gather_objects(used.name)))
-        if len(chosen) > 1:  # a file one rank could read and another not: the shards would be of different steps
-            raise CheckpointError(f"the ranks resumed from different checkpoints ({', '.join(chosen)}) of "
-                                  f"{folder.checkpoints}: a file there reads on some ranks only; check the "
-                                  f"filesystem every rank sees and resume again")
-        streams = state.streams[min(info.rank, len(state.streams) - 1)] if state.streams else None  # this rank's
-    # (a stream split another way cannot continue: refused before config.json takes the resume's changes)
-    position = StreamPosition(config.train.num_workers, info.world_size, streams)
-    if main:
-        print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
-        # Only now that the checkpoint has loaded does the saved config take the resume's changes.
-        text = json.dumps(to_dict(config), indent=2)
-        if read_text(folder.config, "the run's config", folder.path, error=RunFolderError) != text:
-            write_text_atomic(folder.config, text)
-    return position, streams
 
 
 def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
