@@ -156,13 +156,9 @@ def test_a_grid_file_plans_or_is_one_line(tmp_path_factory, grid, seeds):
 
 
 def readme_results():
-    import importlib.util
+    from topoclip.experiments import results
 
-    spec = importlib.util.spec_from_file_location("readme_results", Path(__file__).parent.parent / "scripts" /
-                                                  "readme_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return results
 
 
 @FUZZ
@@ -170,16 +166,18 @@ def readme_results():
     ["part", "../part", "", "x" * 300]), max_size=3), max_size=3), part=values)
 def test_a_pool_file_is_read_or_refused_in_one_line(tmp_path_factory, pool, part):
     module = readme_results()
-    results = tmp_path_factory.mktemp("results")
-    module.RESULTS = results
+    results, before = tmp_path_factory.mktemp("results"), module.files.RESULTS
     (results / "pool.json").write_text(as_text({**pool, "parts": pool.get("parts", [])}), encoding="utf-8",
                                        errors="surrogatepass")
     (results / "part").mkdir()
     (results / "part" / "ablation.json").write_text(as_text(part), encoding="utf-8", errors="surrogatepass")
+    module.files.RESULTS = results  # (hypothesis runs the examples in one test: no monkeypatch per example)
     try:
         module.load_results("pool")
     except (ValueError, OSError) as error:
         assert "\n" not in str(error)
+    finally:
+        module.files.RESULTS = before
 
 
 @FUZZ

@@ -366,17 +366,16 @@ def test_an_export_onto_a_full_disk_leaves_nothing_and_says_so(run, tmp_path, ca
 
 
 def readme_results():
-    spec = importlib.util.spec_from_file_location("readme_results", ROOT / "scripts" / "readme_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from topoclip.experiments import results
+
+    return results
 
 
 @pytest.mark.parametrize("pool", [{"parts": "abc"}, {"parts": ["../../x"]}, {"parts": ["a"], "seeds": "5"},
                                   {"parts": [["a"]]}, {"parts": ["a"]}])
 def test_land_and_check_on_a_malformed_pool_file_are_one_line(tmp_path, monkeypatch, pool):
     module = readme_results()
-    monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(module.files, "RESULTS", tmp_path / "results")
     write_json(tmp_path / "results" / "pool.json", {"about": "A.", **pool})
     write_json(tmp_path / "results" / "a" / "ablation.json", {"analysis": "ablation", "runs": "none"})
     out = tmp_path / "part"
@@ -638,7 +637,7 @@ def test_two_labels_naming_one_cell_folder_are_refused(tmp_path, capsys):
 
 def test_land_never_reads_through_a_link_nor_replaces_silently(tmp_path, monkeypatch):
     module = readme_results()
-    monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(module.files, "RESULTS", tmp_path / "results")
     results = {"analysis": "ablation", "runs": [{"cell": "x", "seed": 0}]}
     write_json(tmp_path / "outside.json", results)
     linked = tmp_path / "linked"

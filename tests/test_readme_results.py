@@ -1,4 +1,4 @@
-"""The README's figures are generated from docs/results/*.json (scripts/readme_results.py)."""
+"""The README's figures are generated from docs/results/*.json (topoclip.experiments.results: `topoclip report`)."""
 import importlib.util
 import json
 import math
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from topoclip.experiments import results as readme_results
+
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("readme_results", ROOT / "scripts" / "readme_results.py")
-readme_results = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(readme_results)
 
 
 def test_the_readme_figures_equal_the_committed_results_files():
@@ -180,19 +179,19 @@ def test_the_count_of_comparisons_is_the_tables_shown():
 def test_the_headline_points_are_welch_of_multi_against_the_sphere_at_the_grids_lr(tmp_path, monkeypatch):
     for task, lr, noise, grids, multi, sphere in readme_results.HEADLINE:
         for grid in (grids,) if isinstance(grids, str) else grids:
-            path = ROOT / "docs" / "results" / grid / "ablation.json"
+            path = readme_results.results_file(ROOT / "docs" / "results" / grid, "ablation.json")  # plain or packed
             if grid.startswith("hard-lr"):  # an lr grid: each cell names its lr
                 assert readme_results.lr_name(lr) in multi and readme_results.lr_name(lr) in sphere
             elif not path.is_file():
                 continue
             elif lr == readme_results.EACH_FAMILYS_LR:  # each family at its preset's lr, which no --set overrides
-                results = json.loads(path.read_text())
+                results = readme_results.read_results(path)
                 assert results["grid"] == "tau-range-full-scenes" and "train.lr" not in results["command"], grid
             else:  # a grid at one lr: its command sets it, or it is the preset's 2e-3
-                command = json.loads(path.read_text())["command"]
+                command = readme_results.read_results(path)["command"]
                 assert (f"train.lr={lr:g}" in command) if lr != 2e-3 else ("train.lr" not in command), grid
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
-    monkeypatch.setattr(readme_results, "HEADLINE", (("t", 1e-3, 0, "g", "m", "s"), ("t", 1e-3, 0, "missing", "m", "s"),
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.headline, "HEADLINE", (("t", 1e-3, 0, "g", "m", "s"), ("t", 1e-3, 0, "missing", "m", "s"),
                                                      ("t", 1e-3, 0, ("g", "more"), "m", "s"), ("t", 1e-3, 0, ("g", "missing"), "m", "s")))
 
     def grid(name, values, first_seed):
@@ -257,7 +256,7 @@ def test_the_lr_choice_is_the_highest_mean_validation_recall_at_the_end_whatever
 
 
 def test_an_equivalence_row_pools_each_sides_seeds_and_tost_decides_only_without_a_difference(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     for grid, first, values in (("old", 0, {"m": [45.0, 46.0], "s": [45.5, 44.5], "far": [40.0, 41.0],
                                             "tight": [45.0, 45.1], "near": [44.0, 44.1]}),
                                 ("new", 2, {"m": [45.5, 46.5, 44.5], "s": [45.0, 46.0, 45.0], "far": [40.5, 41.5, 39.5],
@@ -292,7 +291,7 @@ def test_the_papers_table_10_stands_beside_our_k_with_the_same_share_of_sub_sphe
 
 
 def test_a_retrieval_table_shows_every_metric_beside_its_ceiling(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     keys = [key for _, key in readme_results.CEILING_ROWS + readme_results.RANK_ROWS]
     runs = [{"cell": "c", "retrieval": {"t": {key: value + i for i, key in enumerate(keys)}}} for value in (10.0, 12.0)]
     (tmp_path / "g").mkdir()
@@ -308,7 +307,7 @@ def test_a_retrieval_table_shows_every_metric_beside_its_ceiling(tmp_path, monke
 def test_convergence_needs_both_curves_flat_and_the_longer_schedule_no_better(tmp_path, monkeypatch):
     """The pre-registered rule: a cell whose validation recall or τ still moves over the last quarter, or whose longer
     schedule is better, is "at the end of the schedule"; only a cell that passes all three is "converged"."""
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     key = readme_results.CHOICE_METRIC
     jitter = (0.1, -0.1, 0.0)  # per seed: a change that is no change
 
@@ -367,7 +366,7 @@ def test_each_generated_block_has_a_results_file(name):
 
 
 def test_a_claim_shows_mean_and_std_of_its_cells_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     runs = [{"cell": "a", "final_t": math.log(2.0), "zero_shot_top1": 50.0, "headline": {"x/mean_recall": 10.0}},
             {"cell": "a", "final_t": math.log(4.0), "zero_shot_top1": 70.0, "headline": {"x/mean_recall": 20.0}},
             {"cell": "b", "final_t": 0.0, "zero_shot_top1": 0.0, "headline": {"x/mean_recall": 0.0}}]
@@ -382,7 +381,7 @@ def test_a_claim_shows_mean_and_std_of_its_cells_runs(tmp_path, monkeypatch):
 
 
 def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     runs = [{"cell": "a", "final_t": 0.0, "zero_shot_top1": v} for v in (90.0, 99.0, 96.0)]
     (tmp_path / "grid").mkdir()
     (tmp_path / "grid" / "ablation.json").write_text(json.dumps({"runs": runs}))
@@ -398,7 +397,7 @@ def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_pa
 
 
 def test_a_landed_grid_is_its_ablation_json_in_a_folder_of_its_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path / "results")
     out = tmp_path / "sweep" / "grid-19200"
     out.mkdir(parents=True)
     results = {"analysis": "ablation", "description": "2 × 2", "runs": [{"cell": "a", "seed": 0}]}
@@ -416,7 +415,7 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
     one ablation by a comparison, the convergence rule and τ's late rise (one cell, each run once), each cell only once
     all its registered seeds have landed; what would pool runs of other recipes, or count a run twice, is refused."""
     results, out = tmp_path / "results", tmp_path / "out"  # docs/results, and where `ablate` wrote the parts to land
-    monkeypatch.setattr(readme_results, "RESULTS", results)
+    monkeypatch.setattr(readme_results.files, "RESULTS", results)
     key = readme_results.CHOICE_METRIC
 
     def run(cell, seed, value):
@@ -505,7 +504,7 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
 
 
 def test_a_cell_of_a_grid_in_parts_without_its_newer_metrics_names_the_part(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     for name, runs in (("new", [{"cell": "a", "seed": 0, "retrieval": {"t": {"m": 1.0}}}]),
                        ("old", [{"cell": "a", "seed": 1}])):
         (tmp_path / name).mkdir()
@@ -517,7 +516,7 @@ def test_a_cell_of_a_grid_in_parts_without_its_newer_metrics_names_the_part(tmp_
 
 
 def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     runs = [{"cell": cell, "final_t": 0.0, "zero_shot_top1": top1} for cell, top1 in
             [("a", 30.0), ("a", 50.0), ("b", 10.0), ("b", 20.0)]]  # t fixed at 0 in every run
     (tmp_path / "grid").mkdir()
@@ -529,7 +528,7 @@ def test_a_comparison_of_unvaried_cells_is_marked_not_tested(tmp_path, monkeypat
 
 
 def test_a_comparison_table_marks_what_survives_holm_over_the_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     values = {"big": (100.0, 101.0, 102.0), "mid": (2.5, 3.5, 4.5), "base": (0.0, 1.0, 2.0)}
     runs = [{"cell": cell, "zero_shot_top1": v} for cell, vs in values.items() for v in vs]
     (tmp_path / "grid").mkdir()
@@ -544,7 +543,7 @@ def test_a_comparison_table_marks_what_survives_holm_over_the_table(tmp_path, mo
 
 
 def test_a_bimodal_metric_gets_its_seeds_and_the_exact_permutation_test(tmp_path, monkeypatch):
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     values = {"a": (60.0, 0.0, 61.0), "b": (1.0, 0.5, 0.0)}  # a learns the held-out pair in two of three seeds
     runs = [{"cell": cell, "zero_shot_top1": v} for cell, vs in values.items() for v in vs]
     (tmp_path / "grid").mkdir()
@@ -649,7 +648,7 @@ def test_final_validation_is_the_trainers_own_evaluation_at_the_last_step(tmp_pa
 def test_the_late_rise_counts_each_run_once_in_its_largest_cell(tmp_path, monkeypatch):
     """τ's late rise over the long cells: three seeds that another grid extended to five (`--reuse` and two new
     seeds) count once, as the five; a cell copied whole counts where it was trained."""
-    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
 
     def run(cell, seed, rise, reused_from=None):
         return {"cell": cell, "seed": seed, "run_dir": f"runs/{cell}/seed-{seed}", "reused_from": reused_from,
@@ -699,3 +698,32 @@ def test_the_loader_benchmark_writes_the_file_the_readme_table_is_drawn_from(tmp
     table = readme_results.loader_table(result).splitlines()
     assert table[0].startswith("Measured: `python benchmarks/loader.py --sizes 64") and "a test" in table[0]
     assert table[4].startswith("| 64 px (")
+
+
+def test_docs_results_stays_under_ten_megabytes():
+    """Issue #60: docs/results was 18 MB; its per-run files are packed (`topoclip report pack`)."""
+    total = sum(path.stat().st_size for path in (ROOT / "docs" / "results").rglob("*") if path.is_file())
+    assert total <= 10_000_000, f"{total:,} bytes: run `topoclip report pack`"
+
+
+def test_a_packed_results_file_reads_as_its_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path / "results")
+    results = {"analysis": "ablation", "steps": 10, "runs": [{"cell": "a", "seed": 0}]}
+    (tmp_path / "results" / "grid").mkdir(parents=True)
+    (tmp_path / "results" / "grid" / "ablation.json").write_text(json.dumps(results))
+    (tmp_path / "results" / "analysis").mkdir()
+    (tmp_path / "results" / "analysis" / "run-0.json").write_text(json.dumps({"value": 1}))
+    before = readme_results.load_file("grid"), readme_results.load_file("analysis")
+    assert sorted(path.name for path in readme_results.pack(tmp_path / "results")) == ["ablation.json.gz", "run-0.json.gz"]
+    assert not list((tmp_path / "results").glob("*/*.json"))
+    assert (readme_results.load_file("grid"), readme_results.load_file("analysis")) == before
+    out = tmp_path / "sweep" / "grid"
+    out.mkdir(parents=True)
+    (out / "ablation.json").write_text(json.dumps(results))
+    assert readme_results.land(out).name == "ablation.json.gz"  # the same results: nothing to land
+    (out / "ablation.json").write_text(json.dumps({**results, "steps": 20}))
+    with pytest.raises(ValueError, match="holds other results"):
+        readme_results.land(out)
+    assert readme_results.load_file("grid") == before[0]
+    assert readme_results.land(out, replace=True).name == "ablation.json"
+    assert readme_results.load_file("grid")["steps"] == 20 and not (tmp_path / "results" / "grid" / "ablation.json.gz").exists()

@@ -20,7 +20,7 @@ import sys
 from topoclip import __version__
 from topoclip.cli.common import Parser
 from topoclip.cli.analyze import add_analyze
-from topoclip.cli.experiments import add_ablate, add_compare
+from topoclip.cli.experiments import add_ablate, add_compare, add_report
 from topoclip.cli.files import add_convert, add_data, add_export, add_push
 from topoclip.cli.run import (add_benchmark, add_embed, add_eval, add_predict, add_presets, add_pretrained,
                              add_train)
@@ -35,7 +35,7 @@ INTERRUPTED_STATUS = 130
 # Each entry registers one command's subparser; the order is the order of `topoclip --help`.
 COMMANDS = [add_train, add_eval, add_benchmark, add_embed, add_predict, add_convert, add_export, add_push, add_presets,
             add_pretrained,
-            add_data, add_analyze, add_ablate, add_compare]
+            add_data, add_analyze, add_ablate, add_compare, add_report]
 
 
 def parser() -> argparse.ArgumentParser:

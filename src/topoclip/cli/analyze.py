@@ -4,7 +4,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from topoclip.cli.common import add_command, add_overrides, number, whole
+from topoclip.cli.common import add_command
+from topoclip.core.arguments import add_overrides, number, whole
 from topoclip.config import DEFAULT_PRESET, load_config
 
 

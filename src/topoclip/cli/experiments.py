@@ -6,7 +6,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from topoclip.cli.common import add_command, add_overrides, whole
+from topoclip.cli.common import add_command
+from topoclip.core.arguments import add_overrides, whole
 
 
 def recorded_command() -> str:
@@ -31,25 +32,11 @@ def command_ablate(args) -> int:
 
 
 def add_ablate(commands) -> None:
-    from topoclip.experiments.grid import grid_names
+    from topoclip.experiments.runner import add_ablate_arguments
 
     ablate = add_command(commands, "ablate", command_ablate, "train a named grid of presets × settings × seeds "
                          "(resumable) and tabulate it like the paper's Table 6")
-    ablate.add_argument("--grid", required=True, help=f"{', '.join(grid_names())}, or a grid JSON file")
-    ablate.add_argument("--seeds", type=whole(1), default=3, help="seeds per cell (default 3)")
-    ablate.add_argument("--first-seed", type=whole(0), default=0, help="the first seed (default 0): --seeds 5 "
-                        "--first-seed 5 trains seeds 5-9, five more seeds for a grid whose folder has 0-4")
-    ablate.add_argument("--steps", type=whole(1), help="train.steps of every run (default: the presets')")
-    ablate.add_argument("--jobs", type=whole(1), default=1, help="runs trained at once, each in its own process")
-    ablate.add_argument("--preset", help="replace every cell's base preset (e.g. tiny for a smoke test)")
-    ablate.add_argument("--cells", nargs="+", metavar="PATTERN", help="only the cells whose folder name matches one "
-                        "of these shell patterns, e.g. 'sphere_*' 'ps-inner_*' (a reduced grid)")
-    ablate.add_argument("--probe-size", type=whole(0), default=1000, help="training images of each run's linear probe "
-                        "(0: no probe)")
-    ablate.add_argument("--out", help="output folder (default ablations/GRID); re-running it finishes what is missing")
-    ablate.add_argument("--reuse", nargs="+", metavar="OUT", help="other ablation folders (e.g. a compare run's): "
-                        "their finished runs whose config equals a cell's (name aside) are copied instead of trained")
-    add_overrides(ablate)
+    add_ablate_arguments(ablate)
 
 
 def command_compare(args) -> int:
@@ -70,3 +57,20 @@ def add_compare(commands) -> None:
     compare.add_argument("--out", default="compare", help="output folder (default ./compare); re-running it "
                          "finishes what is missing")
     add_overrides(compare)
+
+
+def command_report(args) -> int:
+    from topoclip.experiments.results.documents import command
+
+    return command(args.report, args)
+
+
+def add_report(commands) -> None:
+    from topoclip.experiments.results.documents import add_arguments
+
+    report = add_command(commands, "report", None, "the documents' figures, generated from the results files in "
+                         "docs/results (in a checkout): write them, check them, land an ablation, record a run")
+    reports = report.add_subparsers(dest="report", required=True)
+    add_arguments(reports)
+    for sub in reports.choices.values():
+        sub.set_defaults(run=command_report)

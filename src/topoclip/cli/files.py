@@ -5,7 +5,8 @@ import argparse
 import os
 from pathlib import Path
 
-from topoclip.cli.common import add_command, add_overrides, number, whole
+from topoclip.cli.common import add_command
+from topoclip.core.arguments import add_overrides, number, whole
 from topoclip.config import DEFAULT_PRESET, ConfigError, load_config
 
 

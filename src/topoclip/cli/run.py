@@ -6,7 +6,8 @@ import json
 import shlex
 from pathlib import Path
 
-from topoclip.cli.common import add_command, add_overrides, whole
+from topoclip.cli.common import add_command
+from topoclip.core.arguments import add_overrides, whole
 from topoclip.cli.openclip_flags import add_openclip_flags
 from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict
 from topoclip.core.errors import EvaluationSetError, UserError, resolve_device

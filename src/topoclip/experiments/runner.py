@@ -192,6 +192,29 @@ def relative_run_dir(spec: RunSpec) -> str:
 # --------------------------------------------------------------------------- the command
 
 
+def add_ablate_arguments(ablate) -> None:
+    """`topoclip ablate`'s options on the argparse parser `ablate` (the command line's, and the report's reading of
+    the command lines an ablation recorded: topoclip.experiments.results.files.run_settings)."""
+    from topoclip.core.arguments import add_overrides, whole
+    from topoclip.experiments.grid import grid_names
+
+    ablate.add_argument("--grid", required=True, help=f"{', '.join(grid_names())}, or a grid JSON file")
+    ablate.add_argument("--seeds", type=whole(1), default=3, help="seeds per cell (default 3)")
+    ablate.add_argument("--first-seed", type=whole(0), default=0, help="the first seed (default 0): --seeds 5 "
+                        "--first-seed 5 trains seeds 5-9, five more seeds for a grid whose folder has 0-4")
+    ablate.add_argument("--steps", type=whole(1), help="train.steps of every run (default: the presets')")
+    ablate.add_argument("--jobs", type=whole(1), default=1, help="runs trained at once, each in its own process")
+    ablate.add_argument("--preset", help="replace every cell's base preset (e.g. tiny for a smoke test)")
+    ablate.add_argument("--cells", nargs="+", metavar="PATTERN", help="only the cells whose folder name matches one "
+                        "of these shell patterns, e.g. 'sphere_*' 'ps-inner_*' (a reduced grid)")
+    ablate.add_argument("--probe-size", type=whole(0), default=1000, help="training images of each run's linear probe "
+                        "(0: no probe)")
+    ablate.add_argument("--out", help="output folder (default ablations/GRID); re-running it finishes what is missing")
+    ablate.add_argument("--reuse", nargs="+", metavar="OUT", help="other ablation folders (e.g. a compare run's): "
+                        "their finished runs whose config equals a cell's (name aside) are copied instead of trained")
+    add_overrides(ablate)
+
+
 def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (),
            jobs: int = 1, preset: Optional[str] = None, probe_size: int = 1000, cells: Optional[Sequence[str]] = None,
            reuse: Sequence = (), command: Optional[str] = None, first_seed: int = 0,

@@ -1,0 +1,113 @@
+"""The benchmarks' tables: the GPU check, FSDP's memory, the data loader, a CSV's rows."""
+from __future__ import annotations
+
+import re
+
+
+
+# A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium,
+# equilibrium-train-19200 as equilibrium-train);
+# blocks named NAME-tests are comparison tables (comparison_table); any other name is an ablation.
+def tests_line(output: str) -> str:
+    """pytest's closing counts ("1 failed, 11 passed") from the tail of its output."""
+    counts = re.findall(r"((?:\d+ \w+, )*\d+ \w+) in [\d.]+s", output)[-1]
+    return re.sub(r", \d+ warnings?", "", counts)
+
+
+def gpu_check_table(result: dict) -> str:
+    """The GPU check (benchmarks/gpu_check.py) as the files.README shows it: what ran, the ViT-B/16 step, the data path."""
+    check = result["check"]
+    steps = check["steps"]
+    training = steps["training"]
+    statuses = ", ".join(f"{name} {step['status']}" for name, step in training.items())
+    summary = {(line["model"], line["preset"], name): line for name in ("step_eager", "step_compiled")
+               for line in steps[name]["json"] if line.get("benchmark") == "mfu"}
+    rows = ["| bf16, batch 256 | sphere-vit-b16 | multi-32x16-vit-b16 | Multi's cost |", "|---|---|---|---|"]
+    for name, label in (("step_eager", "eager"), ("step_compiled", "`torch.compile`")):
+        cells = []
+        for preset in ("sphere-vit-b16", "multi-32x16-vit-b16"):
+            ours, theirs = summary[("topoclip", preset, name)], summary[("open_clip ViT-B-16", preset, name)]
+            cells.append(f"{ours['median_images_per_s']:,.0f} img/s, MFU {100 * ours['mfu']:.1f} %, "
+                         f"{ours['ratio_to_open_clip']:.2f}× OpenCLIP ({theirs['median_images_per_s']:,.0f})")
+        sphere, multi = (summary[("topoclip", preset, name)]["median_images_per_s"]
+                         for preset in ("sphere-vit-b16", "multi-32x16-vit-b16"))
+        rows.append(f"| {label} | {cells[0]} | {cells[1]} | {100 * (1 - multi / sphere):.1f} % |")
+    resume = training.get("resume_losses")
+    resumed = (f"The run killed with SIGKILL and resumed matched the uninterrupted run's losses at "
+               f"{resume['steps_compared']} logged steps (largest relative difference "
+               f"{resume['largest_relative_difference']:g}; bound {resume['bound']:g})." if resume else
+               "The losses of the killed and resumed run were not compared (a run did not finish).")
+    shards = [line for line in steps["shards_vs_random"]["json"] if line.get("benchmark") == "shard_throughput"]
+    shards += result["after"]["shards_vs_random"]
+    feeding = ", ".join(f"{line['num_workers']} workers {line['shard_to_random']:.2f} "
+                        f"({line['shards_images_per_s'] / line['num_workers']:,.0f} images/s per worker)"
+                        for line in shards)
+    return "\n".join([
+        f"Measured: `benchmarks/gpu_check.py` on one {check['gpu']}, torch {check['torch']}, {check['date'][:10]}; "
+        f"MFU against the bf16 matmul peak measured in the same run "
+        f"({summary[('topoclip', 'sphere-vit-b16', 'step_eager')]['peak_tflop_per_s']:.0f} TFLOP/s).", "",
+        *rows, "",
+        f"- Training on the GPU: {statuses}. {resumed}",
+        f"- `gpu` tests: {tests_line(steps['gpu_tests']['tail'])} in the check; "
+        f"{result['after']['gpu_tests']['failed_first'].split(':')[0]} failed and passes after the fix "
+        f"({result['after']['gpu_tests']['fix']}).",
+        f"- The trainer's data path (256-px JPEG shards) against random tensors, shards/random: {feeding}.",
+    ])
+
+
+def fsdp_memory_table(result: dict) -> str:
+    """benchmarks/fsdp_memory.py's launches: per-rank bytes of DDP and FSDP and the largest model a budget holds."""
+    gib, budget = 1024**3, result["budget_gib"]
+    first = result["launches"][0]
+    rows = [f"Measured: `{result['command']}` ({first['preset']}, {first['parameter_count'] / 1e6:.1f} M parameters, "
+            f"fp32 AdamW, one step of batch {first['batch']}) on {result['machine']}, torch {result['torch']}. GiB on "
+            "the rank that holds the most; the largest model counts parameters, gradients and AdamW state only "
+            "(activations and FSDP's gathered block come on top):", "",
+            f"| | processes | parameters | gradients | AdamW state | together | peak RSS | largest model in "
+            f"{budget:g} GiB per rank |", "|---|---|---|---|---|---|---|---|"]
+    for launch in result["launches"]:
+        held = max(launch["per_rank"], key=lambda rank: rank["parameters"] + rank["gradients"] + rank["optimizer"])
+        total = held["parameters"] + held["gradients"] + held["optimizer"]
+        largest = budget * gib / (total / launch["parameter_count"])
+        rows.append(f"| {launch['parallelism']} | {launch['world']} | {held['parameters'] / gib:.3f} | "
+                    f"{held['gradients'] / gib:.3f} | {held['optimizer'] / gib:.3f} | {total / gib:.3f} | "
+                    f"{held['peak_rss'] / gib:.2f} | {largest / 1e9:.1f} B parameters |")
+    return "\n".join(rows)
+
+
+def loader_table(result: dict) -> str:
+    """benchmarks/loader.py: images a second one DataLoader worker delivers to the training loop, topoclip's path
+    beside the baseline commit's and OpenCLIP's, and the workers the measured GPU step needs."""
+    paths = list(next(iter(result["sizes"].values()))["paths"])
+    gpu = result.get("gpu_step") or {}
+    rows = [f"Measured: `{result['command']}` on {result['machine']} ({result['cores']} cores; {result['note']}), "
+            f"batches of {result['batch']}, {result['image_size']} px crops, the median of {result['rounds']} rounds: "
+            f"images per second one worker delivers (the whole path: tar, decode, crop, tokenize, the pipe).", ""]
+    header = "| shorter side (bits/pixel) | " + " | ".join(paths) + " | topoclip ÷ " + " | topoclip ÷ ".join(
+        paths[1:]) + " |" + (f" workers for {gpu['images_per_s']:,.0f} img/s (topoclip, {paths[-1]}) |" if gpu else "")
+    rows += [header, "|---" * (2 * len(paths) + bool(gpu)) + "|"]
+    for size, entry in result["sizes"].items():
+        per_worker = [entry["paths"][name]["per_worker"] for name in paths]
+        ratios = [per_worker[0] / other for other in per_worker[1:]]
+        cells = [f"{value:,.0f}" for value in per_worker] + [f"{ratio:.1f}×" for ratio in ratios]
+        if gpu:
+            workers = entry["workers_for_the_gpu_step"]
+            cells.append(f"{workers[paths[0]]}, {workers[paths[-1]]}")
+        rows.append(f"| {size} px ({entry['bits_per_pixel']:.1f}) | " + " | ".join(cells) + " |")
+    if gpu:
+        rows += ["", f"The GPU step: {gpu['preset']}, {gpu['precision']}, batch {gpu['batch']}, compiled, on random "
+                     f"tensors, {gpu['images_per_s']:,.0f} img/s on an {gpu['gpu']} ({gpu['source']}); the workers "
+                     f"it needs are that rate over one worker's, on cores like these."]
+    return "\n".join(rows)
+
+
+def csv_rows_table(result: dict) -> str:
+    """benchmarks/csv_rows.py: what a CSV's rows cost a DataLoader worker, as Python strings and packed."""
+    columns = ("in-process MiB", "peak while reading MiB", "copied per forked reader MiB", "pickled MiB", "pickle s",
+               "unpickle s")
+    rows = [f"Measured: `{result['command']}` ({result['rows']:,} rows) on {result['machine']}, torch {result['torch']}:", "",
+            "| rows held as | in the process (MiB) | at most while reading (MiB) | copied by each forked worker that reads "
+            "them (MiB) | pickled for a fork-server worker (MiB) | pickle (s) | unpickle (s) |", "|---|---|---|---|---|---|---|"]
+    rows += [f"| {line['rows as']} | " + " | ".join(f"{line[column]:g}" for column in columns) + " |"
+             for line in result["results"]]
+    return "\n".join(rows)

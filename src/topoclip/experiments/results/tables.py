@@ -1,0 +1,414 @@
+"""The tables a spec file in docs/results asks for (NAME-tests, -equivalence, -convergence, -reruns, -retrieval, the
+claims, each family's lr), each value recomputed from the runs: Welch's t, TOST, Holm, prediction intervals,
+τ's late rise."""
+from __future__ import annotations
+
+import math
+import os
+
+from topoclip.experiments.statistics import format_p, holm, mean_std, paired, permutation, prediction, tost, welch
+import topoclip.experiments.results.files as files
+from topoclip.experiments.results.files import load_file, pooled, pools, read_results
+from topoclip.experiments.results.grids import CEILING_ROWS, RANK_ROWS, experts_values
+
+
+def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list[float]:
+    """Each seed's value of one metric of one cell of the results in docs/results/SOURCE.
+
+    An ablation: metric is a Table 6 column of its runs (final_t, i2t_r1, t2i_r1, zero_shot_top1,
+    linear_probe_top1, convergence_step), "tau" (exp of each run's final t), "headline:KEY" (a metric of
+    each run's final evaluation) or "retrieval:SET/KEY" (any retrieval metric of it, mAP@R and R-Precision too).
+    A compare: cell is "multi" or "sphere", metric a row of its table.
+    The experts: cell is k, set_name the zero-shot set.
+    """
+    results = load_file(source)
+    if source == "experts":
+        return experts_values(results)[set_name][int(cell)]
+    if results.get("analysis") == "compare":
+        return next(row[cell]["values"] for row in results["rows"] if row["metric"] == metric)
+    runs = [r for r in results["runs"] if r["cell"] == cell]
+    if not runs:
+        raise KeyError(f"{source} has no cell {cell!r}")
+    if cell in results.get("unfinished", {}):  # a grid in parts (`pooled`) still running
+        raise ValueError(f"{source}'s {cell} has {len(runs)} of its {results['seeds']} seeds so far: wait for the rest")
+    if metric == "tau":
+        return [math.exp(r["final_t"]) for r in runs]
+    if metric.startswith("headline:"):
+        return [r["headline"][metric.split(":", 1)[1]] for r in runs]
+    if metric.startswith("retrieval:"):  # retrieval:SET/KEY, any metric of the final retrieval evaluation
+        set_name, key = metric.split(":", 1)[1].split("/", 1)
+        old = next((r for r in runs if "retrieval" not in r), None)
+        if old is not None:  # a grid in parts (`pooled`): the part's
+            raise KeyError(f"{old.get('part', source)}'s ablation.json predates the runs' retrieval metrics; re-run its "
+                           f"ablate command to tabulate it again (nothing is retrained)")
+        return [r["retrieval"][set_name][key] for r in runs]
+    return [r[metric] for r in runs]
+
+
+def measured(item: dict) -> str:
+    """"label mean ± std (n)" of one measurement of a claim."""
+    values = cell_values(item["source"], item["cell"], item["metric"], item.get("set", ""))
+    mean, std = mean_std(values)
+    digits = item.get("digits", 1)
+    return f"{item['label']} {mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def difference(item: dict):
+    """Welch's t of one comparison of a claim: cell a − cell b (each [source, cell]) on its metric."""
+    return welch(*(cell_values(source, cell, item["metric"], item.get("set", "")) for source, cell in (item["a"], item["b"])))
+
+
+def tested(items: list[dict]) -> list[str]:
+    """"label: +15.2 (95 % CI …; Welch's t, p = …, Holm p = …; n = 3 and 3)" for each comparison of a claim: Welch's t
+    between two cells (`a` − `b`, each [source, cell]) on one metric, with the p-values adjusted by Holm's method over
+    the claim's comparisons (those with a spread to test)."""
+    differences = [difference(item) for item in items]
+    adjusted = iter(holm([d.p for d in differences if not d.unvaried]))
+    return [f"{item['label']}: {d.describe(item.get('digits', 1), None if d.unvaried else next(adjusted))}"
+            for item, d in zip(items, differences)]
+
+
+def comparison_table(spec: dict) -> str:
+    """Markdown: Welch's t of each comparison (a − b) on each metric; spec is docs/results/NAME.json:
+    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}]}, where a
+    and b are cells of the source, or [ablation, cell] pairs for cells of other results. Bold: the 95 % interval
+    excludes 0; †: so does Holm's adjustment over every test of the table. A metric with "permutation": true (values
+    bimodal across seeds) also gets, under the table, each row's values seed by seed and the exact permutation p."""
+    metrics = spec["metrics"]
+
+    def sides(row: dict, metric: dict) -> tuple[list[float], list[float]]:
+        a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
+                for ref in (row["a"], row["b"]))
+        return a, b
+
+    differences = [[welch(*sides(row, metric)) for metric in metrics] for row in spec["rows"]]
+    tested = [d for row in differences for d in row if not d.unvaried]  # a fixed τ in both cells: nothing to test
+    adjusted = iter(holm([d.p for d in tested]))  # in the order of `tested`: row by row
+    kept = [[not d.unvaried and next(adjusted) < 0.05 for d in row] for row in differences]
+    lines = [spec.get("about", ""), "", "| comparison | " + " | ".join(m["label"] for m in metrics) + " |",
+             "|---|" + "---|" * len(metrics)]
+    for row, row_differences, row_kept in zip(spec["rows"], differences, kept):
+        cells = []
+        for metric, d, holds in zip(metrics, row_differences, row_kept):
+            digits = metric.get("digits", 1)
+            if d.unvaried:
+                cells.append(f"{d.effect:+.{digits}f} (no spread)")
+                continue
+            bold = "**" if d.significant else ""
+            cells.append(f"{bold}{d.effect:+.{digits}f}{bold}{'†' * holds} "
+                         f"({d.low:+.{digits}f} to {d.high:+.{digits}f}), {format_p(d.p)}")
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    sizes = ", ".join(f"{a} and {b}" for a, b in sorted({(d.n_a, d.n_b) for row in differences for d in row}))
+    lines += ["", f"Each cell: the difference of means a − b, its 95 % confidence interval and the p-value of "
+                  f"Welch's t; n = {sizes} runs; bold where the interval excludes 0, † where the difference stays "
+                  f"significant after Holm's adjustment over the table's {len(tested)} tests "
+                  f"({sum(map(sum, kept))} of the {sum(d.significant for d in tested)} bold ones)."
+              + (" \"No spread\": every run of both cells gave the same value, so there is nothing to test."
+                 if len(tested) < sum(map(len, differences)) else "")]
+    for metric in (m for m in metrics if m.get("permutation")):
+        for row in spec["rows"]:
+            a, b = sides(row, metric)
+            digits = metric.get("digits", 1)
+            lines += ["", f"{metric['label']}, {row['label']}, seed by seed: a = {', '.join(f'{v:.{digits}f}' for v in a)}; "
+                          f"b = {', '.join(f'{v:.{digits}f}' for v in b)}; exact permutation test of a − b, "
+                          f"{format_p(permutation(a, b))}."]
+    if spec.get("reruns"):
+        lines += ["", rerun_table(spec["source"], spec["reruns"], metrics)]
+    return "\n".join(line for line in lines if line is not None).lstrip("\n")
+
+
+def pooled_values(refs: list, metric: str) -> list[float]:
+    """One metric of the seeds of one cell spread over several grids ([[source, cell], ...]: more seeds of a grid
+    trained later, `ablate --first-seed`); refused when a seed appears twice or the grids' schedules differ."""
+    values, seeds, steps = [], set(), set()
+    for source, cell in refs:
+        results = load_file(source)
+        found = [r["seed"] for r in results["runs"] if r["cell"] == cell]
+        if seeds & set(found) or len(set(found)) < len(found):
+            raise ValueError(f"{source}'s {cell} repeats a seed of {refs}: a run would be counted twice")
+        seeds |= set(found)
+        steps.add(results["steps"])
+        values += cell_values(source, cell, metric)
+    if len(steps) > 1:
+        raise ValueError(f"{refs} pools runs of {sorted(steps)} steps: one cell is one schedule")
+    return values
+
+
+def equivalence_table(spec: dict) -> str:
+    """Markdown: a pre-registered comparison (docs/results/NAME-equivalence.json: {"about", "margin", "rows": [{"label",
+    "metric", "digits"?, "a": [[source, cell], ...], "b": [...]}], "seeds"?}; each side's seeds pooled over its
+    sources): Welch's t of a − b decides; where it finds no difference, TOST against ±margin does, as the
+    pre-registration says, and where it finds one, TOST says whether it is smaller than the margin. "seeds": the runs
+    a side was registered with; a side with fewer (a grid still running) is refused."""
+    margin = spec["margin"]
+    lines = [spec["about"], "", f"| endpoint | n (a, b) | a − b: 95 % CI, Welch's t | TOST at ±{margin:g}: 90 % CI, p | "
+             "verdict |", "|---|---|---|---|---|"]
+    for row in spec["rows"]:
+        a, b = (pooled_values(refs, row["metric"]) for refs in (row["a"], row["b"]))
+        if len(a) < spec.get("seeds", 0) or len(b) < spec.get("seeds", 0):
+            raise ValueError(f"{row['label']}: {len(a)} and {len(b)} runs of the {spec['seeds']} a side registered")
+        d, e, digits = welch(a, b), tost(a, b, margin), row.get("digits", 1)
+        verdict = ("a > b" if d.effect > 0 else "a < b") if d.significant else (
+            f"equivalent within ±{margin:g}" if e.equivalent else "undecided: no difference shown, nor equivalence")
+        if d.significant and e.equivalent:  # a difference shown, and shown smaller than the margin
+            verdict += f", by less than ±{margin:g}"
+        lines.append(f"| {row['label']} | {len(a)}, {len(b)} | {d.effect:+.{digits}f} ({d.low:+.{digits}f} to "
+                     f"{d.high:+.{digits}f}), {format_p(d.p)} | {e.low:+.{digits}f} to {e.high:+.{digits}f}, "
+                     f"{format_p(e.p)} | **{verdict}** |")
+    return "\n".join(lines + ["", "Welch's t, two-sided at 5 %; where its interval holds 0, two one-sided Welch tests "
+                                   f"at 5 % (TOST) decide: equivalent when the 90 % interval lies inside ±{margin:g}. "
+                                   "Where Welch's t finds a difference, TOST says whether it is smaller than the margin."])
+
+
+def last_quarter(runs: list[dict], steps: int) -> dict:
+    """Validation mean recall and τ over the last quarter of the schedule (three quarters → the end), each: the paired t
+    of the change over the seeds and the seed-to-seed sd at the end."""
+    recall = []
+    for run in runs:
+        logged = {e["step"]: e[CHOICE_METRIC] for e in run["evaluations"]}
+        if steps not in logged:
+            raise ValueError(f"{run['cell']} seed {run['seed']} has no validation evaluation at step {steps:,}")
+        quarter = min(logged, key=lambda step: abs(step - 0.75 * steps))
+        recall.append((logged[quarter], logged[steps]))
+    starts, ends, tau = tau_last_quarter(runs)
+    return {"recall": (paired([end for _, end in recall], [start for start, _ in recall]), mean_std([end for _, end in recall])[1]),
+            "tau": (tau, mean_std(ends)[1])}
+
+
+def convergence_table(spec: dict) -> str:
+    """Markdown: the pre-registered convergence rule for each cell of a schedule pair (docs/results/NAME-convergence.json:
+    {"about", "short": grid, "long": grid, "cells": [...]}). "Converged" only where, in the long grid, validation mean
+    recall and τ each change over the last quarter by less than their seed-to-seed sd and not significantly (paired t,
+    5 %), and the long schedule's test mean recall is not significantly better than the short one's (Welch's t);
+    otherwise "at the end of the schedule". A cell that either grid has not run yet, or not all its seeds (a grid in
+    parts, `pooled`), says so (its runs under way)."""
+    long, short = load_file(spec["long"]), load_file(spec["short"])
+    lines = [spec["about"], "", "| cell | validation mean recall, last quarter (sd) | τ, last quarter (sd) | test mean recall, "
+             f"{long['steps']:,} − {short['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
+    for cell in spec["cells"]:
+        runs = [r for r in long["runs"] if r["cell"] == cell]
+        if not runs or not any(r["cell"] == cell for r in short["runs"]):
+            lines.append(f"| {cell} | | | | not run yet |")
+            continue
+        if cell in long.get("unfinished", {}):
+            lines.append(f"| {cell} | | | | {len(runs)} of its {long['seeds']} seeds so far |")
+            continue
+        if len(runs) < 2:
+            raise ValueError(f"{spec['long']}: cell {cell} has {len(runs)} runs; the rule needs ≥ 2")
+        changes = last_quarter(runs, long["steps"])
+        longer = welch(cell_values(spec["long"], cell, "headline:scenes-test/mean_recall"),
+                       cell_values(spec["short"], cell, "headline:scenes-test/mean_recall"))
+        flat = all(not d.significant and abs(d.effect) < sd for d, sd in changes.values())
+        converged = flat and not (longer.significant and longer.effect > 0)
+        shown = [f"{d.effect:+.{k}f} ({d.low:+.{k}f} to {d.high:+.{k}f}), {format_p(d.p)} ({sd:.{k}f})"
+                 for (d, sd), k in zip(changes.values(), (1, 2))]
+        lines.append(f"| {cell} | {shown[0]} | {shown[1]} | {longer.effect:+.1f} ({longer.low:+.1f} to {longer.high:+.1f}), "
+                     f"{format_p(longer.p)} | **{'converged' if converged else 'at the end of the schedule'}** |")
+    return "\n".join(lines + ["", "Each change: mean and 95 % interval over the seeds, the paired t's p, and in brackets the "
+                                   "seeds' sd at the end. Converged: each change smaller than that sd and not significant, "
+                                   "and the longer schedule not significantly better on test mean recall "
+                                   "(preregistration-hard-task.md)."])
+
+
+def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
+    """Markdown: for each cell, where one more seed lands on each metric (mean and 95 % prediction interval, cut
+    to the metric's "bounds" where it has them)."""
+    lines = ["| one more seed of | " + " | ".join(m["label"] for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
+    counts = set()
+    for cell in cells:
+        row = []
+        for metric in metrics:
+            p, digits = prediction(cell_values(source, cell, metric["metric"])), metric.get("digits", 1)
+            low, high = metric.get("bounds", (-math.inf, math.inf))  # a percentage cannot leave [0, 100]
+            counts.add(p.n)
+            row.append(f"{p.mean:.{digits}f} ({max(p.low, low):.{digits}f} to {min(p.high, high):.{digits}f})")
+        lines.append(f"| {cell} | " + " | ".join(row) + " |")
+    sizes = " or ".join(str(n) for n in sorted(counts))
+    return "\n".join(lines + ["", f"Each cell: the mean of the n = {sizes} runs and the 95 % prediction interval "
+                                   "for one more run, mean ± t(0.975, n − 1)·sd·√(1 + 1/n): if the runs of a cell "
+                                   "spread normally, a run with a new seed lands inside it 19 times in 20 (cut to "
+                                   "the metric's range, 0–100 for a percentage)."])
+
+
+def reruns_table(spec: dict) -> str:
+    """Markdown: where one more seed of each cell lands (docs/results/NAME-reruns.json: {"about", "source", "cells",
+    "metrics": [{"metric", "label", "bounds"?, "digits"?}]}), the figure a re-run on another machine is checked against."""
+    return "\n".join([spec["about"], "", rerun_table(spec["source"], spec["cells"], spec["metrics"])])
+
+
+def claims_summary_table(claims: dict) -> str:
+    """Markdown, one screen: each claim in a few words, our verdict in a few more, the comparisons that carry it
+    (Welch's t, recomputed) and the page with the detail."""
+    lines = ["| claim | verdict | the numbers that carry it (a − b, 95 % CI, p, n) | detail |", "|---|---|---|---|"]
+    for number, claim in enumerate(claims["claims"], 1):
+        numbers = []
+        for key in claim["key"]:
+            item = claim["tests"][key["test"]]
+            d, digits = difference(item), item.get("digits", 1)
+            numbers.append(f"{key['label']}: {d.effect:+.{digits}f} ({d.low:+.{digits}f} to {d.high:+.{digits}f}), "
+                           f"{format_p(d.p)}, n {d.n_a}/{d.n_b}")
+        lines.append(f"| {claim['short']} | **{claim['answer']}** | {'; '.join(numbers)} | [the tests](claims.md#claim-{number}); "
+                     f"[{claim['page']}]({claim['page']}) |")
+    return "\n".join(lines)
+
+
+def claims_table(claims: dict) -> str:
+    """Markdown, a section per claim (anchor claim-N, which the short table links): the paper's claim and numbers, ours
+    (mean ± sample std over seeds), Welch's t for each comparison the claim rests on, and the verdict with its why."""
+    lines = []
+    for number, claim in enumerate(claims["claims"], 1):
+        lines += [f'<a id="claim-{number}"></a>', "", f"### {number}. {claim['short']}", "", f"**The claim.** {claim['claim']}",
+                  "", f"**The paper's numbers.** {claim['paper']}", "", "**Measured here** (mean ± sample std over seeds): "
+                  + "; ".join(measured(item) for item in claim["measured"]) + ".", "",
+                  "**The comparisons** (Welch's t: difference of means, 95 % CI, p, Holm's p over the claim's comparisons, "
+                  "n per cell):", "", *(f"- {line}" for line in tested(claim.get("tests", [])) or ["—"]), "",
+                  f"**Verdict: {claim['verdict']}.** {claim['why']}", ""]
+    return "\n".join(lines[:-1])
+
+
+def retrieval_table(spec: dict) -> str:
+    """Markdown: every retrieval metric of some cells (mean ± sd over seeds) beside the ceiling of each
+    (docs/results/NAME-retrieval.json: {"about", "ceiling": results name, "set", "cells": [{"label", "source", "cell"}]})."""
+    ceiling = load_file(spec["ceiling"])["ceiling"]["this_set"]
+    lines = [spec["about"], "", "| metric | ceiling | " + " | ".join(c["label"] for c in spec["cells"]) + " |",
+             "|---|---|" + "---|" * len(spec["cells"])]
+    for label, key in CEILING_ROWS + RANK_ROWS:
+        values = [mean_std(cell_values(c["source"], c["cell"], f"retrieval:{spec['set']}/{key}")) for c in spec["cells"]]
+        bound = f"{ceiling[key]:.1f}" if key in ceiling else "—"
+        lines.append(f"| {label} | {bound} | " + " | ".join(f"{m:.1f} ± {sd:.1f}" for m, sd in values) + " |")
+    return "\n".join(lines + ["", f"Each cell: mean ± sd over its seeds, on {spec['set']}. The ceiling is the Bayes-optimal "
+                                   "ranking's on the same set (`topoclip data ceiling`); mAP@R and R-Precision count every "
+                                   "true caption, so the paired-caption ceiling does not bound them and none is given."])
+
+
+# The pre-registered rule (docs/results/preregistration-hard-task.md): a family's best lr is the cell whose runs
+# have the highest mean validation mean recall at the end of the schedule.
+CHOICE_METRIC = "scenes-val/mean_recall"
+
+
+LR_CHOICE = "lr-choice-"  # a block "lr-choice-GRID": lr_choice_table of GRID (and GRID-final-validation.json)
+
+
+def end_of_schedule_validation(results: dict) -> dict[str, list[float]]:
+    """{cell: each seed's validation mean recall at the schedule's last step}: the run's own evaluation there, or,
+    for a run trained before the trainer evaluated the validation split at the last step, the value
+    scripts/final_validation.py measured on its final weights (results["final_validation"])."""
+    final = {(r["cell"], r["seed"]): r["eval"][CHOICE_METRIC] for r in results.get("final_validation", {}).get("runs", [])
+             if r["step"] == results["steps"]}
+    values: dict[str, list[float]] = {}
+    for run in results["runs"]:
+        last = run["evaluations"][-1] if run["evaluations"] else {}
+        if last.get("step") == results["steps"]:
+            value = last[CHOICE_METRIC]
+        elif (run["cell"], run["seed"]) in final:
+            value = final[run["cell"], run["seed"]]
+        else:
+            raise ValueError(f"{run['cell']} seed {run['seed']} has no validation evaluation at step {results['steps']:,}; "
+                             f"run scripts/final_validation.py on its grid")
+        values.setdefault(run["cell"], []).append(value)
+    return values
+
+
+def lr_choice(results: dict) -> dict[str, str]:
+    """{family: the cell the pre-registered rule picks} of an lr grid whose cells are FAMILY_lr-LR."""
+    best: dict[str, tuple[float, str]] = {}
+    for cell, values in end_of_schedule_validation(results).items():
+        family, mean = cell.split("_lr-")[0], mean_std(values)[0]
+        if family not in best or mean > best[family][0]:
+            best[family] = (mean, cell)
+    return {family: cell for family, (_, cell) in best.items()}
+
+
+def lr_choice_table(results: dict) -> str:
+    """Markdown: each cell of an lr grid on the rule's validation metric and the test metrics, the picked cells bold."""
+    chosen = set(lr_choice(results).values())
+    validation = end_of_schedule_validation(results)
+    lines = [f"| family | lr | n | validation mean recall at step {results['steps']:,} (the rule) | test mean recall | "
+             "out-of-domain mean recall | zero-shot top-1 |", "|---|---|---|---|---|---|---|"]
+    for cell, values in validation.items():
+        runs = [r for r in results["runs"] if r["cell"] == cell]
+        columns = [values, [r["headline"]["scenes-test/mean_recall"] for r in runs],
+                   [r["headline"]["scenes-test-ood/mean_recall"] for r in runs], [r["zero_shot_top1"] for r in runs]]
+        family, lr = cell.split("_lr-")
+        bold = "**" if cell in chosen else ""
+        lines.append(f"| {family} | {bold}{lr}{bold} | {len(runs)} | "
+                     + " | ".join("{:.1f} ± {:.1f}".format(*mean_std(column)) for column in columns) + " |")
+    return "\n".join(lines + ["", "Each cell: mean ± sd over the seeds. Bold: the lr the pre-registered rule picks for the "
+                                   "family, the highest mean validation mean recall at the end of the schedule; the test "
+                                   "columns played no part in it. The validation split has fewer images per set "
+                                   "(evaluate.validation_size) than the test split, so its recall is higher."])
+
+
+def run_origin(grids: dict[str, dict], grid: str, run: dict) -> str:
+    """"GRID/runs/CELL/seed-K" of the run a record copies (`--reuse`, followed through copies of copies), or of the
+    record itself: two records with one origin are one run."""
+    for _ in range(len(grids) + 1):
+        if not run.get("reused_from"):
+            break
+        target = os.path.normpath(f"{grid}/{run['reused_from']}")
+        grid, _, run_dir = target.partition("/")
+        found = next((r for r in grids.get(grid, {}).get("runs", []) if r["run_dir"] == run_dir), None)
+        if found is None:  # copied from a folder that is not in docs/results
+            return target
+        run = found
+    return f"{grid}/{run['run_dir']}"
+
+
+def tau_last_quarter(runs: list[dict]):
+    """Each run's τ at three quarters of its schedule and at its end (from its curve), and the paired t of the change."""
+    starts, ends = [], []
+    for run in runs:
+        steps, scale = run["curve"]["steps"], run["curve"]["scale"]
+        quarter = min(range(len(steps)), key=lambda k: abs(steps[k] - 0.75 * steps[-1]))
+        starts.append(scale[quarter])
+        ends.append(scale[-1])
+    return starts, ends, paired(ends, starts)
+
+
+def tau_late_rise() -> list[dict]:
+    """Every learnable-τ cell of the committed grids at ≥ 9,600 steps, each run once (a cell another grid copied with
+    `--reuse`, whole or in part, is counted where it was trained): τ at three quarters of the schedule and at its end (the
+    seeds' curves), and the paired t of the change. The cells of a grid trained in parts (`pooled`) are its pool's,
+    once all their seeds have landed."""
+    grids = {folder.name: read_results(files.results_file(folder, "ablation.json"))
+             for folder in sorted(path.parent for path in [*files.RESULTS.glob("*/ablation.json"),
+                                                            *files.RESULTS.glob("*/ablation.json.gz")])}
+    pool_of, unfinished = {}, set()
+    for pool, spec in pools().items():
+        unfinished |= {(pool, cell) for cell in pooled(pool, spec)["unfinished"]}  # still running: not yet counted
+        for part in spec["parts"]:
+            if pool_of.setdefault(part, pool) != pool:
+                raise ValueError(f"{part} is a part of both {pool_of[part]} and {pool}: its runs would count twice")
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for name, grid in grids.items():
+        if (grid.get("steps") or 0) >= 9600:
+            for run in grid["runs"]:
+                key = (pool_of.get(name, name), run["cell"])
+                if run.get("learnable", True) and run["curve"]["steps"] and key not in unfinished:
+                    cells.setdefault(key, []).append({**run, "folder": name})
+    found, counted = [], set()
+    # Each run once: the larger cells first, so that three of five seeds copied elsewhere (or three seeds that
+    # another grid extended to five) are counted in the five; among cells of one size, the one trained in its grid
+    # first, so that a set of runs is named where it was trained. A cell sharing a run with one counted is left out.
+    for (name, cell), runs in sorted(cells.items(), key=lambda item: (-len(item[1]),
+                                                                      any(r.get("reused_from") for r in item[1]))):
+        origins = {run_origin(grids, run["folder"], run) for run in runs}
+        if len(runs) < 2 or origins & counted:
+            continue
+        counted |= origins
+        starts, ends, change = tau_last_quarter(runs)
+        found.append({"grid": name, "cell": cell, "n": len(runs), "tau_three_quarters": sum(starts) / len(starts),
+                      "tau_end": sum(ends) / len(ends), "change": change.effect, "low": change.low, "high": change.high,
+                      "p": change.p})
+    return sorted(found, key=lambda row: (row["grid"], row["cell"]))
+
+
+def tau_late_rise_table(rows: list[dict]) -> str:
+    rising = [row for row in rows if row["p"] < 0.05 and row["change"] > 0]
+    lines = [f"τ still rises over the last quarter of the schedule in **{len(rising)} of {len(rows)}** learnable-τ cells "
+             f"trained ≥ 9,600 steps, each run counted once (paired t over the seeds, 5 %, unadjusted); it falls "
+             f"significantly in none.", "",
+             "| grid | cell | n | τ at ¾ | τ at the end | change (95 % CI) | p |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {row['grid']} | {row['cell']} | {row['n']} | {row['tau_three_quarters']:.2f} | {row['tau_end']:.2f} | "
+              f"{row['change']:+.2f} ({row['low']:+.2f} to {row['high']:+.2f}) | {format_p(row['p'])} |" for row in rows]
+    return "\n".join(lines)
