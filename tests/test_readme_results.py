@@ -713,10 +713,10 @@ def test_a_packed_results_file_reads_as_its_json(tmp_path, monkeypatch):
     (tmp_path / "results" / "grid" / "ablation.json").write_text(json.dumps(results))
     (tmp_path / "results" / "analysis").mkdir()
     (tmp_path / "results" / "analysis" / "run-0.json").write_text(json.dumps({"value": 1}))
-    before = readme_results.load_file("grid"), readme_results.load_file("analysis")
+    before = readme_results.load_result("grid"), readme_results.load_result("analysis")
     assert sorted(path.name for path in readme_results.pack(tmp_path / "results")) == ["ablation.json.gz", "run-0.json.gz"]
     assert not list((tmp_path / "results").glob("*/*.json"))
-    assert (readme_results.load_file("grid"), readme_results.load_file("analysis")) == before
+    assert (readme_results.load_result("grid"), readme_results.load_result("analysis")) == before
     out = tmp_path / "sweep" / "grid"
     out.mkdir(parents=True)
     (out / "ablation.json").write_text(json.dumps(results))
@@ -724,6 +724,6 @@ def test_a_packed_results_file_reads_as_its_json(tmp_path, monkeypatch):
     (out / "ablation.json").write_text(json.dumps({**results, "steps": 20}))
     with pytest.raises(ValueError, match="holds other results"):
         readme_results.land(out)
-    assert readme_results.load_file("grid") == before[0]
+    assert readme_results.load_result("grid") == before[0]
     assert readme_results.land(out, replace=True).name == "ablation.json"
-    assert readme_results.load_file("grid")["steps"] == 20 and not (tmp_path / "results" / "grid" / "ablation.json.gz").exists()
+    assert readme_results.load_result("grid")["steps"] == 20 and not (tmp_path / "results" / "grid" / "ablation.json.gz").exists()

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
+from topoclip.core.door import read_text
 import topoclip.experiments.results.files as files
 from topoclip.experiments.results.benchmarks import csv_rows_table, fsdp_memory_table, gpu_check_table, loader_table
-from topoclip.experiments.results.files import land, load_file, pack, record
+from topoclip.experiments.results.files import land, load_result, pack, record
 from topoclip.experiments.results.grids import (ablation_table, ceiling_table, compare_table, default_run_table,
                                                 equilibrium_table, experts_table, false_negatives_table, pilot_table,
                                                 plot_grid, similarities_table)
@@ -22,7 +22,7 @@ from topoclip.experiments.results.tables import (LR_CHOICE, claims_summary_table
 
 
 # The documents with generated blocks: the front door, the docs, the report.
-DOCUMENTS = (files.README, *sorted((files.ROOT / "docs").glob("*.md")), *sorted(files.RESULTS.glob("*.md")))
+DOCUMENTS = (files.README, *files.listed(files.ROOT / "docs", (".md",)), *files.listed(files.RESULTS, (".md",)))
 
 
 RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "compare": compare_table, "claims": claims_table,
@@ -41,7 +41,7 @@ SUFFIX_RENDERERS = {"-tests": comparison_table, "-equivalence": equivalence_tabl
 
 def load_results(name: str):
     """The results block NAME draws from: computed from several files (τ's late rise, the headline, each family's lr,
-    the claims' summary), else its file (files.load_file)."""
+    the claims' summary), else its file (files.load_result)."""
     if name == "tau-late-rise":  # computed from every grid's curves
         return tau_late_rise()
     if name == "headline":  # computed from the grids of HEADLINE
@@ -49,10 +49,10 @@ def load_results(name: str):
     if name.startswith(LR_CHOICE):  # the pre-registered choice of each family's lr, from the grid after the prefix
         grid = name.removeprefix(LR_CHOICE)
         final = files.RESULTS / f"{grid}-final-validation.json"
-        return {**load_file(grid), **({"final_validation": json.loads(final.read_text())} if final.is_file() else {})}
+        return {**load_result(grid), **({"final_validation": files.read_results(final)} if final.is_file() else {})}
     if name == "claims-summary":
-        return json.loads((files.RESULTS / "claims.json").read_text())
-    return load_file(name)
+        return files.read_results(files.RESULTS / "claims.json")
+    return load_result(name)
 
 
 def renderer_for(name: str):
@@ -78,7 +78,7 @@ def refresh(write: bool) -> int:
     """`write`: rewrite every document's generated blocks and the headline figure; else check them (1: stale)."""
     stale = []
     for document in DOCUMENTS:
-        current = document.read_text()
+        current = read_text(document, "document", error=ValueError)
         wanted = render_blocks(current)
         if write:
             document.write_text(wanted)

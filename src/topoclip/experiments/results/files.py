@@ -13,7 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from topoclip.core.door import CONFIG_BYTES, parse_json, read_bytes, read_json
+from topoclip.core.door import (CONFIG_BYTES, is_folder, is_regular, list_folder, parse_json, read_bytes, read_json,
+                                 read_text)
 from topoclip.core.errors import file_name_problem
 
 
@@ -60,10 +61,19 @@ def results_file(folder: Path, name: str) -> Path:
     return packed if not (folder / name).exists() and packed.exists() else folder / name
 
 
+def listed(folder: Path, suffixes: tuple[str, ...] = (), folders: bool = False) -> list[Path]:
+    """The files of `folder` whose names end with one of `suffixes` (its folders with `folders`), sorted by name,
+    listed through the door: links are neither followed nor listed. [] where there is no such folder."""
+    if not is_folder(folder):
+        return []
+    return [folder / entry.name for entry in list_folder(folder, "results folder", error=ValueError)
+            if (entry.is_dir(follow_symlinks=False) if folders else
+                entry.is_file(follow_symlinks=False) and entry.name.endswith(suffixes))]
+
+
 def analysis_files(folder: Path) -> list[Path]:
     """The per-run JSON files of an analysis folder (NAME/*.json or, packed, *.json.gz), sorted by their stem."""
-    found = [*folder.glob("*.json"), *folder.glob("*.json.gz")]
-    return sorted(found, key=lambda path: path.name.removesuffix(".gz"))
+    return sorted(listed(folder, (".json", ".json.gz")), key=lambda path: path.name.removesuffix(".gz"))
 
 
 def pack(folder: Path) -> list[Path]:
@@ -71,9 +81,10 @@ def pack(folder: Path) -> list[Path]:
     bytes the same on every machine: no file name or time in the header); what the readers read is unchanged. The
     specs and pools at the top of docs/results stay plain. Returns the files written."""
     written = []
-    for path in sorted(Path(folder).glob("*/*.json")):
+    for path in [path for part in listed(Path(folder), folders=True) for path in listed(part, (".json",))]:
         target = path.with_name(path.name + ".gz")
-        target.write_bytes(gzip.compress(path.read_bytes(), compresslevel=9, mtime=0))
+        target.write_bytes(gzip.compress(read_bytes(path, "results file", limit=UNPACKED_BYTES, error=ValueError),
+                                         compresslevel=9, mtime=0))
         path.unlink()
         written.append(target)
     return written
@@ -94,7 +105,7 @@ def check_pool(name: str, spec) -> dict:
 def pools() -> dict[str, dict]:
     """Every grid trained in parts in docs/results (`pooled`): its name → its file's contents, checked (`check_pool`)."""
     found = {}
-    for file in sorted(RESULTS.glob("*.json")):
+    for file in listed(RESULTS, (".json",)):
         results = read_results(file)
         if isinstance(results, dict) and "parts" in results:
             found[file.stem] = check_pool(file.stem, results)
@@ -172,7 +183,7 @@ def run_settings(command: str) -> dict:
     return {key: value for key, value in args.items() if key not in PART_OPTIONS and not callable(value)}
 
 
-def load_file(name: str):
+def load_result(name: str):
     """docs/results/NAME.json (a grid trained in parts: `pooled`), NAME/ablation.json, or the list of NAME/*.json (one
     analysis per run, each with its file's stem added as "file"). (The blocks computed from several files, such as
     the headline, are topoclip.experiments.results.documents.load_block's.)"""
@@ -191,12 +202,13 @@ def record(run_dir: Path, wall_seconds: float, command: str) -> Path:
     """docs/results/default-run.json from a finished run folder."""
     import torch
 
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    last = [m for m in metrics if "t" in m][-1]
+    from topoclip.io.run_folder import read_metrics
+
+    last = [m for m in read_metrics(run_dir / "metrics.jsonl") if "t" in m][-1]
     results = {"command": command, "wall_seconds": wall_seconds, "torch": torch.__version__.split("+")[0],
                "machine": f"{platform.machine()}, {torch.get_num_threads()} threads (the 2-core development machine)",
                "temperature": f"τ = {last['scale']:.2f} (t = {last['t']:.3f})",
-               "records": json.loads((run_dir / "eval.json").read_text())}
+               "records": read_json(run_dir / "eval.json", "eval.json", error=ValueError)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "default-run.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
@@ -214,7 +226,7 @@ def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Pa
     name = out_dir.resolve().name
     if not isinstance(results, dict) or results.get("analysis") != "ablation":
         raise ValueError(f"{out_dir}/ablation.json is not what `topoclip ablate` writes")
-    if (RESULTS / f"{name}.json").is_file():  # load_file would read it, not the folder
+    if (RESULTS / f"{name}.json").is_file():  # load_result would read it, not the folder
         raise ValueError(f"docs/results/{name}.json exists and would hide docs/results/{name}/: rename {out_dir}")
     found = pools()
     other = next((other for other, spec in found.items() if name in spec["parts"] and other != pool), None)
@@ -223,7 +235,8 @@ def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Pa
     if pool and pool not in found:
         raise ValueError(f"docs/results/{pool}.json is not a grid in parts ({{\"about\", \"parts\": [...]}}): write it first")
     path, packed = RESULTS / name / "ablation.json", results_file(RESULTS / name, "ablation.json")
-    made, before = not path.parent.is_dir(), path.read_text(encoding="utf-8") if path.is_file() else None
+    made = not path.parent.is_dir()
+    before = read_text(path, "results file", limit=UNPACKED_BYTES, error=ValueError) if is_regular(path) else None
     written = json.dumps(results, ensure_ascii=False, separators=(",", ":"))
     if packed != path and read_results(packed) == json.loads(written):
         return packed  # landed before and packed since: the same results

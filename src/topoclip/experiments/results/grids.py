@@ -9,7 +9,7 @@ from topoclip.experiments.compare import MODELS, comparison_rows, markdown as co
 from topoclip.experiments.grid import load_grid
 from topoclip.experiments.report import markdown_table
 from topoclip.experiments.statistics import mean_std
-from topoclip.experiments.results.files import load_file
+from topoclip.experiments.results.files import load_result
 
 
 def default_run_table(results: dict) -> str:
@@ -206,7 +206,7 @@ def plot_grid(name: str, out: Path) -> Path:
     its pages show)."""
     from topoclip.experiments.report import plot_evaluations
 
-    results = load_file(name)
+    results = load_result(name)
     out.mkdir(parents=True, exist_ok=True)
     path = plot_evaluations(results["runs"], out, load_grid(results["grid"]).zero_shot_set)
     if path is None:

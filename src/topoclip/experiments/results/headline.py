@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from topoclip.core.door import IMAGE_BYTES, is_regular, open_regular
 from topoclip.experiments.statistics import welch
 import topoclip.experiments.results.files as files
-from topoclip.experiments.results.files import load_file
+from topoclip.experiments.results.files import load_result
 from topoclip.experiments.results.tables import pooled_values
 
 
@@ -57,14 +58,14 @@ def headline_points() -> list[dict]:
         grids = (grids,) if isinstance(grids, str) else grids
         if not all(files.results_file(files.RESULTS / grid, "ablation.json").is_file() for grid in grids):
             continue
-        if not all({multi, sphere} <= {r["cell"] for r in load_file(grid)["runs"]} for grid in grids):
+        if not all({multi, sphere} <= {r["cell"] for r in load_result(grid)["runs"]} for grid in grids):
             continue
         differences = {name: welch(pooled_values([[grid, multi] for grid in grids], metric),
                                    pooled_values([[grid, sphere] for grid in grids], metric))
                        for name, metric in HEADLINE_METRICS.items()}
         if min(d.n_a for d in differences.values()) < 2 or min(d.n_b for d in differences.values()) < 2:
             continue
-        points.append({"task": task, "lr": lr, "noise": noise, "steps": load_file(grids[0])["steps"], "grids": grids,
+        points.append({"task": task, "lr": lr, "noise": noise, "steps": load_result(grids[0])["steps"], "grids": grids,
                        "cells": [multi, sphere],
                        **{name: d.as_dict() for name, d in differences.items()}})
     return points
@@ -94,7 +95,7 @@ def reused_runs(points: list[dict]) -> str:
     said = []
     for point in points:
         for grid in point["grids"]:
-            runs = [r for r in load_file(grid)["runs"] if r["cell"] in point["cells"]]
+            runs = [r for r in load_result(grid)["runs"] if r["cell"] in point["cells"]]
             # reused_from is relative to the grid's folder or to its run's: the grid copied is the first named part
             sources = [next(part for part in Path(os.path.normpath(f"{grid}/{r['reused_from']}")).parts if part != "..")
                        for r in runs if r.get("reused_from")]
@@ -124,9 +125,9 @@ def drawn_from(path: Path) -> Optional[str]:
     """The fingerprint of the points a headline.png was drawn from (None: none stored, or no figure)."""
     from PIL import Image
 
-    if not path.is_file():
+    if not is_regular(path):
         return None
-    with Image.open(path) as image:
+    with open_regular(path, "headline figure", limit=IMAGE_BYTES, error=ValueError) as file, Image.open(file) as image:
         return image.text.get(FINGERPRINT_KEY)
 
 

@@ -8,7 +8,7 @@ import os
 
 from topoclip.experiments.statistics import format_p, holm, mean_std, paired, permutation, prediction, tost, welch
 import topoclip.experiments.results.files as files
-from topoclip.experiments.results.files import load_file, pooled, pools, read_results
+from topoclip.experiments.results.files import load_result, pooled, pools, read_results
 from topoclip.experiments.results.grids import CEILING_ROWS, RANK_ROWS, experts_values
 
 
@@ -21,7 +21,7 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
     A compare: cell is "multi" or "sphere", metric a row of its table.
     The experts: cell is k, set_name the zero-shot set.
     """
-    results = load_file(source)
+    results = load_result(source)
     if source == "experts":
         return experts_values(results)[set_name][int(cell)]
     if results.get("analysis") == "compare":
@@ -122,7 +122,7 @@ def pooled_values(refs: list, metric: str) -> list[float]:
     trained later, `ablate --first-seed`); refused when a seed appears twice or the grids' schedules differ."""
     values, seeds, steps = [], set(), set()
     for source, cell in refs:
-        results = load_file(source)
+        results = load_result(source)
         found = [r["seed"] for r in results["runs"] if r["cell"] == cell]
         if seeds & set(found) or len(set(found)) < len(found):
             raise ValueError(f"{source}'s {cell} repeats a seed of {refs}: a run would be counted twice")
@@ -182,7 +182,7 @@ def convergence_table(spec: dict) -> str:
     5 %), and the long schedule's test mean recall is not significantly better than the short one's (Welch's t);
     otherwise "at the end of the schedule". A cell that either grid has not run yet, or not all its seeds (a grid in
     parts, `pooled`), says so (its runs under way)."""
-    long, short = load_file(spec["long"]), load_file(spec["short"])
+    long, short = load_result(spec["long"]), load_result(spec["short"])
     lines = [spec["about"], "", "| cell | validation mean recall, last quarter (sd) | τ, last quarter (sd) | test mean recall, "
              f"{long['steps']:,} − {short['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
     for cell in spec["cells"]:
@@ -269,7 +269,7 @@ def claims_table(claims: dict) -> str:
 def retrieval_table(spec: dict) -> str:
     """Markdown: every retrieval metric of some cells (mean ± sd over seeds) beside the ceiling of each
     (docs/results/NAME-retrieval.json: {"about", "ceiling": results name, "set", "cells": [{"label", "source", "cell"}]})."""
-    ceiling = load_file(spec["ceiling"])["ceiling"]["this_set"]
+    ceiling = load_result(spec["ceiling"])["ceiling"]["this_set"]
     lines = [spec["about"], "", "| metric | ceiling | " + " | ".join(c["label"] for c in spec["cells"]) + " |",
              "|---|---|" + "---|" * len(spec["cells"])]
     for label, key in CEILING_ROWS + RANK_ROWS:
@@ -371,8 +371,8 @@ def tau_late_rise() -> list[dict]:
     seeds' curves), and the paired t of the change. The cells of a grid trained in parts (`pooled`) are its pool's,
     once all their seeds have landed."""
     grids = {folder.name: read_results(files.results_file(folder, "ablation.json"))
-             for folder in sorted(path.parent for path in [*files.RESULTS.glob("*/ablation.json"),
-                                                            *files.RESULTS.glob("*/ablation.json.gz")])}
+             for folder in files.listed(files.RESULTS, folders=True)
+             if files.results_file(folder, "ablation.json").is_file()}
     pool_of, unfinished = {}, set()
     for pool, spec in pools().items():
         unfinished |= {(pool, cell) for cell in pooled(pool, spec)["unfinished"]}  # still running: not yet counted
