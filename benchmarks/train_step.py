@@ -43,7 +43,8 @@ def topoclip_step(preset: str, batch: int, *, device: str = "cpu", precision: st
     tokens = TextBatch(ids.masked_fill(~mask, 0), mask)
 
     def step() -> None:
-        forward_backward_loss(trained, images, tokens, config.train.loss, precision=precision, scaler=scaler)
+        forward_backward_loss(trained, images, tokens, config.train.loss, precision=precision, scaler=scaler,
+                              entailment_weight=config.train.entailment_weight)
         optimizer_step(model, optimizer, scaler, config.train.grad_clip)
 
     return step, model, (images, tokens)

@@ -80,7 +80,8 @@ def main(inputs_path: str, out_dir: str, parallelism: str = "ddp") -> None:
         for _ in range(2):
             model.zero_grad(set_to_none=True)
             loss = forward_backward(ddp, images[lo:hi], text[lo:hi], case["loss"],
-                                    accumulation_steps=case["accumulation_steps"], keywords=loss_keywords(config))
+                                    accumulation_steps=case["accumulation_steps"], keywords=loss_keywords(config),
+                                    entailment_weight=config.train.entailment_weight)
         mean_loss = torch.tensor(loss)
         dist.all_reduce(mean_loss)
         trained = [p for p in model.parameters() if p.requires_grad]

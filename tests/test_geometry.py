@@ -13,19 +13,36 @@ from _tolerance import fp32_pair, gamma
 ALL = sorted(TOPOLOGIES)
 
 
+def curved(topology, c=0.7):
+    """The keywords a topology's functions take: the hyperbolic ones a curvature c (0.7: not MERU's 1, so a formula
+    that drops c is caught), the others none."""
+    return {"curvature": c} if TOPOLOGIES[topology].curved else {}
+
+
 def random_points(topology, batch=6, m=4, n=8, dtype=torch.float64):
-    return to_space(topology, torch.randn(batch, m, n, dtype=dtype))
+    return to_space(topology, torch.randn(batch, m, n, dtype=dtype), **curved(topology))
 
 
 @pytest.mark.parametrize("topology", ALL)
 def test_projection_lands_on_the_space(topology):
     x = torch.randn(5, 4, 8) * 3
-    y = to_space(topology, x)
+    y = to_space(topology, x, **curved(topology))
     assert y.shape == x.shape and y.dtype == torch.float32
     if topology == "sphere":  # normalise, then norm: 32 fp32 terms each
         torch.testing.assert_close(y.flatten(1).norm(dim=-1), torch.ones(5), **fp32_pair(32 + 32))
     elif topology.startswith("ps-"):
         torch.testing.assert_close(y.norm(dim=-1), torch.ones(5, 4), **fp32_pair(8 + 8))
+    elif TOPOLOGIES[topology].curved:  # the exponential map keeps the direction and reaches distance ‖x‖ (or its clamp)
+        rows = (lambda t: t) if TOPOLOGIES[topology].product else (lambda t: t.flatten(1))
+        c = curved(topology)["curvature"]
+        tangent, point = rows(x).double(), rows(y).double()
+        reached = torch.asinh(c**0.5 * point.norm(dim=-1)) / c**0.5  # distance to the origin, float64 from fp32 y
+        expected = tangent.norm(dim=-1).clamp(max=geometry.SINH_INPUT_MAX / c**0.5)
+        # y = x · sinh(r)/r in fp32: a few roundings (norm of ≤ 32 terms, sinh, a division, a product) per coordinate,
+        # each relative; asinh's relative condition number r/(sqrt(1 + r²) asinh r) ≤ 1 passes them on to the distance.
+        torch.testing.assert_close(reached, expected, atol=0, rtol=gamma(32 + 8))
+        cosine = (tangent * point).sum(-1) / (tangent.norm(dim=-1) * point.norm(dim=-1))
+        torch.testing.assert_close(cosine, torch.ones_like(cosine), atol=gamma(2 * 32 + 8), rtol=0)
     else:
         torch.testing.assert_close(y, x, atol=0, rtol=0)  # the identity
 
@@ -33,8 +50,10 @@ def test_projection_lands_on_the_space(topology):
 @pytest.mark.parametrize("topology", ALL)
 @pytest.mark.parametrize("m", [1, 4, 16])
 def test_similarity_range(topology, m):
-    u = to_space(topology, torch.randn(64, m, 8))
-    s = similarity(topology, u, torch.cat([u[:8], -u[8:16], to_space(topology, torch.randn(48, m, 8))]))
+    keywords = curved(topology)
+    u = to_space(topology, torch.randn(64, m, 8), **keywords)
+    s = similarity(topology, u, torch.cat([u[:8], -u[8:16], to_space(topology, torch.randn(48, m, 8), **keywords)]),
+                   **keywords)
     low, high = TOPOLOGIES[topology].similarity_range(m)
     assert s.shape == (64, 64)
     # fp32: normalising and scoring 8·m coordinates is ~8·m + 8 roundings on values ≤ m (ps-inner's
@@ -43,8 +62,11 @@ def test_similarity_range(topology, m):
     assert (s >= low - rounding).all() and (s <= high + rounding).all()
     if topology != "euclidean":  # the diagonal of matching pairs reaches the top of the range
         # (the geodesic only to within the arccos clamp, √m · arccos(1 − ε), with 1 − ε itself rounded
-        # to fp32: at most one spacing below 1, 2⁻²⁴, further from 1)
-        slack = math.sqrt(m) * math.acos(1 - geometry.ARCCOS_CLAMP_EPSILON - 2.0**-24) + rounding
+        # to fp32: at most one spacing below 1, 2⁻²⁴, further from 1; the hyperboloids to within
+        # arcosh(1 + δ_min)/√c per factor, δ_min = LORENTZ_DELTA_MIN)
+        floor = (math.acosh(1 + geometry.LORENTZ_DELTA_MIN) / keywords["curvature"] ** 0.5 if keywords else
+                 math.acos(1 - geometry.ARCCOS_CLAMP_EPSILON - 2.0**-24))
+        slack = (m if TOPOLOGIES[topology].product and keywords else math.sqrt(m)) * floor + rounding
         torch.testing.assert_close(s.diagonal()[:8], torch.full((8,), high), atol=slack, rtol=0)
     if topology in ("sphere", "ps-inner"):  # antipodes reach the bottom
         torch.testing.assert_close(s[8:16, 8:16].diagonal(), torch.full((8,), low), atol=rounding, rtol=0)
@@ -165,10 +187,14 @@ def test_chunked_equals_unchunked_in_values_and_gradients(topology):
     results = []
     for chunk in (None, 3):
         u, v = base_u.clone().requires_grad_(), base_v.clone().requires_grad_()
-        s = similarity(topology, to_space(topology, u), to_space(topology, v), chunk_size=chunk)
+        keywords = curved(topology)
+        s = similarity(topology, to_space(topology, u, **keywords), to_space(topology, v, **keywords), chunk_size=chunk,
+                       **keywords)
         (s * torch.linspace(-1, 1, s.numel()).view_as(s)).sum().backward()
         results.append((s.detach(), u.grad, v.grad))
-    for a, b in zip(*results):  # float64 in both: equal up to summation order, γ_24 of float64 on values ≤ π√m
+    # float64 in both: equal up to summation order, γ_24 of float64 on values ≤ π√m (the sphere's); the hyperboloids'
+    # distances are ≤ 2·SINH_INPUT_MAX/√c each, ≤ 4 · 11.1 · 1.2 in all, well within the same atol's 10·π·2
+    for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=24 * 2.0**-53 * math.pi * 2 * 10, rtol=0)
 
 
@@ -190,17 +216,17 @@ def test_geodesic_chunks_hold_no_full_intermediate(monkeypatch):
 @pytest.mark.parametrize("topology", ALL)
 def test_gradients_finite_at_identical_points(topology):
     raw = torch.randn(4, 3, 5, requires_grad=True)
-    u = to_space(topology, raw)
-    s = similarity(topology, u, u)  # diagonal: u = v exactly
+    u = to_space(topology, raw, **curved(topology))
+    s = similarity(topology, u, u, **curved(topology))  # diagonal: u = v exactly
     s.sum().backward()
     assert torch.isfinite(s).all() and torch.isfinite(raw.grad).all()
 
 
 @pytest.mark.parametrize("topology", ALL)
 def test_fp32_under_bf16_autocast(topology):
-    u = to_space(topology, torch.randn(8, 4, 8)).to(torch.bfloat16)
+    u = to_space(topology, torch.randn(8, 4, 8), **curved(topology)).to(torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        s = similarity(topology, u, u)
+        s = similarity(topology, u, u, **curved(topology))
     assert s.dtype == torch.float32
 
 

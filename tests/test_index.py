@@ -1,4 +1,6 @@
 """Flat vectors in a real inner-product index (faiss, the `index` extra): its top-k is the model's."""
+import math
+
 import pytest
 import torch
 
@@ -29,4 +31,28 @@ def test_an_inner_product_index_of_flat_vectors_returns_the_model_s_top_k(topolo
     torch.testing.assert_close(torch.from_numpy(scores), expected.values[:, :K], atol=bound, rtol=0)
     separated = (expected.values[:, :-1] - expected.values[:, 1:]).min(dim=1).values > bound
     assert separated.float().mean() > 0.9  # random vectors: near-ties are rare
+    assert torch.equal(torch.from_numpy(found)[separated], expected.indices[separated, :K])
+
+
+def test_a_lorentz_model_s_index_vectors_give_its_nearest_neighbours():
+    """A hyperbolic model has no flat form (its similarity is no inner product), but one hyperboloid ranks by the
+    Lorentzian product: items [x, t], queries [x, −t] in an inner-product index find the nearest points."""
+    from topoclip.core.geometry import lorentz_index_vectors
+
+    model = CLIP(load_config("tiny", ["model.topology=lorentz", "model.curvature.init=0.6"]).model)
+    generator = torch.Generator().manual_seed(1)
+    shape, c = model.embedding_shape, model.curvature_value.detach()
+    gallery = to_space("lorentz", 0.3 * torch.randn(10_000, *shape, generator=generator), curvature=c)
+    queries = to_space("lorentz", 0.3 * torch.randn(50, *shape, generator=generator), curvature=c)
+    index = faiss.IndexFlatIP(shape[0] * shape[1] + 1)
+    index.add(lorentz_index_vectors(gallery, c, query=False).numpy())
+    _, found = index.search(lorentz_index_vectors(queries, c, query=True).numpy(), K)
+    expected = model.similarity(queries, gallery).topk(K + 1, dim=1)
+    # The index's scores ⟨q, x⟩_L and the similarity −arcosh(−c⟨q, x⟩_L)/√c are computed in fp32 by different sums;
+    # where two neighbours' distances lie within 1e-4 of each other (far above either's rounding: products of
+    # coordinates ≲ 2, 65 terms, γ_65·(t_q t_x + |qᵀx|) ≈ 2e-5 on ⟨q, x⟩_L, whose distance's slope is ≤ 1/sqrt(2δ)
+    # ≤ 3 at these δ > 0.05), either order is right; elsewhere the rankings must be identical.
+    assert (-expected.values).min() > math.acosh(1.05) / float(c) ** 0.5  # δ = cosh(√c·d) − 1 > 0.05
+    separated = (expected.values[:, :-1] - expected.values[:, 1:]).min(dim=1).values > 1e-4
+    assert separated.float().mean() > 0.9
     assert torch.equal(torch.from_numpy(found)[separated], expected.indices[separated, :K])

@@ -55,10 +55,11 @@ def test_finite_at_tau_100_under_bf16_autocast(topology, name):
     raw_u = torch.randn(16, 4, 8, requires_grad=True)
     raw_v = torch.randn(16, 4, 8, requires_grad=True)
     tau = torch.tensor(math.log(100.0), requires_grad=True)
+    keywords = {"curvature": 1.0} if TOPOLOGIES[topology].curved else {}
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        u = to_space(topology, raw_u.bfloat16())
-        v = to_space(topology, (raw_u + 0.01 * raw_v).bfloat16())  # near-matching pairs
-        s = similarity(topology, u, v)
+        u = to_space(topology, raw_u.bfloat16(), **keywords)
+        v = to_space(topology, (raw_u + 0.01 * raw_v).bfloat16(), **keywords)  # near-matching pairs
+        s = similarity(topology, u, v, **keywords)
         loss = LOSSES[name](s, s.T, tau.exp(), torch.tensor(-10.0))
     loss.backward()
     assert loss.dtype == torch.float32 and torch.isfinite(loss)

@@ -40,6 +40,10 @@ CASES = {  # key: (loss, accumulation steps per rank, config overrides)
     "max-hinge": ("max-hinge", 1, ["train.loss=max-hinge", "train.margin=0.5"]),
     "max-hinge-accum2": ("max-hinge", 2, ["train.loss=max-hinge", "train.margin=0.5"]),
     "n-pair": ("n-pair", 1, ["train.loss=n-pair"]),
+    # MERU: the hyperbolic distance, its curvature and scalings, and the entailment loss of each rank's pairs.
+    "lorentz-entailment-accum2": ("infonce", 2, ["model.topology=lorentz", "train.entailment_weight=0.2"]),
+    "lorentz-product-entailment": ("infonce", 1, ["model.topology=lorentz-product", "model.class_tokens=2",
+                                                  "train.entailment_weight=0.2"]),
 }
 
 
@@ -119,7 +123,8 @@ def test_two_ranks_equal_one_process_on_the_global_batch(run, key):
     reference = copy.deepcopy(models[key]).double()
     config = load_config("tiny", CASES[key][2])
     apply_locks(reference, config.train)
-    expected_loss = forward_backward(reference, images.double(), text, loss_name, keywords=loss_keywords(config))
+    expected_loss = forward_backward(reference, images.double(), text, loss_name, keywords=loss_keywords(config),
+                                     entailment_weight=config.train.entailment_weight)
     expected = {name: p.grad for name, p in reference.named_parameters() if p.requires_grad}
     roundings = model_roundings(reference.config, GLOBAL_BATCH)
     for rank, result in enumerate(results):

@@ -39,6 +39,9 @@ LOSS_SETUPS = {
     "infonce": [],
     "sigmoid": ["model.temperature.bias_init=-10", "train.loss=sigmoid"],
     "infonce-geodesic": ["model.topology=ps-geodesic"],  # the chunked + checkpointed similarity
+    # MERU's loss: the hyperbolic distance (chunked for the product) and the entailment term of the pairs
+    "infonce-lorentz": ["model.topology=lorentz", "train.entailment_weight=0.2"],
+    "infonce-lorentzproduct": ["model.topology=lorentz-product", "model.class_tokens=2", "train.entailment_weight=0.2"],
 }
 
 
@@ -56,15 +59,19 @@ def test_accumulated_gradients_equal_the_full_batch_gradients(setup):
     images, text = random_batch(full)
     images = images.double()
 
-    full_loss = forward_backward(full, images, text, loss_name)
-    accumulated_loss = forward_backward(accumulated, images, text, loss_name, accumulation_steps=4)
-    accumulated32_loss = forward_backward(accumulated32, images.float(), text, loss_name, accumulation_steps=4)
+    weight = load_config("tiny", LOSS_SETUPS[setup]).train.entailment_weight
+    full_loss = forward_backward(full, images, text, loss_name, entailment_weight=weight)
+    accumulated_loss = forward_backward(accumulated, images, text, loss_name, accumulation_steps=4,
+                                        entailment_weight=weight)
+    accumulated32_loss = forward_backward(accumulated32, images.float(), text, loss_name, accumulation_steps=4,
+                                          entailment_weight=weight)
 
     n = roundings(full)
     assert_fp32_close(torch.tensor(accumulated32_loss), torch.tensor(full_loss, dtype=torch.float64), n, "loss")
     assert accumulated_loss == pytest.approx(full_loss, rel=n * 2.0**-53)
     expected, got, got32 = gradients(full), gradients(accumulated), gradients(accumulated32)
     assert "temperature.t" in got and (loss_name != "sigmoid" or "temperature.bias" in got)
+    assert ("curvature.log_c" in got) == ("lorentz" in setup)  # c learns (its gradient compared below)
     for name, grad in expected.items():
         assert grad.abs().max() > 0, f"{name}: zero gradient, the comparison would be vacuous"
         assert_fp32_close(got32[name], grad, n, name)

@@ -15,7 +15,6 @@ from typing import Sequence
 
 import torch
 
-from topoclip.core import geometry
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.config import ConfigError
 from topoclip.run.evaluation.metrics import ClassificationAccumulator
@@ -42,37 +41,37 @@ def draw_subsets(m: int, k: int, draws: int, generator: torch.Generator) -> list
 
 
 class SubsetScorer:
-    """Stands in for the model when scoring: the topology's similarity of the chosen sub-spheres only."""
+    """Stands in for the model when scoring: the model's similarity of the chosen sub-spheres (factors) only."""
 
-    def __init__(self, topology: str, subset: Sequence[int]):
-        self.topology = topology
+    def __init__(self, model, subset: Sequence[int]):
+        self.model = model
         self.subset = list(subset)
 
     def similarity(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(Bu, m, n), (Bv, m, n) -> (Bu, Bv) using rows `subset` of both."""
         index = torch.tensor(self.subset, device=u.device)
-        return geometry.similarity(self.topology, u.index_select(1, index), v.index_select(1, index))
+        return self.model.similarity(u.index_select(1, index), v.index_select(1, index))
 
 
-def subset_accuracy(classifier, image_embeddings: torch.Tensor, labels: torch.Tensor, topology: str,
+def subset_accuracy(classifier, image_embeddings: torch.Tensor, labels: torch.Tensor, model,
                     subset: Sequence[int]) -> float:
     """Top-1 (percent) of a ZeroShotClassifier on embedded images (N, m, n), scored with `subset` only."""
     accumulator = ClassificationAccumulator(classifier.num_classes)
-    scorer = SubsetScorer(topology, subset)
+    scorer = SubsetScorer(model, subset)
     for start in range(0, image_embeddings.shape[0], 1024):
         scores = classifier.scores(scorer, image_embeddings[start : start + 1024])
         accumulator.update(scores, labels[start : start + 1024])
     return accumulator.compute()["top1"]
 
 
-def subset_curve(classifier, image_embeddings: torch.Tensor, labels: torch.Tensor, topology: str, draws: int,
+def subset_curve(classifier, image_embeddings: torch.Tensor, labels: torch.Tensor, model, draws: int,
                  generator: torch.Generator) -> list[dict]:
     """[{k, subsets, accuracies, mean, std}] for k = 1, 2, 4, …, m."""
     m = image_embeddings.shape[1]
     rows = []
     for k in subset_sizes(m):
         subsets = draw_subsets(m, k, draws, generator)
-        accuracies = torch.tensor([subset_accuracy(classifier, image_embeddings, labels, topology, s) for s in subsets])
+        accuracies = torch.tensor([subset_accuracy(classifier, image_embeddings, labels, model, s) for s in subsets])
         rows.append({"k": k, "subsets": subsets, "accuracies": accuracies.tolist(), "mean": accuracies.mean().item(),
                      "std": accuracies.std().item() if len(subsets) > 1 else 0.0})
     return rows
@@ -117,7 +116,7 @@ def analyze_experts(loaded: Pretrained, out_dir, size: int = 400, draws: int = 1
                                           batch_size, loaded.device)
         images = embed_images(model, dataset.images, loaded.transform, batch_size, loaded.device)
         with evaluating(model):
-            curve = subset_curve(classifier, images, dataset.labels, model.config.topology, draws, generator)
+            curve = subset_curve(classifier, images, dataset.labels, model, draws, generator)
         result["sets"][name] = {"classes": len(dataset.classnames), "full_model_top1": curve[-1]["mean"],
                                 "subsets": curve}
     result["plots"] = [plot_curves(result, out_dir).name]

@@ -64,11 +64,15 @@ class _BlockInput:
 
 
 def pair_scores(model, u: torch.Tensor, v: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-    """u, v (1, m, n) -> (names, (P,) scores): the total, then each sub-sphere's u_kᵀv_k for product spheres."""
+    """u, v (1, m, n) -> (names, (P,) scores): the total, then each factor's u_kᵀv_k for product spheres (−d(u_k, v_k)
+    on product hyperboloids)."""
     total = model.similarity(u, v)[0, 0]
     if not get_topology(model.config.topology).product:
         return ["total"], total[None]
-    per_pair = (u[0].float() * v[0].float()).sum(-1)  # (m,)
+    if model.curvature is not None:
+        per_pair = torch.stack([model.similarity(u[:, k : k + 1], v[:, k : k + 1])[0, 0] for k in range(u.shape[1])])
+    else:
+        per_pair = (u[0].float() * v[0].float()).sum(-1)  # (m,)
     return ["total"] + [f"pair {k}" for k in range(per_pair.shape[0])], torch.cat([total[None], per_pair])
 
 

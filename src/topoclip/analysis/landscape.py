@@ -75,7 +75,8 @@ def batch_losses(model, weights: dict, pixels: torch.Tensor, text, scales: Seque
                  loss: LossOfSimilarity) -> torch.Tensor:
     """The loss on the batch with `weights` swapped into `model`, at each τ -> (T,)."""
     output = functional_call(model, weights, args=(pixels, text))
-    similarity = model.similarity(output.image_embeds, output.text_embeds)  # (b, b), independent of τ
+    # (b, b), independent of τ; a hyperbolic model's c is the swapped weights' (the forward's), not the model's own
+    similarity = model.similarity(output.image_embeds, output.text_embeds, curvature=output.curvature)
     return torch.stack([loss(similarity, torch.tensor(float(s), device=similarity.device)) for s in scales])
 
 

@@ -48,8 +48,11 @@ def similarity_samples(score: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     }
 
 
-def sphere_score(k: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The cosine on sub-sphere k: (Bu, m, n), (Bv, m, n) -> (Bu, Bv) = u_k · v_kᵀ."""
+def sphere_score(k: int, model=None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The score on factor k: (Bu, m, n), (Bv, m, n) -> (Bu, Bv): the cosine u_k · v_kᵀ on a sub-sphere, the negative
+    distance −d(u_k, v_k) on a hyperboloid of a hyperbolic `model` (whose similarity is the sum of these)."""
+    if model is not None and model.curvature is not None:
+        return lambda u, v: model.similarity(u[:, k : k + 1], v[:, k : k + 1])
     return lambda u, v: u[:, k].float() @ v[:, k].float().T
 
 
@@ -90,7 +93,7 @@ def domain_distributions(loaded: Pretrained, encoded: EncodedPairs) -> dict:
     model = loaded.model
     result = {"summed": distributions(similarity_samples(model.similarity, encoded.images, encoded.texts))}
     if get_topology(model.config.topology).product:
-        result["per_sphere"] = [distributions(similarity_samples(sphere_score(k), encoded.images, encoded.texts))
+        result["per_sphere"] = [distributions(similarity_samples(sphere_score(k, model), encoded.images, encoded.texts))
                                 for k in range(encoded.images.shape[1])]
     return result
 

@@ -76,6 +76,14 @@ def command_analyze_gradcam(args) -> int:
     return analysis_written("gradcam", result, out)
 
 
+def command_analyze_hierarchy(args) -> int:
+    from topoclip.analysis.hierarchy import analyze_hierarchy
+
+    loaded, out = analysis_inputs(args)
+    result = analyze_hierarchy(loaded, out, args.size, args.traversal_images, args.steps)
+    return analysis_written("hierarchy", result, out)
+
+
 def command_analyze_experts(args) -> int:
     from topoclip.analysis.experts import analyze_experts
 
@@ -117,6 +125,7 @@ def add_analyze(commands) -> None:
     from topoclip.analysis.gradcam import analyze_gradcam
     from topoclip.analysis.landscape import analyze_landscape
     from topoclip.analysis.probe import analyze_probe
+    from topoclip.analysis.hierarchy import analyze_hierarchy
     from topoclip.analysis.similarities import analyze_similarities
     from topoclip.data.scenes import SPLITS
 
@@ -186,6 +195,14 @@ def add_analyze(commands) -> None:
     sub.add_argument("--mode", default=default_of(analyze_experts, "mode"), choices=["distance", "embedding"])
     sub.add_argument("--sets", nargs="+", default=default_of(analyze_experts, "sets"))
     sub.add_argument("--seed", type=whole(0), default=default_of(analyze_experts, "seed"))
+    sub = analysis("hierarchy", command_analyze_hierarchy, "generic captions nearer the origin than specific ones, "
+                   "and the captions met on the way from an image to the origin (MERU; hyperbolic and Euclidean models)")
+    sub.add_argument("--size", type=whole(1), default=default_of(analyze_hierarchy, "size"),
+                     help="test scenes, each with a chain of 5 captions from generic to specific (default %(default)s)")
+    sub.add_argument("--traversal-images", type=whole(1), default=default_of(analyze_hierarchy, "traversal_images"),
+                     help="images walked to the origin (default %(default)s)")
+    sub.add_argument("--steps", type=whole(2), default=default_of(analyze_hierarchy, "steps"),
+                     help="points on each walk, the image and the origin included (default %(default)s)")
     sub = analysis("probe", command_analyze_probe, "linear probe on the frozen class-token features")
     sub.add_argument("--tasks", nargs="+", default=default_of(analyze_probe, "tasks"))
     sub.add_argument("--train-size", type=whole(1), default=default_of(analyze_probe, "train_size"))

@@ -17,7 +17,7 @@ from topoclip.config.checks import (FOLDER_GUARDED, NUMERIC_RANGES, Range, comma
 from topoclip.config.loading import (DEFAULT_PRESET, PRESET_PACKAGE, apply_overrides, coerce, describe_preset, flat_dict,
                                      from_dict, load_config, merge, override_value, parse_value, preset_dict, presets,
                                      read_preset_file, to_dict, unknown_key_message, valid_keys)
-from topoclip.config.schema import (Config, ConfigError, DataConfig, EvaluateConfig, ModelConfig, TemperatureConfig,
+from topoclip.config.schema import (Config, ConfigError, CurvatureConfig, DataConfig, EvaluateConfig, ModelConfig, TemperatureConfig,
                                     TextConfig, TrainConfig, VisionConfig)
 
 
@@ -26,5 +26,5 @@ __all__ = ["FOLDER_GUARDED", "NUMERIC_RANGES", "Range", "command_urls", "numeric
            "validate_train", "DEFAULT_PRESET", "PRESET_PACKAGE", "apply_overrides", "coerce", "describe_preset",
            "flat_dict", "from_dict", "load_config", "merge", "override_value", "parse_value", "preset_dict",
            "presets", "read_preset_file", "to_dict", "unknown_key_message", "valid_keys", "Config", "ConfigError",
-           "DataConfig", "EvaluateConfig", "ModelConfig", "TemperatureConfig", "TextConfig", "TrainConfig",
+           "CurvatureConfig", "DataConfig", "EvaluateConfig", "ModelConfig", "TemperatureConfig", "TextConfig", "TrainConfig",
            "VisionConfig"]

@@ -86,6 +86,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "model.temperature.init": FINITE,
     "model.temperature.max_scale": POSITIVE,
     "model.temperature.bias_init": FINITE,
+    "model.curvature.init": Range(1e-3, 1e3, note="c of the curvature −c; MERU starts at 1"),
     "model.class_tokens": Range(1, 4096, note="each class token adds a sequence position and an output row"),
     "model.embed_dim": Range(1, 65536, note="the projections are width · embed_dim fp32 numbers each"),
     "model.spheres": Range(0, note="0 = one sphere per class token"),
@@ -102,6 +103,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "train.lock_image_unlocked_groups": Range(0, note="0 = the whole locked tower frozen"),
     "train.margin": Range(0, 1000, note="in similarity units (or range half-widths with train.margin_relative)"),
     "train.max_hinge_warmup_steps": Range(0, note="0 = the hardest negative from the first step"),
+    "train.entailment_weight": Range(0, 100, note="0 = no entailment loss; MERU's is 0.2"),
     "train.lock_text_unlocked_layers": Range(0, note="0 = the whole locked tower frozen"),
     "train.accumulation_steps": AT_LEAST_ONE,
     "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
@@ -359,6 +361,10 @@ def validate(config: Config) -> None:
     if config.train.max_hinge_warmup_steps and config.train.loss != "max-hinge":
         raise ConfigError(f"train.max_hinge_warmup_steps is the max-hinge loss's warm-up; train.loss={config.train.loss} "
                           f"has none (set train.loss=max-hinge, or train.max_hinge_warmup_steps=0)")
+    if config.train.entailment_weight and not get_topology(config.model.topology).curved:
+        raise ConfigError(f"train.entailment_weight is MERU's entailment loss, which needs the cones of a hyperbolic "
+                          f"space; model.topology={config.model.topology} has none (set model.topology=lorentz or "
+                          f"lorentz-product, or train.entailment_weight=0)")
     if not get_loss(config.train.loss).bias and config.model.temperature.bias_init is not None:
         raise ConfigError(f"model.temperature.bias_init is the sigmoid loss's β; train.loss={config.train.loss} has no "
                           f"bias (set train.loss=sigmoid, or model.temperature.bias_init=null)")

@@ -78,19 +78,29 @@ class TemperatureConfig:
 
 
 @dataclass(frozen=True)
+class CurvatureConfig:
+    """The hyperbolic topologies' curvature −c (MERU): c starts at init and, when learnable, is clamped after each step
+    to [init/10, 10·init]. The spheres and Euclidean space ignore it."""
+
+    init: float = 1.0
+    learnable: bool = True
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A CLIP with `class_tokens` class tokens per tower, each projected to `embed_dim`.
 
     The (class_tokens · embed_dim) outputs are read as `spheres` rows of
     n = class_tokens · embed_dim / spheres: Multi(32, 16) is class_tokens=16, embed_dim=32,
     spheres=16; the single-token Ob(64, 8) is class_tokens=1, embed_dim=512, spheres=8.
-    `spheres` 0 means one per class token (and 1 for sphere and euclidean, whose space is not a
-    product).
+    `spheres` 0 means one per class token (and 1 for sphere, euclidean and lorentz, whose space is not a
+    product); for lorentz-product it counts hyperboloids.
     """
 
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
     temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
+    curvature: CurvatureConfig = field(default_factory=CurvatureConfig)
     topology: str = "ps-inner"
     class_tokens: int = 1
     embed_dim: int = 512
@@ -133,6 +143,9 @@ class TrainConfig:
     # max-hinge only: its first N steps use the triplet loss (the sum of hinges; VSE∞'s --vse_mean_warmup_epochs).
     # From random towers the hardest negative alone collapses (the loss settles at 2ε; docs/results, losses).
     max_hinge_warmup_steps: int = 0
+    # MERU's entailment loss (a caption's cone holds its image), added with this weight; hyperbolic topologies only.
+    # MERU trains with 0.2.
+    entailment_weight: float = 0.0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     seed: int = 0
     device: str = "auto"  # "auto" = cuda if available else cpu

@@ -12,6 +12,14 @@ An embedding is a tensor (m, n): m rows of dimension n. Every topology supplies
 | euclidean   | R^{mn}      | ‖u − v‖₂ (no normalisation)      | (−∞, 0]       |
 | ps-geodesic | PS(n, m)    | sqrt(Σ_k arccos²(u_kᵀv_k))       | [−√m·π, 0]    |
 | ps-inner    | PS(n, m)    | −Σ_k u_kᵀv_k                     | [−m, m]       |
+| lorentz     | H^{mn}      | arcosh(−c⟨u, v⟩_L) / √c          | (−∞, 0]       |
+| lorentz-product | (H^n)^m | Σ_k arcosh(−c⟨u_k, v_k⟩_L) / √c  | (−∞, 0]       |
+
+The two hyperbolic topologies are MERU's (Desai et al., ICML 2023) and its product, PHyCLIP's ℓ1 product of
+hyperbolic factors: a point of the hyperboloid ⟨x, x⟩_L = −1/c (curvature −c) is stored as its space
+components x ∈ R^n, its time component t = sqrt(1/c + ‖x‖²) implied; ⟨u, v⟩_L = uᵀv − t_u t_v. Raw outputs
+reach the hyperboloid by the exponential map at its origin. The curvature c is the model's (learnable):
+`to_space`, `similarity` and the other functions take it as `curvature=` for these topologies (`curved`).
 
 ``TOPOLOGIES`` is a plain dict: adding a topology is adding one entry here.
 The public entry points are :func:`to_space` and :func:`similarity`; the latter computes in fp32
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import torch
@@ -98,36 +107,50 @@ def negative_euclidean(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     Accurate relative to the distance itself, also for pairs much closer than their norms (see
     NEAR_PAIR_FRACTION); the gradient is finite everywhere, 0 at u = v (see SQUARED_DISTANCE_MIN).
     """
-    u, v = u.flatten(1), v.flatten(1)  # (Bu, d), (Bv, d)
-    # One centre for both sets: the midpoint of their means (image and text clouds may sit apart).
-    # A constant shift does not change the distances, so no gradient flows through it.
-    centre = (u.detach().mean(0) + v.detach().mean(0)) / 2  # (d,)
-    centred_u, centred_v = u - centre, v - centre
-    u_squared = centred_u.square().sum(-1, keepdim=True)  # (Bu, 1)
-    v_squared = centred_v.square().sum(-1)[None, :]  # (1, Bv)
-    squared = u_squared + v_squared - 2.0 * (centred_u @ centred_v.T)  # (Bu, Bv)
-    with torch.no_grad():  # (k,) indices of the near pairs (one host sync for k)
-        rows, columns = torch.nonzero(squared < NEAR_PAIR_FRACTION * (u_squared + v_squared), as_tuple=True)
-    if rows.numel():  # usually a few matching pairs
-        squared = squared.index_put((rows, columns), _pair_squared_distances(u, v, rows, columns))
+    squared = squared_distances(u.flatten(1)[:, None], v.flatten(1)[:, None])[..., 0]  # (Bu, Bv)
     return -squared.clamp_min(SQUARED_DISTANCE_MIN).sqrt()
 
 
-def _pair_squared_distances(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """‖u_r − v_c‖² by direct difference for k index pairs: (Bu, d), (Bv, d), (k,), (k,) -> (k,).
+def squared_distances(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """‖u_k − v_k‖² of every row pair, factor by factor: (Bu, m, n), (Bv, m, n) -> (Bu, Bv, m), ≥ 0 up to rounding.
+
+    Expanded as ‖u‖² + ‖v‖² − 2uᵀv (matmuls, no (Bu, Bv, m, n) difference), made accurate relative to each
+    distance by centring and by recomputing the near pairs directly (see NEAR_PAIR_FRACTION).
+    """
+    # One centre per factor for both sets: the midpoint of their means (image and text clouds may sit apart).
+    # A constant shift does not change the distances, so no gradient flows through it.
+    centre = (u.detach().mean(0) + v.detach().mean(0)) / 2  # (m, n)
+    centred_u, centred_v = u - centre, v - centre
+    u_squared = centred_u.square().sum(-1)[:, None, :]  # (Bu, 1, m)
+    v_squared = centred_v.square().sum(-1)[None, :, :]  # (1, Bv, m)
+    if u.shape[1] == 1:  # one factor: a plain matmul
+        cross = (centred_u[:, 0] @ centred_v[:, 0].T)[..., None]
+    else:
+        cross = torch.einsum("imn,jmn->ijm", centred_u, centred_v)
+    squared = u_squared + v_squared - 2.0 * cross  # (Bu, Bv, m)
+    with torch.no_grad():  # (k,) indices of the near pairs (one host sync for k)
+        near = torch.nonzero(squared < NEAR_PAIR_FRACTION * (u_squared + v_squared), as_tuple=True)
+    if near[0].numel():  # usually a few matching pairs
+        squared = squared.index_put(near, _pair_squared_distances(u, v, *near))
+    return squared
+
+
+def _pair_squared_distances(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor,
+                            factors: torch.Tensor) -> torch.Tensor:
+    """‖u[r, k] − v[c, k]‖² by direct difference for p index triples: (Bu, m, n), (Bv, m, n), (p,) × 3 -> (p,).
 
     At most CHUNK_ELEMENTS difference elements are held at a time (checkpointed when gradients are
     needed), so even a batch whose pairs are all near stays within the memory budget.
     """
-    def block(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return (u[r] - v[c]).square().sum(-1)
+    def block(r: torch.Tensor, c: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return (u[r, k] - v[c, k]).square().sum(-1)
 
-    pairs = max(1, CHUNK_ELEMENTS // u.shape[1])
+    pairs = max(1, CHUNK_ELEMENTS // u.shape[2])
     if rows.numel() <= pairs:
-        return block(rows, columns)
+        return block(rows, columns, factors)
     needs_grad = torch.is_grad_enabled() and (u.requires_grad or v.requires_grad)
-    return torch.cat([checkpoint(block, r, c, use_reentrant=False) if needs_grad else block(r, c)
-                      for r, c in zip(rows.split(pairs), columns.split(pairs))])
+    return torch.cat([checkpoint(block, r, c, k, use_reentrant=False) if needs_grad else block(r, c, k)
+                      for r, c, k in zip(rows.split(pairs), columns.split(pairs), factors.split(pairs))])
 
 
 def negative_geodesic(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -138,6 +161,118 @@ def negative_geodesic(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return -angles.square().sum(-1).sqrt()  # sum ≥ m·arccos(1−ε)² > 0: sqrt has a finite slope
 
 
+# --------------------------------------------------------------------------- hyperbolic (Lorentz) space
+#
+# Points are the space components x (…, n) of the hyperboloid ⟨x, x⟩_L = −1/c; the time component
+# t = sqrt(1/c + ‖x‖²) is implied (MERU's convention, meru/lorentz.py). c > 0 is the curvature's magnitude.
+# Every function takes the curvature as a 0-d tensor or a float and works factor by factor on (…, m, n).
+
+# The exponential and logarithmic maps at the origin scale x by sinh(r)/r and asinh(r)/r, r = √c‖x‖; both ratios
+# tend to 1 as r → 0, where x/r is 0/0. r is clamped from below by this value (MERU's eps): below it the ratios
+# are 1 to within r²/6 ≈ 2e-17, and the gradient is the identity's.
+MAP_NORM_MIN = 1e-8
+
+# sinh overflows fp32 at r ≈ 89; MERU clamps its input at asinh(2^15) ≈ 11.09, so that a point's space norm is at
+# most 2^15/√c and t² at most 2^30/c: distances between such points still have ~1e-3 of fp32's relative precision
+# left after the cancellation in ⟨u, v⟩_L. Beyond it the exponential map is flat (gradient 0).
+SINH_INPUT_MAX = math.asinh(2.0**15)
+
+# d = arcosh(1 + δ)/√c, δ = −c⟨u, v⟩_L − 1 ≥ 0. arcosh'(1 + δ) = 1/sqrt(δ(2 + δ)) is infinite at δ = 0, which a
+# matching pair can reach: δ is clamped from below by this value, as ARCCOS_CLAMP_EPSILON clamps the cosines, so
+# the slope is at most 1/sqrt(2e-6) ≈ 707 and a distance under arcosh(1 + 1e-6)/√c ≈ 1.4e-3/√c reads as that.
+# (MERU clamps −c⟨u, v⟩_L at 1 + 1e-8, which is 1 itself in fp32: its slope at a matching pair is unbounded.)
+LORENTZ_DELTA_MIN = 1e-6
+
+# MERU's entailment cones: the half-aperture of the cone at x is asin(2K / (√c‖x‖)), undefined within √c‖x‖ < 2K of
+# the origin, where it is π/2 (the asin's input clamped at 1 − ARCCOS_CLAMP_EPSILON). K is MERU's min_radius.
+ENTAILMENT_MIN_RADIUS = 0.1
+
+
+def lorentz_time(x: torch.Tensor, curvature) -> torch.Tensor:
+    """The time components t = sqrt(1/c + ‖x‖²) of points x (…, n) -> (…)."""
+    return (1.0 / curvature + x.square().sum(-1)).sqrt()
+
+
+def exp_map0(x: torch.Tensor, curvature) -> torch.Tensor:
+    """Tangent vectors at the hyperboloid's origin (…, n) -> the points they reach (…, n): x · sinh(r)/r, r = √c‖x‖."""
+    r = torch.linalg.vector_norm(x, dim=-1, keepdim=True) * curvature**0.5
+    r = r.clamp_min(MAP_NORM_MIN)
+    return x * (torch.sinh(r.clamp_max(SINH_INPUT_MAX)) / r)
+
+
+def log_map0(x: torch.Tensor, curvature) -> torch.Tensor:
+    """Points (…, n) -> their tangent vectors at the origin (…, n), the inverse of `exp_map0`: x · asinh(r)/r.
+
+    The distance to the origin is arcosh(√c·t)/√c = asinh(√c‖x‖)/√c; asinh needs no clamp (MERU's arcosh form
+    clamps its input at 1 + eps instead)."""
+    r = (torch.linalg.vector_norm(x, dim=-1, keepdim=True) * curvature**0.5).clamp_min(MAP_NORM_MIN)
+    return x * (torch.asinh(r) / r)
+
+
+def _lorentz_delta(squared: torch.Tensor, u_norms: torch.Tensor, v_norms: torch.Tensor, curvature) -> torch.Tensor:
+    """δ = −c⟨u, v⟩_L − 1 from ‖u − v‖² and ‖u‖², ‖v‖² (broadcast together), clamped at LORENTZ_DELTA_MIN.
+
+    δ = (c/2)(‖u − v‖² − (t_u − t_v)²), with t_u − t_v = (‖u‖² − ‖v‖²)/(t_u + t_v): every term is small when u and
+    v are, so a near pair keeps its digits, where MERU's c(t_u t_v − uᵀv) − 1 subtracts numbers of size c·t²."""
+    u_time = (1.0 / curvature + u_norms).sqrt()
+    v_time = (1.0 / curvature + v_norms).sqrt()
+    time_gap = (u_norms - v_norms) / (u_time + v_time)
+    return (curvature / 2 * (squared - time_gap.square())).clamp_min(LORENTZ_DELTA_MIN)
+
+
+def _arcosh1p(delta: torch.Tensor) -> torch.Tensor:
+    """arcosh(1 + δ) = log1p(δ + sqrt(δ(2 + δ))), accurate for small δ (1 + δ would round δ away)."""
+    return torch.log1p(delta + (delta * (2.0 + delta)).sqrt())
+
+
+def lorentz_distances(u: torch.Tensor, v: torch.Tensor, curvature) -> torch.Tensor:
+    """Geodesic distances factor by factor: (Bu, m, n), (Bv, m, n) -> (Bu, Bv, m), each arcosh(−c⟨u_k, v_k⟩_L)/√c."""
+    squared = squared_distances(u, v)  # (Bu, Bv, m)
+    delta = _lorentz_delta(squared, u.square().sum(-1)[:, None, :], v.square().sum(-1)[None, :, :], curvature)
+    return _arcosh1p(delta) / curvature**0.5
+
+
+def negative_lorentz(u: torch.Tensor, v: torch.Tensor, curvature) -> torch.Tensor:
+    """s = −d(u, v) on one hyperboloid H^{mn}: the (Bu, m, n) rows are one point each. -> (Bu, Bv)."""
+    return -lorentz_distances(u.flatten(1)[:, None], v.flatten(1)[:, None], curvature)[..., 0]
+
+
+def negative_lorentz_product(u: torch.Tensor, v: torch.Tensor, curvature) -> torch.Tensor:
+    """s = −Σ_k d(u_k, v_k) on m hyperboloids H^n (PHyCLIP's ℓ1 product). Holds (Bu, Bv, m)."""
+    return -lorentz_distances(u, v, curvature).sum(-1)
+
+
+def half_aperture(x: torch.Tensor, curvature) -> torch.Tensor:
+    """Half-apertures of the entailment cones at points x (…, n) -> (…), in (0, π/2] (MERU's `half_aperture`)."""
+    radius = (torch.linalg.vector_norm(x, dim=-1) * curvature**0.5).clamp_min(MAP_NORM_MIN)
+    return torch.asin((2 * ENTAILMENT_MIN_RADIUS / radius).clamp_max(1.0 - ARCCOS_CLAMP_EPSILON))
+
+
+def exterior_angle(x: torch.Tensor, y: torch.Tensor, curvature) -> torch.Tensor:
+    """The exterior angle at x of the triangle (origin, x, y), pair by pair: (…, n), (…, n) -> (…) in [0, π]
+    (MERU's `oxy_angle`): 0 when y lies on the ray from the origin through x, beyond x.
+
+    cos = (t_y − (1 + δ) t_x) / (‖x‖ sqrt(δ(2 + δ))) by the hyperbolic law of cosines, with δ = −c⟨x, y⟩_L − 1
+    and t_y − t_x taken in the cancellation-free forms of `_lorentz_delta`."""
+    x_norms, y_norms = x.square().sum(-1), y.square().sum(-1)
+    x_time, y_time = (1.0 / curvature + x_norms).sqrt(), (1.0 / curvature + y_norms).sqrt()
+    delta = _lorentz_delta((x - y).square().sum(-1), x_norms, y_norms, curvature)
+    numerator = (y_norms - x_norms) / (x_time + y_time) - delta * x_time
+    denominator = x_norms.clamp_min(MAP_NORM_MIN**2).sqrt() * (delta * (2.0 + delta)).sqrt()
+    lim = 1.0 - ARCCOS_CLAMP_EPSILON
+    return torch.arccos((numerator / denominator).clamp(-lim, lim))
+
+
+def entailment_loss(generic: torch.Tensor, specific: torch.Tensor, curvature) -> torch.Tensor:
+    """MERU's entailment loss: how far each `specific` point lies outside the cone of its `generic` one, in radians,
+    max(0, angle − aperture), averaged over pairs and factors. (B, m, n), (B, m, n) -> 0-d.
+
+    MERU's text entails its image: generic = the caption, specific = the image. For m factors the cones are per
+    factor, and the mean over factors keeps MERU's weight (0.2) on the same scale for every m."""
+    angles = exterior_angle(generic, specific, curvature)
+    return (angles - half_aperture(generic, curvature)).clamp_min(0).mean()
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -145,8 +280,8 @@ def negative_geodesic(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class Topology:
     """One embedding space: its projection, its pairwise similarity, the range of s, and how it is named."""
 
-    project: Callable[[torch.Tensor], torch.Tensor]
-    pairwise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    project: Callable[..., torch.Tensor]  # (x) -> points, or (x, curvature) when `curved`
+    pairwise: Callable[..., torch.Tensor]  # (u, v) -> s, or (u, v, curvature) when `curved`
     similarity_range: Callable[[int], tuple[float, float]]  # m -> (lowest, highest) s
     # True when `pairwise` holds a (rows, Bv, ·) intermediate and must run in row chunks.
     chunked: bool
@@ -159,6 +294,8 @@ class Topology:
     # Why no inner product of the flattened (B, m·n) embeddings equals the similarity; "" when Σ_k u_kᵀv_k
     # does, so that `flatten`'s vectors serve an inner-product index, CLIP_benchmark and OpenCLIP-style code.
     not_flat: str = ""
+    # True for the hyperbolic spaces: `project` and `pairwise` take the curvature as a third argument.
+    curved: bool = False
 
     def half_range(self, m: int) -> float:
         """(s_max − s_min) / 2 with m spheres: how far the logits τ·s reach either side of their middle per unit of τ,
@@ -180,6 +317,15 @@ TOPOLOGIES: dict[str, Topology] = {
                                      "rank ps-inner candidates by model.similarity instead"),
     "ps-inner": Topology(normalize_rows, inner_product, lambda m: (-float(m), float(m)), chunked=False, product=True,
                          label="{kind}({n},{m})"),
+    "lorentz": Topology(lambda x, c: exp_map0(x.flatten(1), c).view_as(x), negative_lorentz,
+                        lambda m: (-math.inf, 0.0), chunked=False, product=False, curved=True, label="Lorentz H^{d}",
+                        not_flat="its similarity −arcosh(−c⟨u, v⟩_L)/√c is a decreasing function of the Lorentzian "
+                                 "product ⟨u, v⟩_L = uᵀv − t_u t_v, not of uᵀv; an inner-product index ranks by it when "
+                                 "items are stored as [x, t] and queries as [x, −t] (geometry.lorentz_index_vectors)"),
+    "lorentz-product": Topology(exp_map0, negative_lorentz_product, lambda m: (-math.inf, 0.0), chunked=True,
+                                product=True, curved=True, label="{kind}-Lorentz(H^{n})^{m}",
+                                not_flat="its similarity −Σ_k arcosh(−c⟨u_k, v_k⟩_L)/√c, a sum over hyperboloids, is "
+                                         "no function of one inner product; rank candidates by model.similarity"),
 }
 
 
@@ -200,10 +346,62 @@ def implied_topology(class_tokens: int, single: str = "sphere") -> str:
 # --------------------------------------------------------------------------- public API
 
 
-def to_space(topology: str, x: torch.Tensor) -> torch.Tensor:
-    """Map raw outputs (B, m, n) onto the topology's space -> (B, m, n), computed in fp32."""
+def _curvature(entry: Topology, topology: str, curvature):
+    """The curvature in fp32 (or float64) for a curved topology; a ValueError when it is missing or given to a flat one."""
+    if entry.curved != (curvature is not None):
+        raise ValueError(f"{topology} {'needs the model' if entry.curved else 'takes no'} curvature")
+    return fp32_or_wider(curvature) if isinstance(curvature, torch.Tensor) else curvature
+
+
+def _pairwise(entry: Topology, curvature) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return partial(entry.pairwise, curvature=curvature) if entry.curved else entry.pairwise
+
+
+def to_space(topology: str, x: torch.Tensor, curvature=None) -> torch.Tensor:
+    """Map raw outputs (B, m, n) onto the topology's space -> (B, m, n), computed in fp32.
+
+    curvature: c > 0 (0-d tensor or float) for the curved topologies, None for the others."""
+    entry = get_topology(topology)
     with torch.autocast(x.device.type, enabled=False):
-        return get_topology(topology).project(fp32_or_wider(x))
+        curvature = _curvature(entry, topology, curvature)
+        x = fp32_or_wider(x)
+        return entry.project(x, curvature) if entry.curved else entry.project(x)
+
+
+def centroid(topology: str, points: torch.Tensor, curvature=None) -> torch.Tensor:
+    """The mean of points (K, B, m, n) over K -> (B, m, n) on the space: CLIP's prompt ensemble. The spheres
+    renormalise the mean (to_space); the hyperboloids average in the tangent space at the origin and map back
+    (MERU's zero-shot classifier)."""
+    entry = get_topology(topology)
+    with torch.autocast(points.device.type, enabled=False):
+        points = fp32_or_wider(points)
+        if not entry.curved:
+            return to_space(topology, points.mean(0))
+        curvature = _curvature(entry, topology, curvature)
+        rows = points if entry.product else points.flatten(2)
+        return exp_map0(log_map0(rows, curvature).mean(0), curvature).view(points.shape[1:])
+
+
+def entailment(topology: str, generic: torch.Tensor, specific: torch.Tensor, curvature) -> torch.Tensor:
+    """MERU's entailment loss (`entailment_loss`) of paired points (B, m, n) on a curved topology -> 0-d fp32."""
+    entry = get_topology(topology)
+    if not entry.curved:
+        raise ValueError(f"{topology} has no entailment cones (only the hyperbolic topologies do)")
+    with torch.autocast(generic.device.type, enabled=False):
+        curvature = _curvature(entry, topology, curvature)
+        generic, specific = fp32_or_wider(generic), fp32_or_wider(specific)
+        if not entry.product:
+            generic, specific = generic.flatten(1), specific.flatten(1)
+        return entailment_loss(generic, specific, curvature)
+
+
+def lorentz_index_vectors(points: torch.Tensor, curvature, query: bool) -> torch.Tensor:
+    """"lorentz" points (B, m, n) -> (B, m·n + 1) vectors for an inner-product index: items [x, t], queries
+    [x, −t], whose inner product is ⟨q, x⟩_L = −cosh(√c·d)/c, so the largest is the nearest (the similarity itself is
+    −arcosh(−c·ip)/√c, a decreasing function). The product form has no such vectors (see its `not_flat`)."""
+    flat = fp32_or_wider(points).flatten(1)
+    time = lorentz_time(flat, fp32_or_wider(curvature) if isinstance(curvature, torch.Tensor) else curvature)
+    return torch.cat([flat, (-time if query else time)[:, None]], dim=1)
 
 
 def flatten(topology: str, points: torch.Tensor) -> torch.Tensor:
@@ -229,30 +427,31 @@ def chunk_rows(topology: str, num_columns: int, m: int, chunk_elements: int = CH
 
 
 def similarity(
-    topology: str, u: torch.Tensor, v: torch.Tensor, chunk_size: Optional[int] = None
+    topology: str, u: torch.Tensor, v: torch.Tensor, chunk_size: Optional[int] = None, curvature=None
 ) -> torch.Tensor:
     """Similarities s = −d(u_i, v_j): (Bu, m, n), (Bv, m, n) -> (Bu, Bv) fp32.
 
     Computed in fp32 with autocast disabled. For chunked topologies, rows of u are scored
     `chunk_size` at a time (default: from CHUNK_ELEMENTS); with gradients enabled each chunk is
-    checkpointed, so neither pass holds a (Bu, Bv, m) tensor.
+    checkpointed, so neither pass holds a (Bu, Bv, m) tensor. curvature: as for `to_space`.
     """
     entry = get_topology(topology)
     if u.dim() != 3 or v.dim() != 3 or u.shape[1:] != v.shape[1:]:
         raise ValueError(f"similarity expects (Bu, m, n) and (Bv, m, n) with equal (m, n); got {tuple(u.shape)} and {tuple(v.shape)}")
     with torch.autocast(u.device.type, enabled=False):
         u, v = fp32_or_wider(u), fp32_or_wider(v)
+        pairwise = _pairwise(entry, _curvature(entry, topology, curvature))
         if not entry.chunked:
-            return entry.pairwise(u, v)
+            return pairwise(u, v)
         rows = chunk_size or chunk_rows(topology, v.shape[0], u.shape[1])
         if rows >= u.shape[0]:
-            return entry.pairwise(u, v)
+            return pairwise(u, v)
         needs_grad = torch.is_grad_enabled() and (u.requires_grad or v.requires_grad)
         if not needs_grad:  # write blocks in place: peak memory is the (Bu, Bv) result plus one chunk
             out = torch.empty(u.shape[0], v.shape[0], device=u.device, dtype=u.dtype)
             for start in range(0, u.shape[0], rows):
-                out[start : start + rows] = entry.pairwise(u[start : start + rows], v)
+                out[start : start + rows] = pairwise(u[start : start + rows], v)
             return out
-        blocks = [checkpoint(entry.pairwise, u[start : start + rows], v, use_reentrant=False)
+        blocks = [checkpoint(pairwise, u[start : start + rows], v, use_reentrant=False)
                   for start in range(0, u.shape[0], rows)]
         return torch.cat(blocks)

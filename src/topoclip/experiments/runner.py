@@ -143,8 +143,11 @@ def run_record(spec: RunSpec) -> dict:
     folder, out_dir = RunFolder(run_dir), out_folder(spec)
     records = read_evaluation(folder.evaluation, out_dir)  # checked: the records `evaluate` writes, their numbers numbers
     curve = read_curve(run_dir)
-    evaluations = [{"step": r["step"], **r["eval"]} for r in read_metrics(folder.metrics)
+    metrics = read_metrics(folder.metrics)
+    evaluations = [{"step": r["step"], **r["eval"]} for r in metrics
                    if "eval" in r and not r.get("final")]  # the validation split's; the final one is the test split's
+    # A hyperbolic model's curvature, logged beside τ (the same records the τ curve reads).
+    curvature = [r["curvature"] for r in metrics if "scale" in r and "t" in r and "curvature" in r]
     retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
                       and not r["dataset"].endswith("-ood")), {})
     classification = [r["metrics"] for r in records
@@ -162,7 +165,10 @@ def run_record(spec: RunSpec) -> dict:
             "final_t": curve.final_t, "convergence_step": curve.convergence_step, "window": curve.window,
             "i2t_r1": retrieval.get("text_retrieval_recall@1"), "t2i_r1": retrieval.get("image_retrieval_recall@1"),
             "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),
-            "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale},
+            "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale,
+                                                     **({"curvature": curvature} if curvature else {})},
+            # steps whose loss was not finite, skipped (the trainer's running count, logged once one happens)
+            "skipped_steps": max((r.get("skipped_steps", 0) for r in metrics), default=0),
             # every retrieval metric of the final evaluation (R@K, mean recall, mAP@R, R-Precision) per set
             "retrieval": {r["dataset"]: r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"},
             "evaluations": evaluations,  # the periodic validation evaluations (train.eval_every), headline keys

@@ -199,10 +199,11 @@ def _damaged_as_checkpoint_error(file: Path):
         raise CheckpointError(f"{file} cannot be read as safetensors ({error}); the checkpoint is damaged") from None
 
 
-def check_weights_fit(folder: Path, model_config) -> None:
+def check_weights_fit(folder: Path, model_config, optional: tuple[str, ...] = ()) -> None:
     """CheckpointError naming the first difference between `folder`'s weights and the model `model_config`
     describes, read from the safetensors header and a model on the meta device: nothing is allocated, so a
-    config.json that claims a huge model costs nothing before it is refused."""
+    config.json that claims a huge model costs nothing before it is refused. Tensors whose names start with one of
+    `optional` may be missing from the file or extra in it (a run's own new parts, see `read_weights`)."""
     file = regular_file(Path(folder) / WEIGHTS, "the weights", Path(folder), error=CheckpointError)
     with _damaged_as_checkpoint_error(file), safe_open(file, framework="pt") as weights:  # the header only
         found = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
@@ -211,10 +212,12 @@ def check_weights_fit(folder: Path, model_config) -> None:
     where = f"{file} does not fit the model its config.json describes"
     for name, shape in expected.items():
         if name not in found:
+            if name.startswith(optional):
+                continue
             raise CheckpointError(f"{where}: {name} {shape} is missing from the file")
         if found[name] != shape:
             raise CheckpointError(f"{where}: {name} is {found[name]} in the file but {shape} in the config")
-    extra = sorted(set(found) - set(expected))
+    extra = sorted(name for name in set(found) - set(expected) if not name.startswith(optional))
     if extra:
         raise CheckpointError(f"{where}: the file has {len(extra)} tensors the model lacks, e.g. {extra[0]}")
 
@@ -227,12 +230,18 @@ def load_weights(model: CLIP, folder: Path) -> None:
     model.load_state_dict(read_weights(folder, model.config, str(next(model.parameters()).device)))
 
 
-def read_weights(folder: Path, model_config, device: str = "cpu") -> dict:
-    """A checkpoint folder's safetensors weights, checked to fit a model of `model_config` (check_weights_fit)."""
-    check_weights_fit(folder, model_config)
+def read_weights(folder: Path, model_config, device: str = "cpu", optional: tuple[str, ...] = ()) -> dict:
+    """A checkpoint folder's safetensors weights, checked to fit a model of `model_config` (check_weights_fit); the
+    tensors under `optional` that the model lacks are left out (those it has and the file lacks stay as built)."""
+    check_weights_fit(folder, model_config, optional)
     file = regular_file(Path(folder) / WEIGHTS, "the weights", Path(folder), error=CheckpointError)
     with _damaged_as_checkpoint_error(file):
-        return load_file(file, device=device)
+        weights = load_file(file, device=device)
+    if optional:
+        with torch.device("meta"):
+            names = set(CLIP(model_config).state_dict())
+        weights = {name: tensor for name, tensor in weights.items() if name in names}
+    return weights
 
 
 def load_tokenizer_from(folder: Path, text_config=None):

@@ -8,7 +8,9 @@
 
 The batch size B is dynamic; L is the model's context length (the tokenizer always pads to it).
 Embeddings are already on the model's space, so a similarity is one line of NumPy: for sphere and
-ps-inner, ``s = u.reshape(B, -1) @ v.reshape(B2, -1).T``. With ``check`` (onnxruntime installed)
+ps-inner, ``s = u.reshape(B, -1) @ v.reshape(B2, -1).T``. A hyperbolic model's encoders give the space
+components of its points and carry its learned curvature in their metadata ("topoclip.curvature", with
+"topoclip.topology"; onnxruntime's ``get_modelmeta().custom_metadata_map``). With ``check`` (onnxruntime installed)
 the export is run on a batch of random inputs of another size and compared with PyTorch; the
 report gives the max abs difference. Export uses torch's TorchScript-based exporter (seconds on a
 CPU; the torch.export-based one takes ~10× longer here), or the torch.export one where torch no
@@ -30,7 +32,7 @@ from topoclip.config import Config, to_dict
 from topoclip.io.convert import check_destination
 from topoclip.io.convert.files import new_folder
 from topoclip.core.errors import UserError
-from topoclip.core.geometry import require_flat, to_space
+from topoclip.core.geometry import require_flat
 from topoclip.model.clip import CLIP
 
 IMAGE_FILE, TEXT_FILE = "image_encoder.onnx", "text_encoder.onnx"
@@ -61,13 +63,37 @@ class TextEncoder(nn.Module):
         # causal tower), but keeps attention_mask an input of every export: a causal tower needs no key mask.
         input_ids = input_ids * attention_mask.to(input_ids.dtype)
         raw = self.model.text.encode_tokens(input_ids, attention_mask.bool())  # (B, class tokens, embed_dim)
-        points = to_space(self.model.config.topology, raw.reshape(raw.shape[0], *self.model.embedding_shape))
+        points = self.model.project(raw, "text")
         return self.model.flatten(points) if self.flat else points
+
+
+def geometry_metadata(model: CLIP) -> dict[str, str]:
+    """What a server needs beside a hyperbolic model's points to score them: its topology and learned curvature c (the
+    distance is arcosh(−c⟨u, v⟩_L)/√c, the time component t = sqrt(1/c + ‖x‖²); topoclip.core.geometry)."""
+    return {"topoclip.topology": model.config.topology, "topoclip.curvature": repr(float(model.curvature_value))}
+
+
+def _stamp(path: Path, metadata: dict[str, str]) -> None:
+    """Add `metadata` to the ONNX file's metadata_props (onnxruntime: session.get_modelmeta().custom_metadata_map)."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    for key, value in metadata.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(path))
+
+
+def _sinh(g, x):
+    """aten::sinh as ONNX's Sinh (opset 9 on), which torch's TorchScript exporter does not map itself."""
+    return g.op("Sinh", x)
 
 
 def _export(module: nn.Module, inputs: tuple, names: list[str], path: Path) -> None:
     dynamic = {name: {0: "batch"} for name in names + ["embeddings"]}
     try:
+        if hasattr(torch.onnx, "register_custom_op_symbolic"):  # the hyperbolic exponential map's sinh
+            torch.onnx.register_custom_op_symbolic("aten::sinh", _sinh, OPSET)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
             torch.onnx.export(module, inputs, str(path), input_names=names, output_names=["embeddings"],
@@ -122,6 +148,9 @@ def export_onnx(model: CLIP, config: Config, tokenizer, destination: Union[str, 
         _export(ImageEncoder(model, flat), (inputs["images"],), ["images"], folder / IMAGE_FILE)
         _export(TextEncoder(model, flat), (inputs["input_ids"], inputs["attention_mask"]),
                 ["input_ids", "attention_mask"], folder / TEXT_FILE)
+        if model.curvature is not None:  # a hyperbolic model's points need its learned c to be scored
+            for file in (IMAGE_FILE, TEXT_FILE):
+                _stamp(folder / file, geometry_metadata(model))
         (folder / MODEL_CONFIG).write_text(json.dumps(to_dict(config), indent=2))
         if tokenizer is not None:
             tokenizer.save(folder / TOKENIZER)

@@ -1,4 +1,4 @@
-"""The CLIP model: two towers with m class tokens, a topology, a temperature.
+"""The CLIP model: two towers with m class tokens, a topology, a temperature (and, hyperbolic, a curvature).
 
 ``model(images, text)`` returns a :class:`CLIPOutput` whose embeddings already lie on the chosen
 space (B, m, n); ``model.similarity(u, v)`` scores them (fp32, chunked, = −distance).
@@ -13,6 +13,7 @@ from torch import nn
 
 from topoclip.core import geometry
 from topoclip.config import Config, ConfigError, ModelConfig, load_config, validate_model
+from topoclip.core.curvature import Curvature
 from topoclip.core.temperature import Temperature
 from topoclip.model.text import TextTransformer
 from topoclip.model.vision import VisionTransformer
@@ -26,6 +27,7 @@ class CLIPOutput:
     text_embeds: Optional[torch.Tensor]  # (B, m, n) on the space, fp32; None if no text given
     scale: torch.Tensor  # τ = exp(t), 0-d fp32
     bias: Optional[torch.Tensor]  # SigLIP β (0-d) or None
+    curvature: Optional[torch.Tensor] = None  # a hyperbolic model's c (0-d fp32), None for the other spaces
 
 
 # The most parameters a model may have: 2^34 fp32 numbers are 64 GiB, about five times ViT-bigG/14 with its text
@@ -53,31 +55,47 @@ class CLIP(nn.Module):
         self.text = TextTransformer(config.text, config.class_tokens, config.embed_dim)
         t = config.temperature
         self.temperature = Temperature(t.init, t.max_scale, t.learnable, t.bias_init)
+        # The hyperbolic topologies' curvature and tower scalings (MERU); the other spaces have none.
+        self.curvature = None
+        if geometry.get_topology(config.topology).curved:
+            c = config.curvature
+            self.curvature = Curvature(c.init, config.class_tokens * config.embed_dim, c.learnable)
 
     @property
     def embedding_shape(self) -> tuple[int, int]:
         """(m, n) of one embedding."""
         return self.config.sphere_count, self.config.sphere_dim
 
-    def _to_space(self, raw: torch.Tensor) -> torch.Tensor:
-        # (B, class_tokens, embed_dim) -> (B, m, n): the single-token product sphere reshapes one
-        # d-vector into m rows; the multi-token one keeps a row per class token.
-        return geometry.to_space(self.config.topology, raw.reshape(raw.shape[0], *self.embedding_shape))
+    @property
+    def curvature_value(self) -> Optional[torch.Tensor]:
+        """c (0-d fp32) of a hyperbolic model, None for the others: what `geometry`'s functions take as curvature."""
+        return None if self.curvature is None else self.curvature.curvature
+
+    def project(self, raw: torch.Tensor, tower: str) -> torch.Tensor:
+        """A tower's raw output (B, class_tokens, embed_dim) -> (B, m, n) on the space. The single-token product
+        sphere reshapes one d-vector into m rows; the multi-token one keeps a row per class token. A hyperbolic
+        model scales it by the tower's α first ("image" or "text")."""
+        raw = raw.reshape(raw.shape[0], *self.embedding_shape)
+        if self.curvature is None:
+            return geometry.to_space(self.config.topology, raw)
+        return geometry.to_space(self.config.topology, raw * self.curvature.scale(tower), self.curvature.curvature)
 
     def encode_image(self, images: torch.Tensor, flat: bool = False) -> torch.Tensor:
         """images (B, 3, H, W) normalised -> (B, m, n) on the space; flat: (B, m·n), see `flatten`."""
-        return self.flatten(self._to_space(self.visual(images))) if flat else self._to_space(self.visual(images))
+        points = self.project(self.visual(images), "image")
+        return self.flatten(points) if flat else points
 
     def encode_text(self, text, attention_mask: Optional[torch.Tensor] = None, flat: bool = False) -> torch.Tensor:
         """A TextBatch (or ids (B, L) and mask (B, L)) -> (B, m, n) on the space; flat: (B, m·n), see `flatten`."""
         if hasattr(text, "input_ids"):
             text, attention_mask = text.input_ids, text.attention_mask
-        points = self._to_space(self.text(text, attention_mask))
+        points = self.project(self.text(text, attention_mask), "text")
         return self.flatten(points) if flat else points
 
     def flatten(self, points: torch.Tensor) -> torch.Tensor:
         """(B, m, n) points -> (B, m·n) vectors whose inner product is `similarity` (sphere and ps-inner; the
-        other topologies raise a ValueError saying why): what an inner-product index or CLIP-style code needs."""
+        other topologies raise a ValueError saying why): what an inner-product index or CLIP-style code needs.
+        (A lorentz model's index takes `geometry.lorentz_index_vectors` instead.)"""
         return geometry.flatten(self.config.topology, points)
 
     def forward(self, images: Optional[torch.Tensor] = None, text=None) -> CLIPOutput:
@@ -86,11 +104,21 @@ class CLIP(nn.Module):
             text_embeds=None if text is None else self.encode_text(text),
             scale=self.temperature.scale,
             bias=self.temperature.bias,
+            curvature=self.curvature_value,
         )
 
-    def similarity(self, u: torch.Tensor, v: torch.Tensor, chunk_size: Optional[int] = None) -> torch.Tensor:
-        """(Bu, m, n), (Bv, m, n) -> (Bu, Bv) fp32 similarities s = −d(u, v) of the model's topology."""
-        return geometry.similarity(self.config.topology, u, v, chunk_size)
+    def similarity(self, u: torch.Tensor, v: torch.Tensor, chunk_size: Optional[int] = None,
+                   curvature: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(Bu, m, n), (Bv, m, n) -> (Bu, Bv) fp32 similarities s = −d(u, v) of the model's topology. curvature: the c
+        to score with (the training step's, detached where it must count once), else the model's own."""
+        return geometry.similarity(self.config.topology, u, v, chunk_size,
+                                   self.curvature_value if curvature is None else curvature)
+
+    def entailment(self, text: torch.Tensor, images: torch.Tensor, curvature: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """MERU's entailment loss of paired embeddings (B, m, n): each caption's cone should hold its image. 0-d fp32;
+        a ValueError for the spaces without cones. curvature: as for `similarity`."""
+        return geometry.entailment(self.config.topology, text, images,
+                                   self.curvature_value if curvature is None else curvature)
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each transformer block in backward (saves activation memory)."""

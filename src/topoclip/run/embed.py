@@ -7,7 +7,8 @@ counted, so a shard may hold fewer rows)::
     OUT/img_emb/img_keys_00000.json   the rows' keys: file paths relative to the folder, CSV paths, shard keys
     OUT/img_emb/img_stats_00000.json  the shard's kept and skipped inputs (embed.json adds them up)
     OUT/text_emb/text_emb_00000.npy   the same for texts; keys are the line numbers of the text file
-    OUT/embed.json                    the model, the shape, the counts of embedded and skipped inputs
+    OUT/embed.json                    the model, the shape, the topology (and a hyperbolic model's curvature), the
+                                      counts of embedded and skipped inputs
 
 Inputs are read in one fixed order (sorted files; CSV rows; shards in order, members in tar order), so
 shard i always covers inputs [i·SHARD_SIZE, (i+1)·SHARD_SIZE). A shard's files are written atomically,
@@ -292,7 +293,9 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
                 raise UserError(f"{out} holds embeddings made with other settings ({', '.join(changed)}); resume "
                                 f"with the same ones, or choose another --out")
         write_text_atomic(summary_path, json.dumps({"settings": settings}, indent=2))
-        summary = {"settings": settings, "shape": list(clip.model.embedding_shape)}
+        # What scores the vectors: the topology, and a hyperbolic model's learned c (its points are space components).
+        summary = {"settings": settings, "shape": list(clip.model.embedding_shape), "topology": clip.model.config.topology,
+                   **({"curvature": float(clip.model.curvature_value)} if clip.model.curvature is not None else {})}
         if images:
             summary["images"] = embed_images(clip, inputs, out, flat, batch_size, shard_size, num_workers, progress)
         if texts:

@@ -111,3 +111,49 @@ def csv_rows_table(result: dict) -> str:
     rows += [f"| {line['rows as']} | " + " | ".join(f"{line[column]:g}" for column in columns) + " |"
              for line in result["results"]]
     return "\n".join(rows)
+
+
+def topology_cost_table(result: dict) -> str:
+    """benchmarks/topology_cost.py: the similarity and loss of every topology alone, and whole CPU training steps."""
+    batches = sorted({row["batch"] for row in result["scoring"]})
+    scoring = {(row["topology"], row["batch"]): row for row in result["scoring"]}
+    topologies = list(dict.fromkeys(row["topology"] for row in result["scoring"]))
+    quiet = "a quiet machine" if result["quiet_machine"] else "a busy machine (figures indicative only)"
+    rows = [f"Measured by `benchmarks/topology_cost.py` on {quiet}, {result['threads']} threads, torch {result['torch']}.",
+            "", "Similarity + symmetric InfoNCE, forward and backward, of a batch against itself (milliseconds, the "
+            "median; ×: against `sphere` for one vector, against `ps-inner` for the products):", "",
+            "| topology | (m, n) | " + " | ".join(f"B = {batch:,}" for batch in batches) + " |",
+            "|---|---" + "|---" * len(batches) + "|"]
+    for name in topologies:
+        first = scoring[(name, batches[0])]
+        base = "ps-inner" if first["m"] > 1 else "sphere"
+        cells = [f"{scoring[(name, b)]['milliseconds']:,.1f}" + ("" if name == base else
+                 f" ({scoring[(name, b)]['milliseconds'] / scoring[(base, b)]['milliseconds']:.1f}×)") for b in batches]
+        rows.append(f"| `{name}` | ({first['m']}, {first['n']}) | " + " | ".join(cells) + " |")
+    rows += ["", "A whole training step (forward, backward, AdamW) of the CPU presets, batch 128, random inputs "
+                 "(`benchmarks/train_step.py`), the median step:", "",
+             "| preset | settings | images / s | against its baseline |", "|---|---|---|---|"]
+    baseline = {}
+    for step in result["steps"]:
+        images = step["median_images_per_s"]
+        ratio = "" if not step["overrides"] else f"{images / baseline[step['preset']] - 1:+.0%}"
+        baseline.setdefault(step["preset"], images)
+        settings = ", ".join(f"`{item}`" for item in step["overrides"]) or "as the preset"
+        rows.append(f"| `{step['preset']}` | {settings} | {images:,.0f} | {ratio} |")
+    return "\n".join(rows)
+
+
+def meru_equality_table(result: dict) -> str:
+    """scripts/meru_equality.py: topoclip's Lorentz functions against MERU's own, float64."""
+    names = list(result["runs"][0]["functions"])
+    rows = [f"topoclip's functions against MERU's `meru/lorentz.py` (commit `{result['meru_commit'][:12]}`), float64, "
+            f"random inputs, MERU's additive eps taken out (`scripts/meru_equality.py`): the largest difference, and "
+            f"the bound from the inputs' condition numbers; with MERU's own eps = 1e-8 left in (last row).", "",
+            "| c | " + " | ".join(f"`{name}`" for name in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for run in result["runs"]:
+        rows.append(f"| {run['curvature']:g} | " + " | ".join(
+            f"{row['max_abs_difference']:.1e} (≤ {row['bound']:.1e})" for row in run["functions"].values()) + " |")
+    worst = {name: max(run["functions"][name].get("with_meru_eps", 0.0) for run in result["runs"]) for name in names}
+    rows.append("| MERU's eps | " + " | ".join(f"{worst[name]:.1e}" if any("with_meru_eps" in run["functions"][name]
+                                                    for run in result["runs"]) else "—" for name in names) + " |")
+    return "\n".join(rows)

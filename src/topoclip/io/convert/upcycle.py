@@ -18,7 +18,9 @@ What each part becomes (d = the source's embedding size, w = a tower's width):
 - Temperature: the similarity now lies in [−m, m] and starts at about m × the source's cosine,
   so t becomes t − ln m and max_scale becomes max_scale / m: the logits start where the source's
   were (the paper lowers the clamp to 100/16 for Multi(32, 16) the same way).
-- Topology: ps-inner (the paper's) when m > 1, unless another is asked for.
+- Topology: ps-inner (the paper's) when m > 1, unless another is asked for; the spheres only (a hyperbolic
+  model's similarity is unbounded, so the temperature rule has nothing to keep: train from an upcycled sphere
+  instead, `--init-from`, which starts the curvature fresh).
 
 With m = 1 and n = d nothing changes: the upcycled model reproduces the source exactly.
 """
@@ -30,7 +32,7 @@ from typing import Optional
 import torch
 
 from topoclip.config import Config, ConfigError, from_dict, to_dict, validate
-from topoclip.core.geometry import implied_topology
+from topoclip.core.geometry import TOPOLOGIES, implied_topology
 from topoclip.model.clip import CLIP
 
 DEFAULT_NOISE = 0.02  # relative to the copied row's RMS
@@ -66,6 +68,11 @@ def upcycle(model: CLIP, config: Config, class_tokens: int, embed_dim: Optional[
                           f"reduced (truncated SVD), not grown; pick --embed-dim ≤ {source.embed_dim}")
     if noise < 0:
         raise ConfigError(f"noise={noise} must be ≥ 0")
+    hyperbolic = [name for name in (source.topology, topology) if name in TOPOLOGIES and TOPOLOGIES[name].curved]
+    if hyperbolic:
+        raise ConfigError(f"upcycling keeps a sphere's bounded similarity in range (t − ln m); {hyperbolic[0]}'s is "
+                          f"unbounded, so it upcycles the spheres only: upcycle to ps-inner, then train lorentz-product "
+                          f"from it (topoclip train --init-from NEW_FOLDER --set model.topology=lorentz-product)")
     generator = torch.Generator().manual_seed(seed)
     m = class_tokens
     state = {name: tensor.detach().clone().cpu() for name, tensor in model.state_dict().items()}

@@ -5,7 +5,8 @@ The model interface this module (and retrieval.py) is written against:
 - ``model.encode_image(images (B, 3, H, W)) -> (B, m, n)`` and ``model.encode_text(batch) ->
   (B, m, n)``, already on the model's space; ``batch = tokenizer(list_of_str)`` has ``.to(device)``;
 - ``model.similarity(u (Bu, m, n), v (Bv, m, n)) -> (Bu, Bv)`` fp32, higher = more similar;
-- ``model.config.topology``: the space's name for :func:`topoclip.core.geometry.to_space`.
+- ``model.config.topology``: the space's name for :func:`topoclip.core.geometry.centroid`, with
+  ``model.curvature_value`` (a hyperbolic model's c; optional, None for the other spaces).
 The model must already be on ``device``; runners only move inputs there.
 
 Three ways to turn T templates into a class score (the first two are the paper's):
@@ -14,7 +15,8 @@ Three ways to turn T templates into a class score (the first two are the paper's
   are kept; an image batch is scored against all of them at once, so at most (batch, C·T)
   scores exist at a time, then averaged per class to (batch, C).
 - ``"embedding"`` (CLIP): e_c = to_space((1/T) Σ_t text(c, t)) — the mean embedding projected back
-  onto the space (for product spheres: each sub-sphere renormalised) — scored once: s(x, e_c).
+  onto the space (for product spheres: each sub-sphere renormalised; for the hyperboloids the mean of
+  the tangent vectors at the origin, mapped back, as MERU's classifier) — scored once: s(x, e_c).
 - ``"flat"`` (CLIP_benchmark's, for "sphere" and "ps-inner" only): e_c = mean_t flat(text(c, t)) /
   ‖mean_t flat(text(c, t))‖ — the flat (m·n) vectors' mean normalised as one vector, as CLIP_benchmark
   does with any model's (B, d) features — scored once by the inner product, which is s for these two.
@@ -45,7 +47,7 @@ from topoclip.data.types import ClassificationSet
 from topoclip.core.distributed import is_sharded
 from topoclip.run.evaluation.metrics import ClassificationAccumulator
 from topoclip.core.errors import UserError
-from topoclip.core.geometry import NORM_EPSILON, flatten, to_space
+from topoclip.core.geometry import NORM_EPSILON, centroid, flatten
 from topoclip.config.schema import TEMPLATE_MODES
 from topoclip.core.workers import settle_before_fork, worker_options
 
@@ -229,8 +231,8 @@ def zero_shot_classifier(
     texts = embed_texts(model, tokenizer, prompts, batch_size, device)  # (C·T, m, n)
     num_classes, num_templates = len(classnames), len(templates)
     if mode == "embedding":
-        mean = texts.float().view(num_classes, num_templates, *texts.shape[1:]).mean(dim=1)  # (C, m, n)
-        texts = to_space(model.config.topology, mean)
+        per_class = texts.float().view(num_classes, num_templates, *texts.shape[1:]).transpose(0, 1)  # (T, C, m, n)
+        texts = centroid(model.config.topology, per_class, getattr(model, "curvature_value", None))  # (C, m, n)
     elif mode == "flat":
         flat = flatten(model.config.topology, texts.float()).view(num_classes, num_templates, -1).mean(dim=1)
         texts = F.normalize(flat, dim=-1, eps=NORM_EPSILON).view(num_classes, *texts.shape[1:])  # (C, m, n)

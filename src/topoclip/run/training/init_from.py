@@ -6,7 +6,8 @@ model must be the checkpoint's: every setting of model.vision and model.text (ac
 attention, pooling, sizes, pixel statistics) and model.class_tokens / model.embed_dim must agree,
 or the run is refused naming the first difference — a mismatch such as GELU against an OpenAI
 checkpoint's QuickGELU would change every output silently. The topology, the sphere count and the
-temperature settings are the run's choice; τ itself (temperature.t) comes with the weights.
+temperature and curvature settings are the run's choice; τ itself (temperature.t) comes with the weights, and so
+does a hyperbolic checkpoint's curvature into a hyperbolic run (a run into hyperbolic space starts its fresh).
 To change the number of class tokens, upcycle first: `topoclip convert SRC DST --class-tokens M`.
 Without --preset the run takes the checkpoint's model and train settings; its data and evaluation
 settings are never taken from the checkpoint (a folder may be anyone's, and data settings can name
@@ -17,12 +18,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from topoclip.io.checkpoint import TOKENIZER, check_weights_fit, load_config_from, load_weights, resolve_checkpoint
+from topoclip.io.checkpoint import TOKENIZER, check_weights_fit, load_config_from, read_weights, resolve_checkpoint
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, merge, to_dict
 from topoclip.model.clip import CLIP
 
 # Settings that may differ between the run and its starting checkpoint (see the module text).
-FREE_MODEL_SETTINGS = ("topology", "spheres", "temperature", "text.cls_token_id")
+FREE_MODEL_SETTINGS = ("topology", "spheres", "temperature", "curvature", "text.cls_token_id")
+# Parts of the model a topology has or lacks: a hyperbolic run from a sphere checkpoint starts them fresh (a sphere
+# run from a hyperbolic checkpoint leaves them out).
+TOPOLOGY_PARTS = ("curvature.",)
 
 
 def starting_config(checkpoint: Union[str, Path], preset: Optional[str] = None,
@@ -65,7 +69,7 @@ def check_initial_checkpoint(config: Config) -> None:
                 if key in ("class_tokens", "embed_dim") else f"set --set model.{key}={_json(theirs.get(key))}")
         raise ConfigError(f"train.init_from={config.train.init_from}: its model.{key} is {_json(theirs.get(key))} but "
                           f"this run's is {_json(value)}; {hint} (or leave out --preset to train the checkpoint's own config)")
-    check_weights_fit(folder, config.model)  # from the safetensors header and a meta model: nothing allocated yet
+    check_weights_fit(folder, config.model, TOPOLOGY_PARTS)  # from the safetensors header and a meta model
 
 
 def initial_tokenizer(config: Config) -> Path:
@@ -78,8 +82,10 @@ def initial_tokenizer(config: Config) -> Path:
 
 
 def load_initial_weights(model: CLIP, config: Config) -> None:
-    """Load the init_from checkpoint's weights into the freshly built `model` (on its device)."""
-    load_weights(model, initial_checkpoint(config))
+    """Load the init_from checkpoint's weights into the freshly built `model` (on its device); the topology's own
+    parts (TOPOLOGY_PARTS) keep their initial values where the checkpoint has none."""
+    weights = read_weights(initial_checkpoint(config), model.config, str(next(model.parameters()).device), TOPOLOGY_PARTS)
+    model.load_state_dict(weights, strict=False)  # read_weights checked every other tensor is there
 
 
 def _json(value) -> str:

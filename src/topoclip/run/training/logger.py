@@ -158,7 +158,7 @@ def number(value) -> bool:
 
 
 def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
-    """Draw metrics.jsonl: loss.png, temperature.png, learning_rate.png, evaluation.png."""
+    """Draw metrics.jsonl: loss.png, temperature.png, learning_rate.png, evaluation.png (curvature.png: hyperbolic)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,6 +178,8 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
         written += [plot_curves(out_dir / "loss.png", {"loss": curve("loss")}, "contrastive loss"),
                     plot_curves(out_dir / "temperature.png", {"τ = exp(t)": curve("scale")}, "τ"),
                     plot_curves(out_dir / "learning_rate.png", {"lr": curve("lr")}, "learning rate")]
+        if curve("curvature")[0]:  # a hyperbolic model's learned c
+            written.append(plot_curves(out_dir / "curvature.png", {"c (curvature −c)": curve("curvature")}, "c"))
     if evals:
         written.append(plot_evaluation(out_dir / "evaluation.png", evaluation_series(evals)))
     return written

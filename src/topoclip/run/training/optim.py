@@ -13,7 +13,7 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: decayed matrices, and undecayed norms, biases, embeddings, τ and β (OpenCLIP's rule).
 
     "Embeddings" are the token table, class tokens and positional embeddings; every tensor of
-    dimension < 2 (gains, biases, t, β) also goes without decay.
+    dimension < 2 (gains, biases, t, β, a hyperbolic model's log c and log α as MERU) also goes without decay.
     """
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():

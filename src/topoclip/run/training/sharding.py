@@ -5,7 +5,8 @@ while it runs and each rank keeps 1/W of the parameters, gradients and AdamW mom
 untouched: features are gathered across ranks exactly as under DDP (topoclip.core.distributed.gather_features), so the
 loss and the gradients equal the one-process run on the same global batch.
 
-The temperature's scalars (t, and the sigmoid loss's bias) stay whole on every rank: FSDP2 shards along dim 0 and
+The 0-d parameters (the temperature's t and the sigmoid loss's bias; a hyperbolic model's log c and log α) stay
+whole on every rank: FSDP2 shards along dim 0 and
 refuses 0-d parameters. Their gradients are averaged across ranks by a hook, as FSDP's reduce-scatter averages the
 rest (and DDP's all-reduce everything).
 

@@ -1,7 +1,7 @@
 """One training step's forward + backward of the contrastive loss, with exact gradient accumulation.
 
 The trainer calls :func:`forward_backward`, then unscales (fp16), clips, steps the optimiser and
-clamps τ. The step works the same for a plain CLIP, DDP(CLIP) and torch.compile'd wrappers: the
+clamps τ (and a hyperbolic model's curvature). The step works the same for a plain CLIP, DDP(CLIP) and torch.compile'd wrappers: the
 forward goes through the wrapper (so DDP sees it), scoring through ``unwrap(model).similarity``.
 
 Distributed (OpenCLIP's local loss): each rank scores its b local rows against the world·b gathered columns,
@@ -20,8 +20,9 @@ into a sum over micro-batches (every row's softmax runs over the whole batch), s
 
 The recomputation must reproduce pass 1 exactly: true here because the towers have no dropout or
 other randomness (a model with dropout would need its RNG state replayed per micro-batch). τ and
-β enter every one of the k losses; their gradient is taken from the last micro-batch only (the
-others see them detached), so it is counted once, not k times.
+β enter every one of the k losses, and so does a hyperbolic model's curvature c where it scores (the
+distance, the entailment cones); that gradient is taken from the last micro-batch only (the others see
+them detached), so it is counted once, not k times.
 """
 from __future__ import annotations
 
@@ -59,11 +60,15 @@ def autocast_context(precision: str, device_type: str):
 
 def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: torch.Tensor,
                      scale: torch.Tensor, bias: Optional[torch.Tensor], loss_name: str,
-                     distributed: bool, keywords: Optional[dict] = None) -> torch.Tensor:
+                     distributed: bool, keywords: Optional[dict] = None, entailment_weight: float = 0.0,
+                     curvature: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The 0-d fp32 loss of the local rows against all columns.
 
     Losses that read only the image→text rows (`Loss.image_rows_only`) skip the text→image block: a second
     gather and a second (b, B) score. keywords: `loss_keywords` (margin, best) for the losses that use them.
+    entailment_weight: MERU's entailment loss of the local pairs (caption cone ∋ image), added with this weight; a
+    mean over the local rows, so the ranks' average is the global batch's and accumulation's k passes sum to it.
+    curvature: a hyperbolic model's c as the forward gave it (`CLIPOutput.curvature`); None: the model's own.
 
     image_embeds, text_embeds: (b, m, n) this process's embeddings on the model's space.
     distributed: gather the columns from every rank (world·b of them) with gradients; local row i
@@ -73,15 +78,19 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
     loss = get_loss(loss_name)
     if distributed and is_initialized():
         all_text = gather_features(text_embeds)  # (world·b, m, n)
-        similarity_image_text = core.similarity(image_embeds, all_text)  # (b, world·b) fp32
+        similarity_image_text = core.similarity(image_embeds, all_text, curvature=curvature)  # (b, world·b) fp32
         if loss.image_rows_only:
             similarity_text_image = similarity_image_text  # placeholder: the loss does not read it
         else:
             all_images = gather_features(image_embeds)  # (world·b, m, n)
-            similarity_text_image = core.similarity(text_embeds, all_images)  # (b, world·b)
-        return loss(similarity_image_text, similarity_text_image, scale, bias, local_index=get_rank(), **(keywords or {}))
-    similarity_image_text = core.similarity(image_embeds, text_embeds)  # (b, b) fp32
-    return loss(similarity_image_text, similarity_image_text.T, scale, bias, local_index=0, **(keywords or {}))
+            similarity_text_image = core.similarity(text_embeds, all_images, curvature=curvature)  # (b, world·b)
+        value = loss(similarity_image_text, similarity_text_image, scale, bias, local_index=get_rank(), **(keywords or {}))
+    else:
+        similarity_image_text = core.similarity(image_embeds, text_embeds, curvature=curvature)  # (b, b) fp32
+        value = loss(similarity_image_text, similarity_image_text.T, scale, bias, local_index=0, **(keywords or {}))
+    if entailment_weight:
+        value = value + entailment_weight * core.entailment(text_embeds, image_embeds, curvature)
+    return value
 
 
 def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
@@ -93,15 +102,18 @@ def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> Non
 
 def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
                      accumulation_steps: int = 1, precision: str = "fp32",
-                     scaler: Optional[torch.amp.GradScaler] = None, keywords: Optional[dict] = None) -> float:
+                     scaler: Optional[torch.amp.GradScaler] = None, keywords: Optional[dict] = None,
+                     entailment_weight: float = 0.0) -> float:
     """:func:`forward_backward_loss`, its loss read as a float (on a GPU: waits for the step to finish)."""
     return float(forward_backward_loss(model, images, text, loss_name, accumulation_steps=accumulation_steps,
-                                       precision=precision, scaler=scaler, keywords=keywords))
+                                       precision=precision, scaler=scaler, keywords=keywords,
+                                       entailment_weight=entailment_weight))
 
 
 def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
                           accumulation_steps: int = 1, precision: str = "fp32",
-                          scaler: Optional[torch.amp.GradScaler] = None, keywords: Optional[dict] = None) -> torch.Tensor:
+                          scaler: Optional[torch.amp.GradScaler] = None, keywords: Optional[dict] = None,
+                          entailment_weight: float = 0.0) -> torch.Tensor:
     """Forward + backward of the contrastive loss on this process's batch; returns the 0-d loss, unread.
 
     Nothing here reads a device value, so on a GPU the host can queue the next step meanwhile.
@@ -115,6 +127,7 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
     precision: "fp32", "bf16" or "fp16" (autocast for the towers; similarities and loss stay fp32).
     scaler: required for fp16 (the loss is scaled before backward); the caller unscales and steps.
     keywords: the loss's margin and best (`loss_keywords`); None: each loss's defaults.
+    entailment_weight: train.entailment_weight (hyperbolic models; see `contrastive_loss`).
     Returns: the full local-batch loss (the same number for every k), detached, on the model's device.
     """
     if precision == "fp16" and scaler is None:
@@ -131,7 +144,7 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
         with autocast_context(precision, device_type):
             out = model(images, text)
         loss = contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name, distributed,
-                                keywords)
+                                keywords, entailment_weight, out.curvature)
         _backward(loss, scaler)
         return loss.detach()
 
@@ -157,10 +170,13 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
                 out = model(images[lo:hi], text[lo:hi])
             image_embeds = torch.cat([cached_images[:lo], out.image_embeds, cached_images[hi:]])  # (b, m, n)
             text_embeds = torch.cat([cached_text[:lo], out.text_embeds, cached_text[hi:]])
-            # τ, β: gradient from one of the k identical losses only (see the module docstring).
+            # τ, β and the curvature's direct part: gradient from one of the k identical losses only (see the module
+            # docstring); c's part through micro-batch j's exponential map is j's own, as every tower weight's.
             scale = out.scale if last else out.scale.detach()
             bias = out.bias if (last or out.bias is None) else out.bias.detach()
-            loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed, keywords)
+            curvature = out.curvature if (last or out.curvature is None) else out.curvature.detach()
+            loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed, keywords,
+                                    entailment_weight, curvature)
             _backward(loss, scaler)
     return loss.detach()
 
@@ -197,7 +213,10 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: O
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    unwrap(model).temperature.clamp_()  # τ ≤ max_scale after every step
+    core = unwrap(model)
+    core.temperature.clamp_()  # τ ≤ max_scale after every step
+    if getattr(core, "curvature", None) is not None:
+        core.curvature.clamp_()  # c within [init/10, 10·init], α ≤ 1 (MERU)
     return grad_norm.detach()
 
 
@@ -246,10 +265,11 @@ def process_settings(threads: int, tf32: Optional[bool]) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1:]
 
 
-def batch_loss(model, images, text, loss_name: str, precision: str, keywords: Optional[dict] = None) -> torch.Tensor:
+def batch_loss(model, images, text, loss_name: str, precision: str, keywords: Optional[dict] = None,
+               entailment_weight: float = 0.0) -> torch.Tensor:
     """The loss of the current weights on a batch, without gradients (0-d, on the model's device)."""
     with torch.no_grad():
         with autocast_context(precision, images.device.type):
             out = model(images, text)
         return contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name,
-                                is_initialized(), keywords)
+                                is_initialized(), keywords, entailment_weight, out.curvature)

@@ -166,7 +166,8 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
         model.train()
         loss_name = loss_at(settings, step)  # train.loss, or triplet during max-hinge's warm-up
         loss = forward_backward_loss(run.trained, images, text, loss_name, accumulation_steps=settings.accumulation_steps,
-                                     precision=settings.precision, scaler=state.scaler, keywords=keywords)
+                                     precision=settings.precision, scaler=state.scaler, keywords=keywords,
+                                     entailment_weight=settings.entailment_weight)
         checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
         evaluation_due = settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps)
         verdict = guard.judge(model, loss, done, reads_due=checkpoint_due or evaluation_due
@@ -183,6 +184,7 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
             logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
                         "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                         "images_per_s": window_images / max(elapsed, 1e-9), "data": state.counter.as_dict(),
+                        **({"curvature": float(model.curvature_value.detach())} if model.curvature is not None else {}),
                         **({"skipped_steps": guard.skipped} if guard.skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
@@ -195,7 +197,8 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
             if done < settings.steps:
                 guard.hold(snapshot)
             else:
-                guard.vouch_last(batch_loss(model, images, text, loss_name, settings.precision, keywords), done)
+                guard.vouch_last(batch_loss(model, images, text, loss_name, settings.precision, keywords,
+                                            settings.entailment_weight), done)
                 save(run, snapshot)
         # Kept from the first trainer: every rank waits for the others at the end of each step. DDP's all-reduce
         # and the guards' already synchronise the ranks, so this costs only time; removing it is left for a

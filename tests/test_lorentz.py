@@ -1,0 +1,383 @@
+"""The hyperbolic topologies (MERU's Lorentz model, and its product): the closed forms against float64 references
+derived independently, fp32 accuracy, MERU's own code, the entailment loss, and every consumer working or refusing."""
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from topoclip.config import ConfigError, load_config
+from topoclip.core import geometry as G
+from topoclip.model.clip import CLIP
+
+from _tolerance import gamma
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def tangent(count, radii, dim=16, seed=0):
+    """(count, dim) float64 vectors in random directions with norms spread over `radii` (low, high)."""
+    generator = torch.Generator().manual_seed(seed)
+    v = torch.randn(count, dim, generator=generator, dtype=torch.float64)
+    return v / v.norm(dim=-1, keepdim=True) * torch.linspace(*radii, count, dtype=torch.float64)[:, None]
+
+
+def hyperboloid(x, c):
+    """Space components (…, n) -> full coordinates (…, n + 1) on ⟨x, x⟩_L = −1/c, the time first."""
+    return torch.cat([(1 / c + x.square().sum(-1, keepdim=True)).sqrt(), x], dim=-1)
+
+
+def lorentz_product(a, b):
+    """⟨a, b⟩_L = −a₀b₀ + Σ aᵢbᵢ of full coordinates, pairwise: (A, n + 1), (B, n + 1) -> (A, B)."""
+    return -a[:, :1] * b[:, 0][None] + a[:, 1:] @ b[:, 1:].T
+
+
+# --------------------------------------------------------------------------- closed forms (float64)
+
+
+@pytest.mark.parametrize("c", [0.3, 1.0, 2.5])
+def test_distance_is_the_arcosh_of_the_lorentz_product(c):
+    u = G.exp_map0(tangent(9, (0.2, 3.0), seed=1), c)
+    v = G.exp_map0(tangent(7, (0.2, 3.0), seed=2), c)
+    expected = torch.acosh(-c * lorentz_product(hyperboloid(u, c), hyperboloid(v, c))) / c**0.5  # the definition
+    got = -G.similarity("lorentz", u[:, None], v[:, None], curvature=c)
+    # float64 both; the definition's −c⟨u, v⟩_L = z cancels numbers of size c·t_u·t_v ≤ cosh(3)² ≈ 100 into z = 1 + δ,
+    # δ ≥ 0.005 here (asserted): an error of ~100 · 2⁻⁵³ ≈ 1e-14 in z, which arcosh(1 + δ) ≈ sqrt(2δ) turns into at most
+    # 1e-14/sqrt(2 · 0.005) = 1e-13 in the distance.
+    assert (-c * lorentz_product(hyperboloid(u, c), hyperboloid(v, c)) - 1).min() > 0.005
+    torch.testing.assert_close(got, expected, atol=1e-11, rtol=1e-11)
+    # The product form: the sum of the factors' distances (PHyCLIP's ℓ1 product).
+    pairs, others = torch.stack([u[:6], v[:6]], dim=1), torch.stack([v[:6], u[3:]], dim=1)  # (6, 2, n): two factors
+    product = -G.similarity("lorentz-product", pairs, others, curvature=c)
+    factors = sum(torch.acosh(-c * lorentz_product(hyperboloid(pairs[:, k], c), hyperboloid(others[:, k], c)))
+                  for k in range(2)) / c**0.5
+    torch.testing.assert_close(product, factors, atol=1e-11, rtol=1e-11)
+
+
+@pytest.mark.parametrize("c", [0.3, 1.0, 2.5])
+def test_the_exponential_map_walks_the_geodesic_from_the_origin(c):
+    v = tangent(12, (1e-9, 10.0), seed=3) / c**0.5  # √c‖v‖ up to 10: inside MERU's sinh clamp (11.09)
+    x = G.exp_map0(v, c)
+    # On the geodesic through the origin along v, at distance ‖v‖ (the origin's space components are 0).
+    origin = torch.zeros(1, 1, v.shape[1], dtype=torch.float64)
+    torch.testing.assert_close(G.lorentz_distances(origin, x[:, None], c)[0, :, 0],
+                               v.norm(dim=-1).clamp_min(math.acosh(1 + G.LORENTZ_DELTA_MIN) / c**0.5),
+                               atol=1e-12, rtol=1e-12)  # float64: a few roundings of each closed form
+    cosine = (x * v).sum(-1) / (x.norm(dim=-1) * v.norm(dim=-1))
+    torch.testing.assert_close(cosine, torch.ones(12, dtype=torch.float64), atol=1e-14, rtol=0)
+    torch.testing.assert_close(G.log_map0(x, c), v, atol=1e-12, rtol=1e-12)  # the inverse
+    beyond = G.exp_map0(tangent(2, (20.0, 30.0), seed=4) / c**0.5, c)  # past the clamp: at the clamp's distance
+    torch.testing.assert_close(beyond.norm(dim=-1), torch.full((2,), 2.0**15 / c**0.5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("c", [0.3, 1.0, 2.5])
+def test_the_exterior_angle_is_the_hyperbolic_law_of_cosines(c):
+    x = G.exp_map0(tangent(10, (0.3, 2.5), seed=5), c)
+    y = G.exp_map0(tangent(10, (0.3, 2.5), seed=6).flip(0), c)
+    # Independently: the triangle (origin, x, y) with sides a = d(O, x), b = d(x, y), e = d(O, y), scaled to
+    # curvature −1 by √c; its interior angle at x from cosh e = cosh a cosh b − sinh a sinh b cos θ; exterior π − θ.
+    a, e = (torch.asinh(c**0.5 * p.norm(dim=-1)) for p in (x, y))
+    b = c**0.5 * torch.stack([G.lorentz_distances(x[i:i + 1, None], y[i:i + 1, None], c)[0, 0, 0] for i in range(10)])
+    interior = torch.acos((torch.cosh(a) * torch.cosh(b) - torch.cosh(e)) / (torch.sinh(a) * torch.sinh(b)))
+    # float64: the law's argument carries ~2⁻⁵³·cosh a·cosh b/(sinh a·sinh b)·(a few) ≲ 1e-14 (cosh ≤ 100 here), and stays
+    # 1e-5 from ±1 (asserted), where arccos's slope is ≤ 224: ≲ 3e-12 in the angle
+    assert (torch.cos(interior).abs() < 1 - 1e-5).all()
+    torch.testing.assert_close(G.exterior_angle(x, y, c), math.pi - interior, atol=1e-9, rtol=0)
+
+
+def test_the_half_aperture_and_the_entailment_loss():
+    c = 0.7
+    x = G.exp_map0(tangent(6, (0.5, 3.0), seed=7), c)
+    radius = c**0.5 * x.norm(dim=-1)
+    torch.testing.assert_close(G.half_aperture(x, c), torch.asin(2 * G.ENTAILMENT_MIN_RADIUS / radius))  # MERU's
+    near = G.exp_map0(tangent(2, (1e-6, 0.05), seed=8), c)  # inside the ball of radius 2K: the widest cone
+    assert (G.half_aperture(near, c) > math.pi / 2 - 2e-3).all()
+    # A point on the ray from the origin through x, beyond x, is inside x's cone: angle 0 (to the arccos clamp), loss 0.
+    beyond = x * 1.5
+    assert G.exterior_angle(x, beyond, c).max() <= math.acos(1 - G.ARCCOS_CLAMP_EPSILON) + 1e-9
+    assert G.entailment("lorentz", x[:, None], beyond[:, None], c) < 1e-6
+    # Behind x (towards the origin): the exterior angle is π (to the arccos clamp), outside every cone by π − aperture.
+    behind = x * 0.5
+    expected = (math.pi - G.half_aperture(x, c)).mean()
+    torch.testing.assert_close(G.entailment("lorentz", x[:, None], behind[:, None], c), expected,
+                               atol=math.acos(1 - G.ARCCOS_CLAMP_EPSILON) + 1e-9, rtol=0)
+    with pytest.raises(ValueError, match="no entailment cones"):
+        G.entailment("sphere", x[:, None], behind[:, None], None)
+
+
+def test_gradients_are_finite_at_every_degenerate_point():
+    c = torch.tensor(1.0, requires_grad=True)
+    raw = torch.zeros(4, 2, 8)
+    raw[1] = 1e-12
+    raw[2] = 50.0  # past the sinh clamp
+    raw[3] = torch.randn(2, 8)
+    raw.requires_grad_()
+    for topology in ("lorentz", "lorentz-product"):
+        points = G.to_space(topology, raw, curvature=c)
+        total = G.similarity(topology, points, points, curvature=c).sum() + G.entailment(topology, points, points, c)
+        total = total + G.entailment(topology, points, points.flip(0), c)
+        total.backward()
+        assert torch.isfinite(total) and torch.isfinite(raw.grad).all() and torch.isfinite(c.grad)
+
+
+# --------------------------------------------------------------------------- fp32
+
+
+@pytest.mark.parametrize("norm, distance", [(1.0, 1e-2), (3.0, 1e-2), (3.0, 1e-1), (0.5, 1.0)])
+def test_fp32_distances_are_accurate_relative_to_the_distance(norm, distance):
+    """Near pairs far from the origin: MERU's c(t_u t_v − uᵀv) − 1 in fp32 cancels numbers of size c·t² into δ; the
+    δ = (c/2)(‖u − v‖² − (t_u − t_v)²) form keeps each term small (the near pair's difference computed directly)."""
+    c = 1.0
+    generator = torch.Generator().manual_seed(9)
+    u = torch.randn(8, 64, generator=generator, dtype=torch.float64)
+    u = u / u.norm(dim=-1, keepdim=True) * norm
+    step = torch.randn(8, 64, generator=generator, dtype=torch.float64)
+    v = u + step / step.norm(dim=-1, keepdim=True) * distance
+    x, y = G.exp_map0(u, c).float(), G.exp_map0(v, c).float()
+    exact = -G.similarity("lorentz", x.double()[:, None], y.double()[:, None], curvature=c)  # same fp32 inputs
+    got = -G.similarity("lorentz", x[:, None], y[:, None], curvature=c)
+    # The bound, from float64 quantities: ‖x − y‖² to γ_64 of itself (a near pair's direct difference, or the
+    # centred expansion within NEAR_PAIR_FRACTION of it), ‖x‖² and ‖y‖² to γ_64 each, so t_x − t_y = (‖x‖² − ‖y‖²)
+    # /(t_x + t_y) to γ_64·(‖x‖² + ‖y‖²)/(t_x + t_y) + a few roundings; δ's error is then the terms' over δ, and
+    # arcosh(1 + δ) halves a relative error in δ (its relative condition ≤ 1/2 + δ/12 for δ < 1, ≤ 1 beyond).
+    xd, yd = x.double(), y.double()
+    nx, ny = xd.square().sum(-1)[:, None], yd.square().sum(-1)[None]
+    tx, ty = (1 / c + nx).sqrt(), (1 / c + ny).sqrt()
+    squared = (xd[:, None] - yd[None]).square().sum(-1)
+    gap = (nx - ny) / (tx + ty)
+    delta = (c / 2 * (squared - gap.square())).clamp_min(G.LORENTZ_DELTA_MIN)
+    g = gamma(64 + 8)
+    relative_delta = (g * squared / NEAR + 2 * gap.abs() * g * (nx + ny) / (tx + ty) + g * gap.square()) * c / 2 / delta
+    bound = relative_delta + gamma(8)
+    error = (got.double() - exact).abs() / exact.abs()
+    assert (error <= bound).all(), (error.max().item(), bound.min().item())
+    assert error.diagonal().max() < 1e-3  # the matching pairs keep three digits or more
+
+
+# The centred expansion holds a pair within NEAR_PAIR_FRACTION of its direct difference before recomputing it: its
+# relative error on ‖x − y‖² is at most γ · (‖x‖² + ‖y‖²)/‖x − y‖² ≤ γ / NEAR_PAIR_FRACTION where kept.
+NEAR = G.NEAR_PAIR_FRACTION
+
+
+# --------------------------------------------------------------------------- MERU's own code
+
+
+def meru_comparison():
+    """docs/results/meru-equality.json, or, given TOPOCLIP_MERU=CHECKOUT (a clone of facebookresearch/meru), the
+    comparison run now."""
+    checkout = os.environ.get("TOPOCLIP_MERU")
+    if not checkout:
+        return json.loads((RESULTS / "meru-equality.json").read_text())
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("meru_equality", Path(__file__).resolve().parents[1] / "scripts"
+                                                  / "meru_equality.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["meru_equality"] = module
+    spec.loader.exec_module(module)
+    meru = module.meru_module(Path(checkout))
+    return {"runs": [module.compare(meru, c, seed) for seed, c in enumerate(module.CURVATURES)]}
+
+
+def test_equal_to_meru_s_lorentz_functions_to_float64_rounding():
+    """MERU's distance, exponential and logarithmic maps, half-aperture and exterior angle on random float64 inputs
+    at three curvatures (scripts/meru_equality.py; MERU is CC BY-NC, so not copied here): every difference within the
+    bound the script derives from the inputs' condition numbers, MERU's additive eps = 1e-8 taken out."""
+    results = meru_comparison()
+    assert {run["curvature"] for run in results["runs"]} == {0.1, 1.0, 3.0}
+    for run in results["runs"]:
+        assert set(run["functions"]) == {"exp_map0", "log_map0", "pairwise_dist", "half_aperture", "oxy_angle"}
+        for name, row in run["functions"].items():
+            assert row["max_abs_difference"] <= row["bound"], (run["curvature"], name, row)
+            assert row["bound"] < 1e-7 * max(row["max_abs_value"], 1.0), (name, row)  # a bound that could fail
+        # With MERU's eps left in, it alone moves the aperture and the angle: by far less than a degree.
+        assert run["functions"]["half_aperture"]["with_meru_eps"] < 1e-6
+        assert run["functions"]["oxy_angle"]["with_meru_eps"] < 1e-6
+
+
+# --------------------------------------------------------------------------- the model and its consumers
+
+
+def tiny(topology="lorentz", *overrides):
+    return CLIP(load_config("tiny", [f"model.topology={topology}", *overrides]).model)
+
+
+def test_the_curvature_and_scalings_are_meru_s():
+    model = tiny("lorentz", "model.curvature.init=0.5")
+    d = model.config.class_tokens * model.config.embed_dim
+    assert {"curvature.log_c", "curvature.log_image_scale", "curvature.log_text_scale"} <= dict(model.named_parameters()).keys()
+    assert model.curvature_value.item() == pytest.approx(0.5)
+    assert model.curvature.scale("image").item() == pytest.approx(d**-0.5)
+    product = tiny("lorentz-product")  # the whole embedding's d for the product too (see topoclip.core.curvature)
+    assert product.curvature.scale("text").item() == pytest.approx(d**-0.5) and product.config.sphere_count > 1
+    with torch.no_grad():
+        model.curvature.log_c.fill_(5.0)
+        model.curvature.log_image_scale.fill_(0.3)
+    model.curvature.clamp_()
+    assert model.curvature_value.item() == pytest.approx(5.0)  # 10 × init
+    assert model.curvature.scale("image").item() == 1.0
+    frozen = tiny("lorentz", "model.curvature.learnable=false")
+    assert "curvature.log_c" not in dict(frozen.named_parameters()) and "curvature.log_c" in frozen.state_dict()
+    assert tiny("sphere").curvature is None and "curvature.log_c" not in tiny("sphere").state_dict()
+
+
+def test_encoders_give_points_on_the_hyperboloid_scored_by_the_model_s_curvature():
+    model = tiny("lorentz", "model.curvature.init=2.0").eval()
+    images = torch.randn(3, 3, model.config.vision.image_size, model.config.vision.image_size)
+    with torch.no_grad():
+        points = model.encode_image(images)
+        raw = model.visual(images).reshape(3, *model.embedding_shape)
+        expected = G.exp_map0((raw * model.curvature.scale("image")).flatten(1), 2.0).view_as(raw)
+        torch.testing.assert_close(points, expected)
+        torch.testing.assert_close(model.similarity(points, points),
+                                   G.similarity("lorentz", points, points, curvature=2.0))
+    with pytest.raises(ValueError, match="no flat form.*lorentz_index_vectors"):
+        model.encode_image(images, flat=True)
+
+
+def test_the_index_vectors_rank_as_the_distance():
+    c = 0.8
+    gallery = G.exp_map0(torch.randn(500, 1, 16, dtype=torch.float64), c)
+    queries = G.exp_map0(torch.randn(20, 1, 16, dtype=torch.float64), c)
+    ip = G.lorentz_index_vectors(queries, c, query=True) @ G.lorentz_index_vectors(gallery, c, query=False).T
+    expected = G.similarity("lorentz", queries, gallery, curvature=c)
+    torch.testing.assert_close(ip, lorentz_product(hyperboloid(queries[:, 0], c), hyperboloid(gallery[:, 0], c)))
+    assert torch.equal(ip.argsort(dim=1, descending=True)[:, :10], expected.argsort(dim=1, descending=True)[:, :10])
+
+
+def test_the_prompt_ensemble_averages_in_the_tangent_space():
+    c = 1.3
+    v = torch.randn(4, 2, 8, dtype=torch.float64)
+    points = G.to_space("lorentz-product", torch.stack([v, -v]), curvature=c)  # (2, 4, 2, 8): x and its mirror
+    torch.testing.assert_close(G.centroid("lorentz-product", points, c), torch.zeros(4, 2, 8, dtype=torch.float64))
+    same = G.to_space("lorentz", v, curvature=c)
+    torch.testing.assert_close(G.centroid("lorentz", torch.stack([same, same, same]), c), same)
+
+
+def test_settings_that_cannot_work_are_refused_before_training():
+    with pytest.raises(ConfigError, match="entailment_weight.*needs the cones of a hyperbolic space"):
+        load_config("tiny", ["train.entailment_weight=0.2"])
+    with pytest.raises(ConfigError, match="model.curvature.init"):
+        load_config("tiny", ["model.topology=lorentz", "model.curvature.init=0"])
+    with pytest.raises(ConfigError, match="margin_relative.*unbounded"):
+        load_config("tiny", ["model.topology=lorentz", "train.loss=triplet", "train.margin_relative=true"])
+    with pytest.raises(ConfigError, match="\"flat\".*lorentz-product cannot use"):
+        load_config("tiny", ["model.topology=lorentz-product", "evaluate.template_modes=[\"flat\"]"])
+
+
+def test_exports_and_upcycling_refuse_in_one_line(tmp_path):
+    from topoclip.io.convert.openclip_export import openclip_refusal
+    from topoclip.io.convert.upcycle import upcycle
+
+    config = load_config("tiny", ["model.topology=lorentz", "model.class_tokens=1"])
+    assert "one sphere; this model is lorentz" in openclip_refusal(config)
+    with pytest.raises(ConfigError, match="upcycles the spheres only"):
+        upcycle(CLIP(config.model), config, 4)
+    sphere = load_config("tiny", ["model.topology=sphere", "model.class_tokens=1"])
+    with pytest.raises(ConfigError, match="lorentz-product's is unbounded"):
+        upcycle(CLIP(sphere.model), sphere, 4, topology="lorentz-product")
+
+
+def test_onnx_carries_the_curvature(tmp_path):
+    pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from topoclip.io.export_onnx import compare_with_pytorch, export_onnx
+
+    config = load_config("tiny", ["model.topology=lorentz-product", "model.curvature.init=0.4"])
+    model = CLIP(config.model).eval()
+    export_onnx(model, config, None, tmp_path / "onnx")
+    differences = compare_with_pytorch(model, config, tmp_path / "onnx", batch=3)
+    # fp32 under two runtimes: the towers' roundings, then the exponential map's (relative, on points of norm ≲ 2)
+    assert differences["image"] < 1e-5 and differences["text"] < 1e-5, differences
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "image_encoder.onnx"), providers=["CPUExecutionProvider"])
+    metadata = session.get_modelmeta().custom_metadata_map
+    assert metadata["topoclip.topology"] == "lorentz-product"
+    assert float(metadata["topoclip.curvature"]) == pytest.approx(0.4)
+
+
+def test_init_from_crosses_between_the_spheres_and_the_hyperboloids(tmp_path):
+    """The topology is the run's choice: a hyperbolic run from a sphere checkpoint gets its towers and τ and a fresh
+    curvature; a sphere run from a hyperbolic checkpoint leaves the curvature out."""
+    from topoclip.io.checkpoint import save_checkpoint
+    from topoclip.run.training.init_from import check_initial_checkpoint, load_initial_weights
+
+    sphere_config = load_config("tiny")
+    sphere = CLIP(sphere_config.model)
+    folder = save_checkpoint(tmp_path / "sphere", sphere, sphere_config)
+    config = load_config("tiny", ["model.topology=lorentz-product", "model.curvature.init=0.5",
+                                  f"train.init_from={folder}"])
+    check_initial_checkpoint(config)
+    hyperbolic = CLIP(config.model)
+    load_initial_weights(hyperbolic, config)
+    assert torch.equal(hyperbolic.visual.proj, sphere.visual.proj)
+    assert hyperbolic.curvature_value.item() == pytest.approx(0.5)  # as built: the checkpoint has none
+    with torch.no_grad():
+        hyperbolic.curvature.log_c.fill_(-0.2)
+    back_folder = save_checkpoint(tmp_path / "hyperbolic", hyperbolic, config)
+    back = load_config("tiny", [f"train.init_from={back_folder}"])
+    check_initial_checkpoint(back)
+    again = CLIP(back.model)
+    load_initial_weights(again, back)
+    assert again.curvature is None and torch.equal(again.text.text_projection, sphere.text.text_projection)
+    # Between two hyperbolic runs, the learned c comes with the weights.
+    twice = load_config("tiny", ["model.topology=lorentz-product", f"train.init_from={back_folder}"])
+    model = CLIP(twice.model)
+    load_initial_weights(model, twice)
+    assert model.curvature.log_c.item() == pytest.approx(-0.2)
+
+
+# --------------------------------------------------------------------------- the hierarchy measure
+
+
+def test_each_caption_of_a_chain_entails_the_ones_before_it():
+    """The measure's premise, exact: every scene a level-j caption describes, each level i < j describes too."""
+    from topoclip.analysis.hierarchy import LEVELS, chain
+    from topoclip.data.scenes.dataset import SceneDataset
+
+    dataset = SceneDataset(load_config("tiny").data.scenes, "test")
+    scenes = [dataset.scene(i) for i in range(200)]
+    for scene in scenes[:40]:
+        links = chain(scene.objects[0])
+        assert len(links) == LEVELS and all(meaning.matches(scene.objects[0]) for _, meaning in links)
+        for j in range(LEVELS):  # over every object of every scene: specific ⇒ generic
+            for other in (obj for s in scenes for obj in s.objects):
+                if links[j][1].matches(other):
+                    assert all(links[i][1].matches(other) for i in range(j))
+    texts = [text for text, _ in chain(scenes[0].objects[0])]
+    assert texts[0] == "a photo of an object." and len(set(texts)) == LEVELS
+
+
+def test_the_wilson_interval():
+    from topoclip.analysis.hierarchy import wilson
+
+    # 81 of 100, z = 1.96: centre (0.81 + z²/200)/(1 + z²/100) = 0.79853, half-width
+    # z·sqrt(0.81·0.19/100 + z²/40000)/(1 + z²/100) = 0.07632 -> [0.7222, 0.8749]
+    low, high = wilson(81, 100)
+    assert (round(low, 4), round(high, 4)) == (0.7222, 0.8749)
+    assert wilson(0, 50)[0] == pytest.approx(0.0, abs=1e-15) and wilson(50, 50)[1] == pytest.approx(1.0)
+
+
+def test_the_hierarchy_analysis_writes_its_measures(tmp_path):
+    from topoclip.analysis.hierarchy import analyze_hierarchy
+    from topoclip.io.checkpoint import save_checkpoint
+    from topoclip.preprocess.tokenizer import Tokenizer
+    from topoclip.run.inference import load_folder
+    from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
+
+    tokenizer = Tokenizer.train(["a photo of a small red star in the top left.", "an object", "a large blue circle"],
+                                vocab_size=60, context_length=24)
+    config = fit_to_trained_tokenizer(load_config("tiny", ["model.topology=lorentz-product"]), tokenizer)
+    folder = save_checkpoint(tmp_path / "model", CLIP(config.model), config, tokenizer)
+    result = analyze_hierarchy(load_folder(folder, "cpu"), tmp_path / "out", size=20, traversal_images=5, steps=3)
+    assert (tmp_path / "out" / "hierarchy.png").is_file() and (tmp_path / "out" / "hierarchy.json").is_file()
+    assert result["generic_nearer"]["all"]["trials"] == 20 * 10  # 10 pairs of levels per chain
+    assert [row["s"] for row in result["traversal"]] == [1.0, 0.5, 0.0]
+    # At the origin every image is the same point: one caption is retrieved for all.
+    assert result["traversal"][-1]["level_std"] == 0.0
+    sphere = fit_to_trained_tokenizer(load_config("tiny"), tokenizer)
+    other = save_checkpoint(tmp_path / "sphere", CLIP(sphere.model), sphere, tokenizer)
+    with pytest.raises(ConfigError, match="needs an origin"):
+        analyze_hierarchy(load_folder(other, "cpu"), tmp_path / "out2", size=4, traversal_images=2)
