@@ -3,7 +3,6 @@
 report's pool files). The promise for each: exit 0 or 2, one line, nothing run, nothing read or written outside the
 folder named, no wait without end."""
 import errno
-import importlib.util
 import json
 import os
 import pickle

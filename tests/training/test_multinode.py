@@ -5,7 +5,6 @@ running both processes on the same global batch (DDP and FSDP), one run folder w
 each node's DataLoader workers reading their own share of the data, a node killed with SIGKILL ending the other
 in bounded time with a non-zero status, and that run resumed on one node continuing the losses."""
 import json
-import os
 import signal
 import subprocess
 import sys
