@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from topoclip.core.errors import DiskFullError, is_disk_full
 
 SCRATCH_SUFFIX = ".partial"
 
@@ -40,3 +45,22 @@ def save_png_atomic(figure, path, **options) -> None:
 def write_text_atomic(path, text: str) -> None:
     """Replace `path` with `text` (UTF-8) in one step."""
     write_atomic(path, lambda file: file.write(text.encode("utf-8")))
+
+
+@contextmanager
+def scratch_folder(destination: Path, full_disk: str) -> Iterator[Path]:
+    """A new scratch sibling of `destination` to fill; renamed onto `destination` when the block ends (an empty
+    folder there is replaced; a folder with files makes the rename fail) and removed on any error, so the destination gets
+    every file or none. A full disk is a DiskFullError: `full_disk` says what was being written, and that nothing was."""
+    destination = Path(destination)
+    scratch = scratch_name(destination)
+    scratch.mkdir()
+    try:
+        yield scratch
+        os.replace(scratch, destination)  # rename(2): an empty folder there is replaced, a full one refuses
+    except BaseException as error:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if is_disk_full(error):
+            raise DiskFullError(f"no space left on {destination.parent} while {full_disk}; nothing was written: free "
+                                f"some space and run the command again", destination) from None
+        raise

@@ -29,8 +29,8 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from topoclip.core.atomic import scratch_name
-from topoclip.core.errors import DiskFullError, UserError, is_disk_full
+from topoclip.core.atomic import scratch_folder
+from topoclip.core.errors import DiskFullError, UserError
 
 PathLike = Union[str, os.PathLike]
 
@@ -326,9 +326,7 @@ def copy_tree(source: PathLike, destination: PathLike, what: str, ignore: Callab
     if total > free:
         raise DiskFullError(f"copying {what} {source} needs {size_text(total)} but {destination.parent} has "
                             f"{size_text(free)} free; free some space", destination)
-    scratch = scratch_name(destination)
-    try:
-        scratch.mkdir()
+    with scratch_folder(destination, f"copying {what} {source} to {destination}") as scratch:
         for path, info in sorted(entries, key=lambda item: len(item[0].parts)):
             target = scratch / path.relative_to(source)
             if stat.S_ISDIR(info.st_mode):
@@ -336,16 +334,6 @@ def copy_tree(source: PathLike, destination: PathLike, what: str, ignore: Callab
                 continue
             with open_regular(path, what, source, None, error) as reader, open(target, "xb") as writer:
                 shutil.copyfileobj(reader, writer, 1 * MiB)
-        os.replace(scratch, destination)
-    except OSError as problem:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if is_disk_full(problem):
-            raise DiskFullError(f"no space left while copying {what} {source} to {destination}; nothing was "
-                                f"copied: free some space", destination) from None
-        raise
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
 
 
 def remove_tree(path: PathLike, root: PathLike, what: str, error: type = FileRefused) -> None:

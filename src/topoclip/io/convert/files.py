@@ -8,9 +8,7 @@ too: OpenCLIP publishes the same weights as safetensors.
 """
 from __future__ import annotations
 
-import os
 import pickle
-import shutil
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +18,8 @@ import torch
 
 from topoclip.config import ConfigError
 from topoclip.core.door import check_inside, is_empty, regular_file, torch_archive
-from topoclip.core.atomic import scratch_name
-from topoclip.core.errors import CheckpointError, DiskFullError, is_disk_full
+from topoclip.core.atomic import scratch_folder
+from topoclip.core.errors import CheckpointError
 
 # Inside a folder (e.g. a Hugging Face snapshot), the weights file is the first of these found.
 WEIGHT_FILES = ("model.safetensors", "open_clip_model.safetensors", "open_clip_pytorch_model.bin",
@@ -120,16 +118,5 @@ def new_folder(destination: Union[str, Path], what: str) -> Iterator[Path]:
     full disk is a DiskFullError that says nothing was written."""
     destination = check_destination(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    scratch = scratch_name(destination)
-    scratch.mkdir()
-    try:
+    with scratch_folder(destination, f"writing {what} {destination}") as scratch:
         yield scratch
-        if destination.exists():
-            destination.rmdir()  # the empty folder given: its place is taken by the written one
-        os.replace(scratch, destination)
-    except BaseException as error:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if is_disk_full(error):
-            raise DiskFullError(f"no space left on {destination.parent} while writing {what} {destination}; nothing "
-                                f"was written: free space and run the command again", destination) from None
-        raise
