@@ -193,3 +193,21 @@ def test_a_killed_training_process_takes_its_fork_server_workers_and_their_share
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_auto_sizes_the_workers_from_the_cpus_this_process_may_use(monkeypatch):
+    """train.num_workers="auto": the CPUs of this process's affinity shared among the node's training processes, one
+    core left for each process, at least 1 and at most AUTO_WORKERS_MAX; a number stays itself."""
+    from topoclip.config import ConfigError, load_config
+    from topoclip.core import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert workers.loader_workers("auto") == workers.AUTO_WORKERS_MAX  # 31 would be too many for one process
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert workers.loader_workers("auto") == 7  # 32 CPUs, 4 GPUs' processes: 8 each, one for the process itself
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert workers.loader_workers("auto") == 1 and workers.loader_workers(3) == 3
+    assert load_config("tiny", ["train.num_workers=auto"]).train.num_workers == "auto"
+    with pytest.raises(ConfigError, match="train.num_workers"):
+        load_config("tiny", ["train.num_workers=many"])

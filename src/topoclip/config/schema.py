@@ -6,7 +6,7 @@ and overrides in `topoclip.config.loading`; `topoclip.config` gathers all three.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from topoclip.data.scenes.config import SceneConfig
 from topoclip.core.errors import ConfigError  # noqa: F401  (topoclip.config exports it)
@@ -161,7 +161,9 @@ class TrainConfig:
     # torch's fused AdamW kernel where it exists (CUDA): one kernel for all weights, and a step skipped
     # for a non-finite loss without the host waiting for the GPU. Ignored on CPU.
     fused_optimizer: bool = True
-    num_workers: int = 2
+    # DataLoader worker processes per training process (OpenCLIP's --workers); "auto": this process's share of the CPUs
+    # it may run on, one core left for itself (topoclip.run.training.data.loader_workers).
+    num_workers: Union[int, Literal["auto"]] = 2
     log_every: int = 10
     eval_every: int = 0  # steps between evaluations; 0 = only at the end
     checkpoint_every: int = 200

@@ -1,4 +1,5 @@
-"""How topoclip starts DataLoader workers (`worker_options`) and what each does first (`start_worker`).
+"""How topoclip starts DataLoader workers (`worker_options`), how many (`loader_workers`) and what each does first
+(`start_worker`).
 
 A forked worker (outside a process group) shares its parent's open files, the run folder's lock among them (a
 flock belongs to the open file): one outliving a `kill -9`'d parent would keep the folder locked, naming a dead
@@ -21,6 +22,22 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing
+
+# train.num_workers="auto" gives at most this many workers a process: the loader benchmark's 256 px path delivers
+# ~1,200 img/s a worker here, so 16 feed a step of ~20,000 img/s (docs/many-gpus.md), more than one GPU's ViT-B/16.
+AUTO_WORKERS_MAX = 16
+
+
+def loader_workers(setting) -> int:
+    """train.num_workers as a number: itself, or for "auto" the CPUs this process may run on (its affinity) shared
+    among the node's training processes (torchrun's LOCAL_WORLD_SIZE), one core left for each process itself: at
+    least 1, at most AUTO_WORKERS_MAX."""
+    if setting != "auto":
+        return setting
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, min(AUTO_WORKERS_MAX, cpus // local - 1))
+
 
 # Descriptors of the run-folder locks this process holds (topoclip.io.run_folder adds and removes them).
 HELD_LOCKS: set[int] = set()

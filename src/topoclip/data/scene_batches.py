@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from topoclip.data.batch import RawBatch, derived_seed
 from topoclip.data.scenes import SceneDataset
 from topoclip.preprocess.transforms import RandomResizedCrop, resized_crops, train_transform
-from topoclip.core.workers import worker_options
+from topoclip.core.workers import loader_workers, worker_options
 
 # The largest training split kept in memory as uint8 pixels; larger ones are rendered every step.
 SCENES_IN_MEMORY_BYTES = 2 * 1024**3
@@ -28,7 +28,7 @@ def scene_batches(config, start_step: int, rank: int, world_size: int, loader_op
     apply: a scene batch carries its captions as text (the trainer tokenizes them), sits in memory already and is
     found again from the step."""
     data, train, vision = config.data, config.train, config.model.vision
-    workers = train.num_workers
+    workers = loader_workers(train.num_workers)
     scenes = SceneDataset(data.scenes, "train")
     sampler = StepBatchSampler(len(scenes), train.batch_size, train.seed, start_step, rank, world_size)
     if len(scenes) * 3 * data.scenes.image_size**2 <= SCENES_IN_MEMORY_BYTES:

@@ -15,7 +15,7 @@ from topoclip.data.batch import RawBatch
 from topoclip.data.quality import DataQualityError
 from topoclip.core.errors import ConfigError
 from topoclip.preprocess.transforms import TrainingCrop
-from topoclip.core.workers import settle_before_fork
+from topoclip.core.workers import loader_workers, settle_before_fork
 
 
 def stream_batches(open_stream: Callable, config, start_step: int, rank: int, world_size: int, loader_options: dict,
@@ -23,7 +23,7 @@ def stream_batches(open_stream: Callable, config, start_step: int, rank: int, wo
     """This rank's RawBatches of the stream `open_stream(data, ...)` opens (a DataSource's reader); continues at
     `stream` (a StreamPosition.state()) when given. `start_step` is a scene source's: a stream resumes by position."""
     data, train, vision = config.data, config.train, config.model.vision
-    local_batch, workers = train.batch_size // world_size, train.num_workers
+    local_batch, workers = train.batch_size // world_size, loader_workers(train.num_workers)
     # Streams: each sample's crop is seeded from its place in the stream (see CsvDataset), not by the worker.
     generator = torch.Generator()
     transform = TrainingCrop(vision.image_size, scale=data.augment_scale, generator=generator)  # uint8: normalised

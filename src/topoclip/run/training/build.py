@@ -15,6 +15,7 @@ from topoclip.config import Config, to_dict
 from topoclip.core.atomic import write_text_atomic
 from topoclip.core.distributed import DistributedInfo, gather_objects
 from topoclip.core.door import read_text
+from topoclip.core.workers import loader_workers
 from topoclip.core.errors import CheckpointError, RunFolderError
 from topoclip.data.sources import get_source
 from topoclip.data.streams import StreamPosition
@@ -67,7 +68,7 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
     if found:  # the folder's config: its shapes checked before allocating
         require_fitting_checkpoint(found, config.model)
     state = build_state(config, device, initialise=not found)
-    position, resumed_stream = StreamPosition(settings.num_workers, info.world_size), None
+    position, resumed_stream = StreamPosition(loader_workers(settings.num_workers), info.world_size), None
     if resuming:
         position, resumed_stream = restore(state, config, folder, found, info)
     trained = state.model
@@ -113,7 +114,7 @@ def restore(state: TrainState, config: Config, folder: RunFolder, found: list[Pa
                                   f"filesystem every rank sees and resume again")
         streams = state.streams[min(info.rank, len(state.streams) - 1)] if state.streams else None  # this rank's
     # (a stream split another way cannot continue: refused before config.json takes the resume's changes)
-    position = StreamPosition(config.train.num_workers, info.world_size, streams)
+    position = StreamPosition(loader_workers(config.train.num_workers), info.world_size, streams)
     if main:
         print(f"resuming from {used.name}" if found else "no checkpoint yet: starting from step 0", flush=True)
         # Only now that the checkpoint has loaded does the saved config take the resume's changes.

@@ -16,7 +16,7 @@ from topoclip.config import Config
 from topoclip.data.batch import RawBatch
 from topoclip.data.sources import get_source
 from topoclip.preprocess.transforms import OPENAI_MEAN, OPENAI_STD, device_pixels
-from topoclip.core.workers import worker_options
+from topoclip.core.workers import loader_workers, worker_options
 
 # Batches queued per rank by the loader's workers, whatever their number (each is a whole local batch: 1.2 GB for
 # 2,048 images of 224 px in fp32): 2 workers prefetch 4 each, 8 workers 1 each. More workers read faster without
@@ -37,7 +37,7 @@ def training_batches(config: Config, start_step: int, rank: int = 0, world_size:
     pin_memory: those batches arrive in page-locked memory (for non-blocking copies to a GPU).
     stream: a user-data stream's StreamPosition.state() of this rank, saved at `start_step`: continue there.
     """
-    workers = config.train.num_workers
+    workers = loader_workers(config.train.num_workers)
     loader_options = dict(**worker_options(workers), persistent_workers=workers > 0,
                           prefetch_factor=prefetch_factor(workers) if workers else None)
     return get_source(config.data.source).batches(config, start_step, rank, world_size, loader_options,
