@@ -142,13 +142,15 @@ def test_messages_name_the_range_and_a_fix():
 
 
 def _is_numeric(annotation) -> bool:
-    """int, float, Optional of those, or a list / tuple of them."""
+    """int, float, Optional of those, a list / tuple of them, or a number or a named choice (train.num_workers: int or
+    "auto"), whose number needs its range all the same."""
     if annotation in (int, float):
         return True
     args = set(typing.get_args(annotation)) - {type(None), Ellipsis}
     if typing.get_origin(annotation) in (list, tuple):
         return bool(args) and args <= {int, float}
-    return typing.get_origin(annotation) is typing.Union and bool(args) and all(map(_is_numeric, args))
+    words = {arg for arg in args if typing.get_origin(arg) is typing.Literal}
+    return typing.get_origin(annotation) is typing.Union and bool(args - words) and all(map(_is_numeric, args - words))
 
 
 def _numeric_keys(cls=Config, prefix=""):

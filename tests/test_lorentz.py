@@ -105,6 +105,23 @@ def test_the_half_aperture_and_the_entailment_loss():
                                atol=math.acos(1 - G.ARCCOS_CLAMP_EPSILON) + 1e-9, rtol=0)
     with pytest.raises(ValueError, match="no entailment cones"):
         G.entailment("sphere", x[:, None], behind[:, None], None)
+    # Far from the origin the cones are narrow (aperture ~1e-3 at ‖x‖ = 200): a point on the ray is still inside, in
+    # float64 and in fp32. Failed before: the arccos clamp floored the angle at 1.4e-3, above the aperture (a loss
+    # pulling the caption inwards), and fp32's arccos read a point on the ray at radius 6 as 0.2 rad off.
+    far = G.exp_map0(tangent(4, (5.0, 7.0), seed=9) / c**0.5, c)
+    assert G.entailment("lorentz", far[:, None], (far * 1.01)[:, None], c) == 0
+    torch.testing.assert_close(G.exterior_angle(far, far * 0.99, c), torch.full((4,), math.pi, dtype=torch.float64))
+    torch.testing.assert_close(G.exterior_angle(far, far, c),  # undefined where they coincide: MERU's π/2
+                               torch.full((4,), math.pi / 2, dtype=torch.float64), atol=0, rtol=0)
+    # fp32 against float64 on the same fp32 points, near the ray far out. The angle is atan2(√c‖x‖‖y‖ sin φ, ·): fp32's
+    # worst case on sin φ = ‖x̂ − ŷ‖‖x̂ + ŷ‖/2 is about 2γ_(n+8) (the unit vectors' roundings), which the
+    # triangle turns into √c‖y‖·2γ/sinh(√c·d) radians (d = d(x, y)); the cosine's side is no worse.
+    x32 = G.exp_map0(tangent(4, (4.0, 6.0), seed=9) / c**0.5, c).float()
+    for y32 in (x32 * 1.02, x32 * 0.98):
+        got, exact = G.exterior_angle(x32, y32, c).double(), G.exterior_angle(x32.double(), y32.double(), c)
+        d = G.lorentz_distances(x32.double()[:, None], y32.double()[:, None], c).diagonal().squeeze(0)
+        bound = c**0.5 * y32.double().norm(dim=-1) * 2 * gamma(16 + 8) / torch.sinh(c**0.5 * d)
+        assert (bound < 0.05).all() and ((got - exact).abs() <= bound).all(), ((got - exact).abs(), bound)
 
 
 def test_gradients_are_finite_at_every_degenerate_point():
@@ -125,40 +142,40 @@ def test_gradients_are_finite_at_every_degenerate_point():
 # --------------------------------------------------------------------------- fp32
 
 
-@pytest.mark.parametrize("norm, distance", [(1.0, 1e-2), (3.0, 1e-2), (3.0, 1e-1), (0.5, 1.0)])
-def test_fp32_distances_are_accurate_relative_to_the_distance(norm, distance):
-    """Near pairs far from the origin: MERU's c(t_u t_v − uᵀv) − 1 in fp32 cancels numbers of size c·t² into δ; the
-    δ = (c/2)(‖u − v‖² − (t_u − t_v)²) form keeps each term small (the near pair's difference computed directly)."""
+@pytest.mark.parametrize("radial", [False, True], ids=["any-direction", "on-the-ray"])
+@pytest.mark.parametrize("radius, distance", [(1.0, 1e-2), (3.0, 1e-2), (3.0, 1e-1), (6.0, 3e-2), (0.5, 1.0)])
+def test_fp32_distances_are_accurate_relative_to_the_distance(radius, distance, radial):
+    """Near pairs far from the origin, in any direction and on one ray (where the entailment loss drives captions and
+    images). Failed before: MERU's c(t_u t_v − uᵀv) − 1 cancels numbers of size c·t² (5 % off at d = 0.03, t ≈ 10), and
+    (c/2)(‖u − v‖² − (t_u − t_v)²) lost every digit on a ray (10 % off at tangent radius 6, 48× at 11)."""
     c = 1.0
     generator = torch.Generator().manual_seed(9)
-    u = torch.randn(8, 64, generator=generator, dtype=torch.float64)
-    u = u / u.norm(dim=-1, keepdim=True) * norm
-    step = torch.randn(8, 64, generator=generator, dtype=torch.float64)
-    v = u + step / step.norm(dim=-1, keepdim=True) * distance
+    direction = torch.randn(8, 64, generator=generator, dtype=torch.float64)
+    direction = direction / direction.norm(dim=-1, keepdim=True)
+    step = direction if radial else torch.randn(8, 64, generator=generator, dtype=torch.float64)
+    u, v = direction * radius, direction * radius + step / step.norm(dim=-1, keepdim=True) * distance  # tangent
     x, y = G.exp_map0(u, c).float(), G.exp_map0(v, c).float()
     exact = -G.similarity("lorentz", x.double()[:, None], y.double()[:, None], curvature=c)  # same fp32 inputs
     got = -G.similarity("lorentz", x[:, None], y[:, None], curvature=c)
-    # The bound, from float64 quantities: ‖x − y‖² to γ_64 of itself (a near pair's direct difference, or the
-    # centred expansion within NEAR_PAIR_FRACTION of it), ‖x‖² and ‖y‖² to γ_64 each, so t_x − t_y = (‖x‖² − ‖y‖²)
-    # /(t_x + t_y) to γ_64·(‖x‖² + ‖y‖²)/(t_x + t_y) + a few roundings; δ's error is then the terms' over δ, and
-    # arcosh(1 + δ) halves a relative error in δ (its relative condition ≤ 1/2 + δ/12 for δ < 1, ≤ 1 beyond).
+    # The bound, from float64 quantities: δ = (c/2)·ab·g + r²/(2(a + t_x)(b + t_y)), g = ‖x̂ − ŷ‖², r = (a − b)(1 + (a +
+    # b)/(t_x + t_y)), two terms ≥ 0. g carries γ_64/NEAR_PAIR_FRACTION of itself (the centred expansion keeps only
+    # pairs that far from their norms; nearer ones are recomputed directly), a and b γ_64 each, so a − b carries
+    # γ_64·(a + b) and r² twice that relative to |a − b|; a handful of roundings more on each. Then δ's error over δ,
+    # which arcosh(1 + δ) passes on at most whole (its relative condition is ≤ 1).
     xd, yd = x.double(), y.double()
-    nx, ny = xd.square().sum(-1)[:, None], yd.square().sum(-1)[None]
-    tx, ty = (1 / c + nx).sqrt(), (1 / c + ny).sqrt()
-    squared = (xd[:, None] - yd[None]).square().sum(-1)
-    gap = (nx - ny) / (tx + ty)
-    delta = (c / 2 * (squared - gap.square())).clamp_min(G.LORENTZ_DELTA_MIN)
+    a, b = xd.norm(dim=-1)[:, None], yd.norm(dim=-1)[None]
+    tx, ty = (1 / c + a**2).sqrt(), (1 / c + b**2).sqrt()
+    unit = ((xd / a)[:, None] - (yd / b.T)[None]).square().sum(-1)
+    radial_term = ((a - b) * (1 + (a + b) / (tx + ty))).square() / (2 * (a + tx) * (b + ty))
+    angular_term = c / 2 * a * b * unit
     g = gamma(64 + 8)
-    relative_delta = (g * squared / NEAR + 2 * gap.abs() * g * (nx + ny) / (tx + ty) + g * gap.square()) * c / 2 / delta
-    bound = relative_delta + gamma(8)
+    delta = (angular_term + radial_term).clamp_min(G.LORENTZ_DELTA_MIN)
+    error_delta = angular_term * (g / G.NEAR_PAIR_FRACTION + 4 * g) + radial_term * (2 * g * (a + b) / (a - b).abs().clamp_min(1e-300) + 8 * g)
+    bound = error_delta / delta + gamma(8)
     error = (got.double() - exact).abs() / exact.abs()
     assert (error <= bound).all(), (error.max().item(), bound.min().item())
     assert error.diagonal().max() < 1e-3  # the matching pairs keep three digits or more
 
-
-# The centred expansion holds a pair within NEAR_PAIR_FRACTION of its direct difference before recomputing it: its
-# relative error on ‖x − y‖² is at most γ · (‖x‖² + ‖y‖²)/‖x − y‖² ≤ γ / NEAR_PAIR_FRACTION where kept.
-NEAR = G.NEAR_PAIR_FRACTION
 
 
 # --------------------------------------------------------------------------- MERU's own code
@@ -262,6 +279,8 @@ def test_settings_that_cannot_work_are_refused_before_training():
         load_config("tiny", ["train.entailment_weight=0.2"])
     with pytest.raises(ConfigError, match="model.curvature.init"):
         load_config("tiny", ["model.topology=lorentz", "model.curvature.init=0"])
+    with pytest.raises(ConfigError, match="model.curvature is the hyperbolic topologies'"):
+        load_config("tiny", ["model.curvature.learnable=false"])  # a sphere has no curvature to freeze
     with pytest.raises(ConfigError, match="margin_relative.*unbounded"):
         load_config("tiny", ["model.topology=lorentz", "train.loss=triplet", "train.margin_relative=true"])
     with pytest.raises(ConfigError, match="\"flat\".*lorentz-product cannot use"):
@@ -327,6 +346,11 @@ def test_init_from_crosses_between_the_spheres_and_the_hyperboloids(tmp_path):
     model = CLIP(twice.model)
     load_initial_weights(model, twice)
     assert model.curvature.log_c.item() == pytest.approx(-0.2)
+    # ... unless it lies outside the new run's clamp range, which would move it at the first step: refused.
+    outside = load_config("tiny", ["model.topology=lorentz-product", "model.curvature.init=20",
+                                   f"train.init_from={back_folder}"])
+    with pytest.raises(ConfigError, match="outside this run's range.*model.curvature.init=0.8187"):
+        check_initial_checkpoint(outside)
 
 
 # --------------------------------------------------------------------------- the hierarchy measure
@@ -373,11 +397,60 @@ def test_the_hierarchy_analysis_writes_its_measures(tmp_path):
     folder = save_checkpoint(tmp_path / "model", CLIP(config.model), config, tokenizer)
     result = analyze_hierarchy(load_folder(folder, "cpu"), tmp_path / "out", size=20, traversal_images=5, steps=3)
     assert (tmp_path / "out" / "hierarchy.png").is_file() and (tmp_path / "out" / "hierarchy.json").is_file()
-    assert result["generic_nearer"]["all"]["trials"] == 20 * 10  # 10 pairs of levels per chain
-    assert [row["s"] for row in result["traversal"]] == [1.0, 0.5, 0.0]
-    # At the origin every image is the same point: one caption is retrieved for all.
-    assert result["traversal"][-1]["level_std"] == 0.0
+    for name in ("trained", "untrained"):  # an untrained model of the same config is the baseline
+        measured = result[name]
+        assert measured["generic_nearer"]["all"]["chains"] == 20  # a chain is the unit of the interval
+        assert all(row["trials"] == 20 for row in measured["generic_nearer"]["adjacent"])
+        assert [row["s"] for row in measured["traversal"]] == [1.0, 0.5, 0.0]
+        # At the origin every image is the same point: one caption is retrieved for all.
+        assert measured["traversal"][-1]["level_std"] == 0.0
     sphere = fit_to_trained_tokenizer(load_config("tiny"), tokenizer)
     other = save_checkpoint(tmp_path / "sphere", CLIP(sphere.model), sphere, tokenizer)
     with pytest.raises(ConfigError, match="needs an origin"):
         analyze_hierarchy(load_folder(other, "cpu"), tmp_path / "out2", size=4, traversal_images=2)
+
+
+def test_fp16_keeps_the_tower_scalings_gradient_finite():
+    """Failed before: α multiplied the fp16 tower output under autocast, so log α's gradient (a sum over every
+    coordinate) was reduced in fp16 and overflowed at the loss scales GradScaler starts with: steps skipped."""
+    from topoclip.preprocess.tokenizer import TextBatch
+    from topoclip.run.training.step import forward_backward_loss
+
+    class Scaler:  # GradScaler's first scale, without its unscaling: the raw scaled gradients are what overflows
+        def scale(self, loss):
+            return loss * 65536.0
+
+    torch.manual_seed(0)
+    model = tiny("lorentz")
+    size, length = model.config.vision.image_size, model.config.text.context_length
+    images = torch.randn(8, 3, size, size)
+    ids = torch.randint(5, model.config.text.vocab_size, (8, length))
+    forward_backward_loss(model, images, TextBatch(ids, torch.ones_like(ids, dtype=torch.bool)), "infonce",
+                          precision="fp16", scaler=Scaler(), entailment_weight=0.2)
+    bad = [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert bad == [] and model.curvature.log_text_scale.grad is not None
+
+
+def test_the_landscape_s_loss_is_the_training_loss_with_its_entailment_term(tmp_path):
+    from topoclip.analysis.landscape import batch_losses, model_loss_function, trainable_weights
+    from topoclip.io.checkpoint import save_checkpoint
+    from topoclip.preprocess.tokenizer import Tokenizer
+    from topoclip.run.inference import load_folder
+    from topoclip.run.training.step import batch_loss
+    from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
+
+    tokenizer = Tokenizer.train(["a large blue circle", "an object"], vocab_size=40, context_length=16)
+    config = fit_to_trained_tokenizer(load_config("tiny", ["model.topology=lorentz", "train.entailment_weight=0.2"]),
+                                      tokenizer)
+    loaded = load_folder(save_checkpoint(tmp_path / "model", CLIP(config.model), config, tokenizer), "cpu")
+    model, size = loaded.model, config.model.vision.image_size
+    images, text = torch.randn(8, 3, size, size), tokenizer(["a large blue circle"] * 4 + ["an object"] * 4)
+    scale = float(model.temperature.scale.detach())
+    with torch.no_grad():
+        landscape = batch_losses(model, {k: v.detach() for k, v in trainable_weights(model).items()}, images, text,
+                                 [scale], model_loss_function(loaded))[0]
+    training = batch_loss(model, images, text, config.train.loss, "fp32", None, config.train.entailment_weight)
+    # the same operations on the same inputs (a functional call of the same weights): equal to fp32 rounding of the
+    # loss, whose terms are ≤ ln(8) + 0.2·π
+    torch.testing.assert_close(landscape, training, atol=1e-5, rtol=0)
+    assert abs(float(training) - float(batch_loss(model, images, text, config.train.loss, "fp32"))) > 1e-3  # the term

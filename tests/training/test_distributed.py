@@ -40,7 +40,9 @@ CASES = {  # key: (loss, accumulation steps per rank, config overrides)
     "max-hinge": ("max-hinge", 1, ["train.loss=max-hinge", "train.margin=0.5"]),
     "max-hinge-accum2": ("max-hinge", 2, ["train.loss=max-hinge", "train.margin=0.5"]),
     "n-pair": ("n-pair", 1, ["train.loss=n-pair"]),
-    # MERU: the hyperbolic distance, its curvature and scalings, and the entailment loss of each rank's pairs.
+    # MERU: the hyperbolic distance, its curvature and scalings, and the entailment loss of each rank's pairs. The
+    # product case failed once the near pairs an untrained model's directions make were recomputed on one rank and
+    # not the other: the two gathers' backwards ran in another order there, and their gradients were swapped.
     "lorentz-entailment-accum2": ("infonce", 2, ["model.topology=lorentz", "train.entailment_weight=0.2"]),
     "lorentz-product-entailment": ("infonce", 1, ["model.topology=lorentz-product", "model.class_tokens=2",
                                                   "train.entailment_weight=0.2"]),

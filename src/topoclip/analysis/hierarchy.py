@@ -13,14 +13,19 @@ they describe too: `Mention.matches`). MERU's two measures (Desai et al., 2023, 
 
 - **nearer the origin**: for every pair of levels i < j of a chain, whether the generic caption (i) lies
   nearer the origin than the specific one (j), d₀(x) = −s(x, origin) with the model's own similarity
-  (arcosh-based for the hyperboloids, summed over the factors of a product; ‖x‖ in Euclidean space), with
-  a Wilson 95 % interval; and how often the image lies farther out than its most specific caption.
+  (arcosh-based for the hyperboloids, summed over the factors of a product; ‖x‖ in Euclidean space): each
+  chain's share of its 10 pairs, averaged over the chains with a 95 % interval (a chain is the unit: its pairs
+  share captions), and per pair of levels a Wilson interval (one trial a chain); and how often the image lies
+  farther out than its most specific caption.
 - **traversal**: from each image towards the origin along the geodesic (x_s = exp₀(s · log₀ x), s from 1 to
   0; s·x in Euclidean space), the nearest caption of the pool of every chain; the mean level of what is
   retrieved at each s, and whether it is true of the image. A hierarchy shows as the level falling to 0.
 
 On a sphere every point is as far from any centre as any other, so the measure needs an origin: the
-hyperbolic topologies and Euclidean space. Writes hierarchy.json and hierarchy.png.
+hyperbolic topologies and Euclidean space. Every measure is given for the trained model and for an untrained one of
+the same config and seed: longer captions may sit farther out before any training (an untrained lorentz model's
+share ranged from 0.38 to 0.83 over seeds), so the trained share means something only beside it. Writes
+hierarchy.json and hierarchy.png.
 """
 from __future__ import annotations
 
@@ -95,40 +100,87 @@ def towards_origin(model, points: torch.Tensor, s: float) -> torch.Tensor:
 
 
 def plot(result: dict, out_dir):
-    """hierarchy.png: d₀ by level (and the images), and the traversal's mean retrieved level."""
+    """hierarchy.png: d₀ by level (and the images), and the traversal's mean retrieved level; the untrained model's
+    dashed."""
     plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     levels = list(range(LEVELS))
-    left.errorbar(levels, [row["mean"] for row in result["origin_distance"]["captions"]],
-                  yerr=[row["std"] for row in result["origin_distance"]["captions"]], marker="o", capsize=3,
-                  label="captions")
-    images = result["origin_distance"]["images"]
-    left.axhline(images["mean"], color="C1", linestyle="--", label="images")
+    for name, style in (("trained", "-"), ("untrained", "--")):
+        measured = result[name]
+        left.errorbar(levels, [row["mean"] for row in measured["origin_distance"]["captions"]],
+                      yerr=[row["std"] for row in measured["origin_distance"]["captions"]], marker="o", capsize=3,
+                      linestyle=style, label=f"captions ({name})")
+        left.axhline(measured["origin_distance"]["images"]["mean"], color="C3", linestyle=style,
+                     label=f"images ({name})")
+        steps = [row["s"] for row in measured["traversal"]]
+        right.plot(steps, [row["mean_level"] for row in measured["traversal"]], marker="o", linestyle=style,
+                   label=f"mean level retrieved ({name})")
     left.set_xticks(levels)
     left.set_xlabel("caption level (0 generic … 4 specific)")
     left.set_ylabel("distance to the origin")
-    left.set_title(f"generic nearer the origin: {100 * result['generic_nearer']['all']['fraction']:.1f} %", fontsize=9)
-    left.legend(fontsize=8)
+    shares = ", ".join(f"{name} {100 * result[name]['generic_nearer']['all']['mean']:.1f} %"
+                       for name in ("trained", "untrained"))
+    left.set_title(f"generic nearer the origin: {shares}", fontsize=9)
+    left.legend(fontsize=7)
     left.grid(alpha=0.3)
-    steps = [row["s"] for row in result["traversal"]]
-    right.plot(steps, [row["mean_level"] for row in result["traversal"]], marker="o", label="mean level retrieved")
-    right.plot(steps, [row["true_fraction"] * (LEVELS - 1) for row in result["traversal"]], linestyle=":",
-               label=f"true of the image (× {LEVELS - 1})")
     right.invert_xaxis()
     right.set_xlabel("s (1: the image … 0: the origin)")
     right.set_ylabel("caption level")
     right.set_title("traversal from the image to the origin", fontsize=9)
-    right.legend(fontsize=8)
+    right.legend(fontsize=7)
     right.grid(alpha=0.3)
     figure.suptitle(f"{result['model']} ({result['topology']})", fontsize=10)
     figure.tight_layout()
     return save_figure(figure, out_dir, "hierarchy")
 
 
+def chain_mean(values: torch.Tensor) -> dict:
+    """The mean of one value per chain (N,) and its 95 % interval, mean ± 1.96·sd/√N: the chains are independent
+    scenes, the pairs within one chain are not (they share its captions), so a chain is the unit."""
+    half = Z_95 * float(values.std()) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    mean = float(values.mean())
+    return {"mean": mean, "chains": len(values), "ci95": [mean - half, mean + half]}
+
+
+def measures(model, texts: torch.Tensor, images: torch.Tensor, scenes, chains, traversal_images: int,
+             steps: int) -> dict:
+    """The hierarchy measures of one model's embeddings: captions (N, L, m, n) and images (N, m, n)."""
+    size = texts.shape[0]
+    with evaluating(model), torch.no_grad():
+        caption_depth = origin_distance(model, texts.flatten(0, 1)).view(size, LEVELS).cpu()  # (N, L)
+        image_depth = origin_distance(model, images).cpu()  # (N,)
+        nearer = {(i, j): caption_depth[:, i] < caption_depth[:, j] for i in range(LEVELS) for j in range(i + 1, LEVELS)}
+        per_chain = torch.stack(list(nearer.values()), dim=1).float().mean(dim=1)  # (N,): each chain's share of pairs
+        result = {"generic_nearer": {"all": chain_mean(per_chain),
+                                     "adjacent": [proportion(int(nearer[(i, i + 1)].sum()), size)
+                                                  for i in range(LEVELS - 1)],
+                                     "pairs": {f"{i}<{j}": proportion(int(v.sum()), size) for (i, j), v in nearer.items()}},
+                  "image_beyond_captions": proportion(int((image_depth > caption_depth[:, -1]).sum()), size),
+                  "origin_distance": {"captions": [{"mean": float(column.mean()), "std": float(column.std())}
+                                                   for column in caption_depth.T],
+                                      "images": {"mean": float(image_depth.mean()), "std": float(image_depth.std())}}}
+        # The traversal: every chain's captions are the pool; a retrieved caption is true of the image when its
+        # meaning matches the image's scene (the generic ones are true of many).
+        pool = texts.flatten(0, 1)  # (N·L, m, n)
+        meanings = [meaning for links in chains for _, meaning in links]
+        result["traversal"] = []
+        for s in torch.linspace(1.0, 0.0, steps).tolist():
+            moved = towards_origin(model, images[:traversal_images], s)
+            found = model.similarity(moved, pool).argmax(dim=1).cpu()  # (T,)
+            levels = (found % LEVELS).float()
+            true = [any(meanings[int(k)].matches(obj) for obj in scenes[i].objects) for i, k in enumerate(found)]
+            result["traversal"].append({"s": s, "mean_level": float(levels.mean()), "level_std": float(levels.std()),
+                                        "true_fraction": sum(true) / len(true)})
+    return result
+
+
 def analyze_hierarchy(loaded: Pretrained, out_dir, size: int = 500, traversal_images: int = 100,
                       steps: int = 11, batch_size: int = 256) -> dict:
-    """Write hierarchy.png and hierarchy.json (see the module text) for the first `size` test scenes."""
+    """Write hierarchy.png and hierarchy.json (see the module text) for the first `size` test scenes, beside the same
+    measures of an untrained model of the same config and seed (what the captions' lengths and the towers' start give
+    without training)."""
     from topoclip.data.scenes.dataset import SceneDataset
+    from topoclip.model.clip import CLIP
 
     model, config = loaded.model, loaded.config
     if config.model.topology not in WITH_ORIGIN:
@@ -140,37 +192,18 @@ def analyze_hierarchy(loaded: Pretrained, out_dir, size: int = 500, traversal_im
                           f"and --steps ≥ 2; got {size}, {traversal_images}, {steps}")
     scenes = [dataset.scene(i) for i in range(size)]
     chains = [chain(scene.objects[0]) for scene in scenes]
-    texts = embed_texts(model, loaded.tokenizer, [text for links in chains for text, _ in links], batch_size,
-                        loaded.device).view(size, LEVELS, *model.embedding_shape)  # (N, L, m, n)
-    images = embed_images(model, [dataset.image(i) for i in range(size)], loaded.transform, batch_size, loaded.device)
-    with evaluating(model), torch.no_grad():
-        caption_depth = origin_distance(model, texts.flatten(0, 1)).view(size, LEVELS).cpu()  # (N, L)
-        image_depth = origin_distance(model, images).cpu()  # (N,)
-        pairs = {(i, j): int((caption_depth[:, i] < caption_depth[:, j]).sum()) for i in range(LEVELS)
-                 for j in range(i + 1, LEVELS)}
-        result = {"analysis": "hierarchy", "model": loaded.name, "checkpoint": str(loaded.checkpoint),
-                  "topology": config.model.topology, "size": size, "template": TEMPLATE, "levels": LEVEL_NAMES,
-                  "curvature": float(model.curvature_value) if model.curvature is not None else None,
-                  "generic_nearer": {"all": proportion(sum(pairs.values()), size * len(pairs)),
-                                     "adjacent": [proportion(pairs[(i, i + 1)], size) for i in range(LEVELS - 1)],
-                                     "pairs": {f"{i}<{j}": proportion(count, size) for (i, j), count in pairs.items()}},
-                  "image_beyond_captions": proportion(int((image_depth > caption_depth[:, -1]).sum()), size),
-                  "origin_distance": {"captions": [{"mean": float(column.mean()), "std": float(column.std())}
-                                                   for column in caption_depth.T],
-                                      "images": {"mean": float(image_depth.mean()), "std": float(image_depth.std())}}}
-        # The traversal: every chain's captions are the pool; a retrieved caption is true of the image when its
-        # meaning matches the image's scene (the generic ones are true of many).
-        pool = texts.flatten(0, 1)  # (N·L, m, n)
-        meanings = [meaning for links in chains for _, meaning in links]
-        traversal = []
-        for s in torch.linspace(1.0, 0.0, steps).tolist():
-            moved = towards_origin(model, images[:traversal_images], s)
-            found = model.similarity(moved, pool).argmax(dim=1).cpu()  # (T,)
-            levels = (found % LEVELS).float()
-            true = [any(meanings[int(k)].matches(obj) for obj in scenes[i].objects) for i, k in enumerate(found)]
-            traversal.append({"s": s, "mean_level": float(levels.mean()), "level_std": float(levels.std()),
-                              "true_fraction": sum(true) / len(true)})
-        result["traversal"] = traversal
+    captions = [text for links in chains for text, _ in links]
+    pixels = [dataset.image(i) for i in range(size)]
+    torch.manual_seed(config.train.seed)  # as the trainer seeds before it builds the model
+    untrained = CLIP(config.model).to(loaded.device).eval()
+    result = {"analysis": "hierarchy", "model": loaded.name, "checkpoint": str(loaded.checkpoint),
+              "topology": config.model.topology, "size": size, "template": TEMPLATE, "levels": LEVEL_NAMES,
+              "curvature": float(model.curvature_value) if model.curvature is not None else None}
+    for name, subject in (("trained", model), ("untrained", untrained)):
+        texts = embed_texts(subject, loaded.tokenizer, captions, batch_size, loaded.device)
+        images = embed_images(subject, pixels, loaded.transform, batch_size, loaded.device)
+        result[name] = measures(subject, texts.view(size, LEVELS, *subject.embedding_shape), images, scenes, chains,
+                                traversal_images, steps)
     result["plots"] = [plot(result, out_dir).name]
     write_json(out_dir, "hierarchy", result)
     return result

@@ -8,8 +8,9 @@ d₁, d₂ are random directions, **filter-normalised** (Li et al., 2018): Gauss
 each filter (slice along the first dimension) rescaled to the norm of the same filter of θ, so a
 step of 1 moves every filter by its own size; one-dimensional tensors (biases, LayerNorm) get a
 zero direction, and the temperature is not a direction (τ is the variable set explicitly). The
-loss is the model's training loss (``train.loss``; the sigmoid loss with its learned β) on a fixed
-batch: the first b pairs of the built-in test split with their clean captions.
+loss is the model's training loss (``train.loss``; the sigmoid loss with its learned β; MERU's entailment term with
+its weight, for a hyperbolic model) on a fixed batch: the first b pairs of the built-in test split with their clean
+captions.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from topoclip.core.losses import get_loss
 PLANE_SCALES = (1.0, 100.0)
 GRADIENT_SCALES = (1.0, 3.0, 10.0, 30.0, 100.0)
 
-# f(similarity (b, b), τ 0-d) -> 0-d loss
-LossOfSimilarity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# f(the forward's CLIPOutput, its similarity (b, b), τ 0-d) -> 0-d loss
+LossOfSimilarity = Callable[[object, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def trainable_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -62,13 +63,22 @@ def shifted(weights: dict, directions: Sequence[dict], coefficients: Sequence[fl
 
 
 def model_loss_function(loaded: Pretrained) -> LossOfSimilarity:
-    """The run's training loss as f(similarity, τ) (with the learned β for the sigmoid loss)."""
+    """The run's training loss as f(output, similarity, τ) (with the learned β for the sigmoid loss, and the entailment
+    term of train.entailment_weight)."""
     from topoclip.core.losses import loss_keywords
 
     loss, keywords = get_loss(loaded.config.train.loss), loss_keywords(loaded.config)
     bias = loaded.model.temperature.bias
     bias = None if bias is None else bias.detach()
-    return lambda similarity, scale: loss(similarity, similarity.T, scale, bias, **keywords)
+    weight, model = loaded.config.train.entailment_weight, loaded.model
+
+    def training_loss(output, similarity: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        value = loss(similarity, similarity.T, scale, bias, **keywords)
+        if weight:
+            value = value + weight * model.entailment(output.text_embeds, output.image_embeds, output.curvature)
+        return value
+
+    return training_loss
 
 
 def batch_losses(model, weights: dict, pixels: torch.Tensor, text, scales: Sequence[float],
@@ -77,7 +87,7 @@ def batch_losses(model, weights: dict, pixels: torch.Tensor, text, scales: Seque
     output = functional_call(model, weights, args=(pixels, text))
     # (b, b), independent of τ; a hyperbolic model's c is the swapped weights' (the forward's), not the model's own
     similarity = model.similarity(output.image_embeds, output.text_embeds, curvature=output.curvature)
-    return torch.stack([loss(similarity, torch.tensor(float(s), device=similarity.device)) for s in scales])
+    return torch.stack([loss(output, similarity, torch.tensor(float(s), device=similarity.device)) for s in scales])
 
 
 def loss_plane(model, pixels, text, directions: Sequence[dict], coordinates: Sequence[float], scales: Sequence[float],

@@ -123,10 +123,12 @@ def plot_distributions(result: dict, out_dir) -> list:
     if "per_sphere" in result["domains"][domains[0]]:
         shown = min(result["spheres"], SPHERES_PLOTTED)
         figure, axes = plt.subplots(len(domains), shown, figsize=(2.6 * shown, 2.4 * len(domains)), squeeze=False)
+        hyperbolic = result["topology"].startswith("lorentz")
         for row, domain in enumerate(domains):
             for k in range(shown):
-                _histograms(axes[row][k], result["domains"][domain]["per_sphere"][k], f"{domain}, sphere {k}")
-                axes[row][k].set_xlabel("cosine")
+                _histograms(axes[row][k], result["domains"][domain]["per_sphere"][k],
+                            f"{domain}, {'hyperboloid' if hyperbolic else 'sphere'} {k}")
+                axes[row][k].set_xlabel("−distance" if hyperbolic else "cosine")
         axes[0][-1].legend(fontsize=6)
         figure.tight_layout()
         paths.append(save_figure(figure, out_dir, "similarities_per_sphere"))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from topoclip.config.schema import (TEMPLATE_MODES, Config, ConfigError, DataConfig, EvaluateConfig, ModelConfig,
+from topoclip.config.schema import (TEMPLATE_MODES, Config, ConfigError, CurvatureConfig, DataConfig, EvaluateConfig, ModelConfig,
                                     TrainConfig)
 from topoclip.data.sources import SOURCES, SourceError, get_source
 from topoclip.core.errors import file_name_problem
@@ -361,6 +361,10 @@ def validate(config: Config) -> None:
     if config.train.max_hinge_warmup_steps and config.train.loss != "max-hinge":
         raise ConfigError(f"train.max_hinge_warmup_steps is the max-hinge loss's warm-up; train.loss={config.train.loss} "
                           f"has none (set train.loss=max-hinge, or train.max_hinge_warmup_steps=0)")
+    if config.model.curvature != CurvatureConfig() and not get_topology(config.model.topology).curved:
+        raise ConfigError(f"model.curvature is the hyperbolic topologies' curvature; model.topology="
+                          f"{config.model.topology} has none (set model.topology=lorentz or lorentz-product, or leave "
+                          f"model.curvature at its defaults)")
     if config.train.entailment_weight and not get_topology(config.model.topology).curved:
         raise ConfigError(f"train.entailment_weight is MERU's entailment loss, which needs the cones of a hyperbolic "
                           f"space; model.topology={config.model.topology} has none (set model.topology=lorentz or "

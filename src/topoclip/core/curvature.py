@@ -6,8 +6,9 @@ scaled by α = exp(log α) before the exponential map; α starts at d^(−1/2), 
 whole dimension, so that a raw output of norm about √d starts at norm about 1 in the tangent space
 (MERU's rule), and is clamped at 1 (log α ≤ 0: the scaling never enlarges an output). For the product of
 m hyperboloids the same d keeps the start's sum of m distances at a single hyperboloid's scale: with
-n^(−1/2) per factor, the tiny preset's Multi-Lorentz(16, 4) started with logits 4× wider and its text tower
-collapsed to one point within 60 steps (loss stuck at ln B; tests/training/test_train.py). As τ, these
+n^(−1/2) per factor the tiny preset's 4 hyperboloids started with similarities about √m = 2× more spread, and its
+text tower collapsed to one point within 60 steps (loss stuck at ln B;
+tests/training/test_train.py::test_each_topology_learns[lorentz-product]). As τ, these
 are clamped by :meth:`Curvature.clamp_`, which the trainer calls; forward never mutates parameters.
 """
 from __future__ import annotations

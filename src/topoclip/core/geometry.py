@@ -173,8 +173,8 @@ def negative_geodesic(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 MAP_NORM_MIN = 1e-8
 
 # sinh overflows fp32 at r ≈ 89; MERU clamps its input at asinh(2^15) ≈ 11.09, so that a point's space norm is at
-# most 2^15/√c and t² at most 2^30/c: distances between such points still have ~1e-3 of fp32's relative precision
-# left after the cancellation in ⟨u, v⟩_L. Beyond it the exponential map is flat (gradient 0).
+# most 2^15/√c. Beyond it a tangent vector's length no longer moves its point (the radial gradient is 0); its
+# direction still does.
 SINH_INPUT_MAX = math.asinh(2.0**15)
 
 # d = arcosh(1 + δ)/√c, δ = −c⟨u, v⟩_L − 1 ≥ 0. arcosh'(1 + δ) = 1/sqrt(δ(2 + δ)) is infinite at δ = 0, which a
@@ -186,6 +186,11 @@ LORENTZ_DELTA_MIN = 1e-6
 # MERU's entailment cones: the half-aperture of the cone at x is asin(2K / (√c‖x‖)), undefined within √c‖x‖ < 2K of
 # the origin, where it is π/2 (the asin's input clamped at 1 − ARCCOS_CLAMP_EPSILON). K is MERU's min_radius.
 ENTAILMENT_MIN_RADIUS = 0.1
+
+# The exterior angle at x is undefined where y coincides with x: there both of atan2's arguments (D·sin θ, D·cos θ,
+# D ≈ ‖x‖·√c·d(x, y)) vanish, and atan2's gradient is 0/0. Below this scale the angle reads π/2 (MERU's value there)
+# with no gradient: points within ~1e-8/‖x‖ of each other.
+ANGLE_SCALE_MIN = 1e-8
 
 
 def lorentz_time(x: torch.Tensor, curvature) -> torch.Tensor:
@@ -209,15 +214,17 @@ def log_map0(x: torch.Tensor, curvature) -> torch.Tensor:
     return x * (torch.asinh(r) / r)
 
 
-def _lorentz_delta(squared: torch.Tensor, u_norms: torch.Tensor, v_norms: torch.Tensor, curvature) -> torch.Tensor:
-    """δ = −c⟨u, v⟩_L − 1 from ‖u − v‖² and ‖u‖², ‖v‖² (broadcast together), clamped at LORENTZ_DELTA_MIN.
+def _lorentz_delta(unit_squared: torch.Tensor, u_norm: torch.Tensor, v_norm: torch.Tensor, curvature) -> torch.Tensor:
+    """δ = −c⟨u, v⟩_L − 1 ≥ 0 from the directions' ‖û − v̂‖² and the norms a = ‖u‖, b = ‖v‖ (broadcast together).
 
-    δ = (c/2)(‖u − v‖² − (t_u − t_v)²), with t_u − t_v = (‖u‖² − ‖v‖²)/(t_u + t_v): every term is small when u and
-    v are, so a near pair keeps its digits, where MERU's c(t_u t_v − uᵀv) − 1 subtracts numbers of size c·t²."""
-    u_time = (1.0 / curvature + u_norms).sqrt()
-    v_time = (1.0 / curvature + v_norms).sqrt()
-    time_gap = (u_norms - v_norms) / (u_time + v_time)
-    return (curvature / 2 * (squared - time_gap.square())).clamp_min(LORENTZ_DELTA_MIN)
+    With t = sqrt(1/c + a²): δ = (c/2)·ab‖û − v̂‖² + ½·((a − b)(1 + (a + b)/(t_u + t_v)))²/((a + t_u)(b + t_v)), two
+    terms ≥ 0, so nothing cancels: neither MERU's c(t_u t_v − uᵀv) − 1, which subtracts numbers of size c·t², nor
+    (c/2)(‖u − v‖² − (t_u − t_v)²), which loses every digit for points on one ray from the origin (where the
+    entailment loss drives captions and images). Not clamped: the distance clamps it (LORENTZ_DELTA_MIN)."""
+    u_time = (1.0 / curvature + u_norm.square()).sqrt()
+    v_time = (1.0 / curvature + v_norm.square()).sqrt()
+    radial = (u_norm - v_norm) * (1.0 + (u_norm + v_norm) / (u_time + v_time))  # (a − b) + (t_u − t_v)
+    return curvature / 2 * u_norm * v_norm * unit_squared + radial.square() / (2 * (u_norm + u_time) * (v_norm + v_time))
 
 
 def _arcosh1p(delta: torch.Tensor) -> torch.Tensor:
@@ -227,8 +234,9 @@ def _arcosh1p(delta: torch.Tensor) -> torch.Tensor:
 
 def lorentz_distances(u: torch.Tensor, v: torch.Tensor, curvature) -> torch.Tensor:
     """Geodesic distances factor by factor: (Bu, m, n), (Bv, m, n) -> (Bu, Bv, m), each arcosh(−c⟨u_k, v_k⟩_L)/√c."""
-    squared = squared_distances(u, v)  # (Bu, Bv, m)
-    delta = _lorentz_delta(squared, u.square().sum(-1)[:, None, :], v.square().sum(-1)[None, :, :], curvature)
+    u_norm, v_norm = torch.linalg.vector_norm(u, dim=-1), torch.linalg.vector_norm(v, dim=-1)  # (Bu, m), (Bv, m)
+    unit_squared = squared_distances(F.normalize(u, dim=-1, eps=NORM_EPSILON), F.normalize(v, dim=-1, eps=NORM_EPSILON))
+    delta = _lorentz_delta(unit_squared, u_norm[:, None], v_norm[None], curvature).clamp_min(LORENTZ_DELTA_MIN)
     return _arcosh1p(delta) / curvature**0.5
 
 
@@ -250,17 +258,24 @@ def half_aperture(x: torch.Tensor, curvature) -> torch.Tensor:
 
 def exterior_angle(x: torch.Tensor, y: torch.Tensor, curvature) -> torch.Tensor:
     """The exterior angle at x of the triangle (origin, x, y), pair by pair: (…, n), (…, n) -> (…) in [0, π]
-    (MERU's `oxy_angle`): 0 when y lies on the ray from the origin through x, beyond x.
+    (MERU's `oxy_angle`): 0 when y lies on the ray from the origin through x, beyond x; π/2 where x and y coincide
+    (within ANGLE_SCALE_MIN, where it is undefined; MERU's value there too).
 
-    cos = (t_y − (1 + δ) t_x) / (‖x‖ sqrt(δ(2 + δ))) by the hyperbolic law of cosines, with δ = −c⟨x, y⟩_L − 1
-    and t_y − t_x taken in the cancellation-free forms of `_lorentz_delta`."""
-    x_norms, y_norms = x.square().sum(-1), y.square().sum(-1)
-    x_time, y_time = (1.0 / curvature + x_norms).sqrt(), (1.0 / curvature + y_norms).sqrt()
-    delta = _lorentz_delta((x - y).square().sum(-1), x_norms, y_norms, curvature)
-    numerator = (y_norms - x_norms) / (x_time + y_time) - delta * x_time
-    denominator = x_norms.clamp_min(MAP_NORM_MIN**2).sqrt() * (delta * (2.0 + delta)).sqrt()
-    lim = 1.0 - ARCCOS_CLAMP_EPSILON
-    return torch.arccos((numerator / denominator).clamp(-lim, lim))
+    By the hyperbolic law of cosines cos θ = (t_y − (1 + δ) t_x)/D and, from the triangle's area, sin θ =
+    √c‖x‖‖y‖ sin φ / D, φ the angle between x and y as vectors, D = ‖x‖ sqrt(δ(2 + δ)): θ = atan2 of the two
+    numerators, with sin φ = ‖x̂ − ŷ‖‖x̂ + ŷ‖/2 and δ, t_y − t_x free of cancellation. MERU's arccos of their ratio
+    loses the angle near 0 and π (a point on x's ray far out read ~0.2 rad in fp32), and its clamp would floor it
+    at arccos(1 − ε), above the cones' half-aperture far from the origin."""
+    x_norm, y_norm = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(y, dim=-1)
+    x_unit, y_unit = F.normalize(x, dim=-1, eps=NORM_EPSILON), F.normalize(y, dim=-1, eps=NORM_EPSILON)
+    difference = torch.linalg.vector_norm(x_unit - y_unit, dim=-1)  # 2 sin(φ/2)
+    delta = _lorentz_delta(difference.square(), x_norm, y_norm, curvature)
+    x_time, y_time = (1.0 / curvature + x_norm.square()).sqrt(), (1.0 / curvature + y_norm.square()).sqrt()
+    cosine = (y_norm - x_norm) * (y_norm + x_norm) / (x_time + y_time) - delta * x_time  # D·cos θ
+    sine = curvature**0.5 * x_norm * y_norm * difference * torch.linalg.vector_norm(x_unit + y_unit, dim=-1) / 2
+    undefined = sine.square() + cosine.square() < ANGLE_SCALE_MIN**2
+    angle = torch.atan2(torch.where(undefined, 0.0, sine), torch.where(undefined, 1.0, cosine))
+    return torch.where(undefined, math.pi / 2, angle)
 
 
 def entailment_loss(generic: torch.Tensor, specific: torch.Tensor, curvature) -> torch.Tensor:

@@ -148,6 +148,7 @@ def run_record(spec: RunSpec) -> dict:
                    if "eval" in r and not r.get("final")]  # the validation split's; the final one is the test split's
     # A hyperbolic model's curvature, logged beside τ (the same records the τ curve reads).
     curvature = [r["curvature"] for r in metrics if "scale" in r and "t" in r and "curvature" in r]
+    loss_scale = [r["loss_scale"] for r in metrics if "scale" in r and "t" in r and "loss_scale" in r]  # fp16
     retrieval = next((r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"
                       and not r["dataset"].endswith("-ood")), {})
     classification = [r["metrics"] for r in records
@@ -166,7 +167,8 @@ def run_record(spec: RunSpec) -> dict:
             "i2t_r1": retrieval.get("text_retrieval_recall@1"), "t2i_r1": retrieval.get("image_retrieval_recall@1"),
             "zero_shot_top1": zero_shot.get("top1"), "linear_probe_top1": probe.get("test_top1"),
             "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale,
-                                                     **({"curvature": curvature} if curvature else {})},
+                                                     **({"curvature": curvature} if curvature else {}),
+                                                     **({"loss_scale": loss_scale} if loss_scale else {})},
             # steps whose loss was not finite, skipped (the trainer's running count, logged once one happens)
             "skipped_steps": max((r.get("skipped_steps", 0) for r in metrics), default=0),
             # every retrieval metric of the final evaluation (R@K, mean recall, mAP@R, R-Precision) per set

@@ -222,6 +222,16 @@ def check_weights_fit(folder: Path, model_config, optional: tuple[str, ...] = ()
         raise CheckpointError(f"{where}: the file has {len(extra)} tensors the model lacks, e.g. {extra[0]}")
 
 
+def stored_scalar(folder: Path, name: str) -> Optional[float]:
+    """The 0-d tensor `name` of a checkpoint folder's weights as a float (None when the file has no such tensor), read
+    alone from the safetensors file."""
+    file = regular_file(Path(folder) / WEIGHTS, "the weights", Path(folder), error=CheckpointError)
+    with _damaged_as_checkpoint_error(file), safe_open(file, framework="pt") as weights:
+        if name not in weights.keys() or weights.get_slice(name).get_shape() != []:
+            return None
+        return float(weights.get_tensor(name))
+
+
 def load_weights(model: CLIP, folder: Path) -> None:
     """Load a checkpoint folder's safetensors weights into `model` (on the model's device).
 

@@ -78,7 +78,9 @@ class CLIP(nn.Module):
         raw = raw.reshape(raw.shape[0], *self.embedding_shape)
         if self.curvature is None:
             return geometry.to_space(self.config.topology, raw)
-        return geometry.to_space(self.config.topology, raw * self.curvature.scale(tower), self.curvature.curvature)
+        # α in fp32 (raw may be fp16 under autocast): its gradient sums over every coordinate, which fp16 overflows
+        return geometry.to_space(self.config.topology, geometry.fp32_or_wider(raw) * self.curvature.scale(tower),
+                                 self.curvature.curvature)
 
     def encode_image(self, images: torch.Tensor, flat: bool = False) -> torch.Tensor:
         """images (B, 3, H, W) normalised -> (B, m, n) on the space; flat: (B, m·n), see `flatten`."""

@@ -15,10 +15,14 @@ a command: see config.refuse_folder_commands): they are the default preset's, or
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from topoclip.io.checkpoint import TOKENIZER, check_weights_fit, load_config_from, read_weights, resolve_checkpoint
+from topoclip.core.curvature import CURVATURE_RANGE
+from topoclip.core.geometry import get_topology
+from topoclip.io.checkpoint import (TOKENIZER, check_weights_fit, load_config_from, read_weights, resolve_checkpoint,
+                                    stored_scalar)
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, merge, to_dict
 from topoclip.model.clip import CLIP
 
@@ -70,6 +74,19 @@ def check_initial_checkpoint(config: Config) -> None:
         raise ConfigError(f"train.init_from={config.train.init_from}: its model.{key} is {_json(theirs.get(key))} but "
                           f"this run's is {_json(value)}; {hint} (or leave out --preset to train the checkpoint's own config)")
     check_weights_fit(folder, config.model, TOPOLOGY_PARTS)  # from the safetensors header and a meta model
+    check_initial_curvature(folder, config)
+
+
+def check_initial_curvature(folder: Path, config: Config) -> None:
+    """Refuse a hyperbolic run whose checkpoint's learned c lies outside the run's clamp range [init/10, 10·init]: the
+    first step would move it there silently."""
+    log_c = stored_scalar(folder, "curvature.log_c") if get_topology(config.model.topology).curved else None
+    init = config.model.curvature.init
+    if log_c is not None and not init / CURVATURE_RANGE <= math.exp(log_c) <= init * CURVATURE_RANGE:
+        raise ConfigError(f"train.init_from={config.train.init_from}: its learned curvature c = {math.exp(log_c):.4g} "
+                          f"lies outside this run's range [{init / CURVATURE_RANGE:.4g}, {init * CURVATURE_RANGE:.4g}] "
+                          f"(model.curvature.init = {init:g}, and ×/÷ {CURVATURE_RANGE:g}); set "
+                          f"--set model.curvature.init={math.exp(log_c):.4g} to start there")
 
 
 def initial_tokenizer(config: Config) -> Path:

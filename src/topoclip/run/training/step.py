@@ -77,12 +77,18 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
     core = unwrap(model)
     loss = get_loss(loss_name)
     if distributed and is_initialized():
-        all_text = gather_features(text_embeds)  # (world·b, m, n)
+        if loss.image_rows_only:
+            all_text = gather_features(text_embeds)  # (world·b, m, n)
+        else:
+            # One gather for both: its backward is one collective, so every rank runs the same collectives in the same
+            # order whatever its graph (a data-dependent score, e.g. the near pairs a rank recomputes, can reorder two
+            # gathers' backwards on one rank only, and gloo/NCCL would then swap the two blocks' gradients silently).
+            both = gather_features(torch.stack([image_embeds, text_embeds], dim=1))  # (world·b, 2, m, n)
+            all_images, all_text = both[:, 0], both[:, 1]
         similarity_image_text = core.similarity(image_embeds, all_text, curvature=curvature)  # (b, world·b) fp32
         if loss.image_rows_only:
             similarity_text_image = similarity_image_text  # placeholder: the loss does not read it
         else:
-            all_images = gather_features(image_embeds)  # (world·b, m, n)
             similarity_text_image = core.similarity(text_embeds, all_images, curvature=curvature)  # (b, world·b)
         value = loss(similarity_image_text, similarity_text_image, scale, bias, local_index=get_rank(), **(keywords or {}))
     else:

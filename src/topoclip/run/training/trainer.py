@@ -185,6 +185,8 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
                         "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                         "images_per_s": window_images / max(elapsed, 1e-9), "data": state.counter.as_dict(),
                         **({"curvature": float(model.curvature_value.detach())} if model.curvature is not None else {}),
+                        # fp16: GradScaler's scale, halved at each step whose gradients overflowed (that step skipped)
+                        **({"loss_scale": state.scaler.get_scale()} if state.scaler is not None else {}),
                         **({"skipped_steps": guard.skipped} if guard.skipped else {})})
             bar.set_postfix(loss=f"{loss_value:.3f}", tau=f"{scale:.2f}")
             window_start, window_images = time.perf_counter(), 0
