@@ -16,7 +16,8 @@ Steps, each in its own process with a time limit, each recorded as passed / fail
 4. Shards against random tensors (benchmarks/shard_throughput.py) with the default workers.
 Issue #59's steps, chosen with --only (each also in the full check, after the above):
 5. `loader`: benchmarks/loader.py, one worker and 8, 12, 16 on 256 px JPEGs: the rate per worker on this node.
-6. `shards_workers`: shards against random tensors with 8 workers, the step compiled (the goal: ≥ 0.95).
+6. `shards_workers`: shards against random tensors with 8 workers, the step compiled (the goal: ≥ 0.95), and the
+   time a step waited for the loader; `shards_in_flight` the same with four batches queued a worker.
 7. `profile`: benchmarks/profile_step.py, both ViT-B/16 presets compiled: the top kernels and the idle share.
 8. `nccl`: `topoclip train` over NCCL in one process: FSDP (its group of one) and DDP under torchrun (world 1).
 9. `fsdp_memory`: benchmarks/fsdp_memory.py on CUDA, one process each of DDP and FSDP: the GPU's peak bytes.
@@ -146,7 +147,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=480.0,
                         help="seconds for the whole check; steps in order, each cut to what is left, the rest skipped")
     parser.add_argument("--only", default="", help="run only these steps, comma-separated, e.g. "
-                        "loader,shards_workers,profile,nccl,fsdp_memory (issue #59's); default: all")
+                        "loader,shards_workers,shards_in_flight,profile_sphere-vit-b16,nccl_fsdp (issue #59's); "
+                        "default: all")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=False)
@@ -154,7 +156,8 @@ def main() -> int:
     import torch
 
     report = {"device": args.device, "tiny": args.tiny, "torch": torch.__version__, "python": platform.python_version(),
-              "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "machine": platform.machine(), "kernel": platform.release(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "steps": {}}
     steps = report["steps"]
     chosen = set(filter(None, args.only.split(",")))
@@ -192,7 +195,7 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
     tiny = args.tiny
     workers = ["1", "2"] if tiny else ["1", "8", "12", "16"]
     loader = [sys.executable, str(HERE / "loader.py"), "--sizes", "256", "--samples", "128" if tiny else "4096",
-              "--batch", "16" if tiny else "256", "--batches", "2" if tiny else "8", "--rounds", "1",
+              "--batch", "16" if tiny else "256", "--batches", "2" if tiny else "32", "--rounds", "1",
               "--workers", *workers, "--shards", str(out / "loader-shards"), "--out", str(out / "loader.json"),
               "--note", "on the lent GPU machine, beside nothing else"]
     shards = [sys.executable, str(HERE / "shard_throughput.py"), "--preset", "tiny" if tiny else "sphere-vit-b16",
@@ -210,7 +213,11 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
            "train", *train, "--out", str(out / "nccl-ddp")]
     memory = [sys.executable, str(HERE / "fsdp_memory.py"), "--preset", "tiny" if tiny else "sphere-vit-b16",
               "--batch", "8" if tiny else "64", "--worlds", "1", "--device", args.device]
-    return [("loader", 240, loader), ("shards_workers", 300, shards), *profiles, ("nccl_fsdp", 120, fsdp),
+    # The same with four batches queued a worker (LOADER_BATCHES_IN_FLIGHT allows one at 8 workers): whether a worker
+    # idling from its batch's end until the step takes it is what holds the step back.
+    deeper = [*shards, "--in-flight", "8" if tiny else "32"]
+    return [("loader", 240, loader), ("shards_workers", 300, shards), ("shards_in_flight", 300, deeper), *profiles,
+            ("nccl_fsdp", 120, fsdp),
             ("nccl_ddp", 120, ddp), ("fsdp_memory", 180, memory)]
 
 

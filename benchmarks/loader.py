@@ -13,7 +13,9 @@ OpenCLIP's training extra, `pip install 'open_clip_torch[training]'`: pandas and
 with webdataset 1.x its group_by_keys_nothrow fails on the end-of-shard marker 1.x yields, KeyError 'fname'). Each path runs with 1 worker (the rate of one worker on one core: the figure to divide a GPU's rate
 by) and with as many workers as cores; the paths alternate round by round, so a noisy machine affects them alike,
 and the median round is reported. The main process only takes the batches (and, for topoclip's uint8 batches, the
-normalisation a GPU would do: timed apart, `device_ms_per_batch`).
+normalisation a GPU would do: timed apart, `device_ms_per_batch`). The clock starts once the batches the workers
+queued while starting are taken. Then, the workers' queue left to fill again, `main_ms_per_batch` times the taking
+alone (receiving a batch from shared memory, and pinning it where CUDA is): the serial stage no worker count helps.
 
 The shards are written by the benchmark (reused when present): photo-like pictures (a smooth colour field, a 1/f
 texture — natural images' amplitude spectrum — objects with edges, sensor noise; 2.3–2.6 bits a pixel at q90, as
@@ -101,28 +103,39 @@ def make_shards(folder: Path, samples: int, short: int, per_shard: int = 128) ->
 # --------------------------------------------------------------------------- one measurement (in a child process)
 
 
+def queued(workers: int, prefetch: int) -> int:
+    """Batches to take before the clock starts: the first two, then as many as the workers may have queued while
+    the main process waited for them (each holds `prefetch`). Timed from there, the batches arrive at the rate the
+    workers make them, not from a queue filled before the clock started (with 12 workers and 8 timed batches, a
+    queue of 12 made the rate look 400 times faster)."""
+    return 2 + workers * prefetch
+
+
 def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image_size: int) -> dict:
     """Images per second `training_batches` delivers (topoclip as importable here: this checkout or --baseline's)."""
     import torch
 
     from topoclip.config import load_config
-    from topoclip.preprocess.tokenizer import Tokenizer
-    from topoclip.run.training.data import training_batches
+    try:
+        from topoclip.run.training import data
+    except ImportError:  # a commit before the layers (#60), the baseline 391d766 among them
+        from topoclip.training import data
+    try:
+        from topoclip.preprocess.tokenizer import Tokenizer
+    except ImportError:
+        from topoclip.tokenizer import Tokenizer
 
     config = load_config("tiny", ["data.source=shards", f"data.train_data={pattern}", f"train.num_workers={workers}",
                                   f"train.batch_size={batch}", f"model.vision.image_size={image_size}",
                                   "data.resampled=true", "data.samples_per_epoch=100000000"])
     tokenizer = Tokenizer.train(WORDS, vocab_size=256, context_length=77)
-    stream = training_batches(config, 0, tokenizer=tokenizer)
+    pinned = torch.cuda.is_available()  # as the trainer takes them on a GPU machine
+    stream = data.training_batches(config, 0, tokenizer=tokenizer, **({"pin_memory": True} if pinned else {}))
     normalize = None
-    try:  # this checkout's uint8 batches are normalised where the step runs (a GPU); timed apart
-        from topoclip.run.training.data import device_pixels
-
+    if hasattr(data, "device_pixels"):  # uint8 batches, normalised where the step runs (a GPU); timed apart
         vision = config.model.vision
-        normalize = lambda images: device_pixels(images, vision.mean, vision.std)  # noqa: E731
-    except ImportError:
-        pass
-    for _ in range(2):  # the workers start and fill their queues
+        normalize = lambda images: data.device_pixels(images, vision.mean, vision.std)  # noqa: E731
+    for _ in range(queued(workers, data.prefetch_factor(workers))):
         next(stream)
     start, images, device = time.perf_counter(), 0, 0.0
     for _ in range(batches):
@@ -133,9 +146,18 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
             normalize(batch.images)
             device += time.perf_counter() - began
     seconds = time.perf_counter() - start - device
+    # The main process's own share of a batch: once the workers have filled their queue, a batch taken from it
+    # costs only the taking (its pages received from shared memory; pinned, on a GPU machine), a serial stage that
+    # no number of workers shortens.
+    in_queue = workers * data.prefetch_factor(workers)
+    time.sleep(min(30.0, 1.5 * in_queue * len(batch) / (images / seconds)))  # the queue refilled
+    began = time.perf_counter()
+    for _ in range(in_queue):
+        next(stream)
+    taking = (time.perf_counter() - began) / in_queue
     dtype = str(batch.images.dtype).replace("torch.", "")
     return {"images_per_s": images / seconds, "batch_dtype": dtype, "device_ms_per_batch": 1000 * device / batches,
-            "torch_threads": torch.get_num_threads()}
+            "main_ms_per_batch": 1000 * taking, "pinned": pinned, "torch_threads": torch.get_num_threads()}
 
 
 def measure_openclip(pattern: str, workers: int, batch: int, batches: int, image_size: int) -> dict:
@@ -151,7 +173,7 @@ def measure_openclip(pattern: str, workers: int, batch: int, batches: int, image
                      train_data_upsampling_factors=None, seed=0, batch_size=batch, workers=workers, world_size=1)
     loader = get_wds_dataset(args, preprocess, is_train=True, tokenizer=tokenizer).dataloader
     stream = iter(loader)
-    for _ in range(2):
+    for _ in range(queued(workers, loader.prefetch_factor or 2)):
         next(stream)
     start, images = time.perf_counter(), 0
     for _ in range(batches):
@@ -169,7 +191,9 @@ def child(python: str, which: str, pythonpath: str, pattern: str, workers: int, 
     command = [python, str(Path(__file__).resolve()), "--measure", which, "--pattern", pattern, "--workers",
                str(workers), "--batch", str(args.batch), "--batches", str(args.batches), "--image-size",
                str(args.image_size)]
-    environment = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else dict(os.environ)
+    # the path's own source first, then the caller's PYTHONPATH (a machine may keep packages there)
+    paths = [pythonpath, os.environ.get("PYTHONPATH", "")]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1800)
     if done.returncode:
         raise SystemExit(f"{which} failed:\n{done.stderr[-3000:]}")

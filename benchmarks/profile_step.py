@@ -63,7 +63,10 @@ def main() -> None:
         wall = (time.perf_counter() - start) / args.steps
     events = profile.events()
     busy = busy_seconds(events, cuda) / args.steps
-    table = profile.key_averages()
+    # On CUDA the kernels alone: an operator's row carries the device time of the kernels it launched, so with both
+    # the total counts each kernel twice (and a compiled Triton kernel is listed twice, as a launch and a kernel).
+    table = [row for row in profile.key_averages()
+             if not cuda or row.device_type == torch.autograd.DeviceType.CUDA]
     key = (lambda row: row.self_device_time_total) if cuda else (lambda row: row.self_cpu_time_total)
     total = sum(key(row) for row in table) or 1.0
     top = sorted(table, key=key, reverse=True)[:args.top]

@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -54,7 +55,8 @@ def make_shards(folder: Path, samples: int, image_size: int, per_shard: int = 25
 
 
 def feeds(args, pattern: str):
-    """(step(), {"random": feed, "shards": feed}, config): one training step and the two ways to fill its inputs."""
+    """(step(), {"random": feed, "shards": feed}, config, waited): one training step, the two ways to fill its inputs,
+    and waited[0], the seconds the shards' feed has spent waiting for the loader's next batch."""
     from topoclip.config import load_config
     from topoclip.preprocess.tokenizer import Tokenizer
     from topoclip.run.training.data import prefetch_to_device, training_batches
@@ -70,23 +72,31 @@ def feeds(args, pattern: str):
     batches = prefetch_to_device(training_batches(config, 0, tokenizer=tokenizer,
                                                   pin_memory=args.device.startswith("cuda")), torch.device(args.device))
 
+    waited = [0.0]
+
     def from_shards() -> None:
         # The trainer's inputs: the batch arrives on the device (copied a step ahead); the step's input
-        # tensors take its values (a device-to-device copy, ~0.1 ms for 150 MB on a GPU).
+        # tensors take its values (a device-to-device copy, ~0.1 ms for 150 MB on a GPU). The host runs ahead
+        # of the GPU, so time spent here is time the loader, not the step, held the loop.
+        began = time.perf_counter()
         batch = next(batches)
+        waited[0] += time.perf_counter() - began
         images.copy_(batch.images)
         text.input_ids.copy_(batch.text.input_ids)
         text.attention_mask.copy_(batch.text.attention_mask)
 
-    return step, {"random": lambda: None, "shards": from_shards}, config
+    return step, {"random": lambda: None, "shards": from_shards}, config, waited
 
 
-def timed(step, feed, device: str, warmup: int, steps: int) -> float:
-    """Seconds of `steps` steps after `warmup` untimed ones (synchronised on a GPU)."""
+def timed(step, feed, device: str, warmup: int, steps: int, waited: Optional[list] = None) -> float:
+    """Seconds of `steps` steps after `warmup` untimed ones (synchronised on a GPU); waited[0] is reset with the
+    clock."""
     for _ in range(warmup):
         feed()
         step()
     synchronize(device)
+    if waited is not None:
+        waited[0] = 0.0
     start = time.perf_counter()
     for _ in range(steps):
         feed()
@@ -111,8 +121,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per window")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per source first")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (a window of each source per round)")
+    parser.add_argument("--in-flight", type=int, default=0, help="batches the workers may queue together "
+                        "(0 = LOADER_BATCHES_IN_FLIGHT, the trainer's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if args.in_flight:
+        from topoclip.run.training import data
+
+        data.LOADER_BATCHES_IN_FLIGHT = args.in_flight
     args.precision = args.precision or ("bf16" if args.device.startswith("cuda") else "fp32")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -122,24 +138,29 @@ def main() -> None:
         pattern = make_shards(folder, args.samples, args.image_size)
         print(json.dumps({"shards": pattern, "samples": args.samples, "image_size": args.image_size,
                           "seconds_to_write": round(time.perf_counter() - started, 1)}), flush=True)
-        step, sources, config = feeds(args, pattern)
+        step, sources, config, waited = feeds(args, pattern)
         for feed in sources.values():
             timed(step, feed, args.device, args.warmup, 0)  # compilation, worker start-up, caches
         workers = config.train.num_workers
         # Alternating windows, so machine noise hits both; each window first drains what the loader
         # buffered while the other ran (workers × prefetch factor + 2 batches), untimed.
         drain = max(workers, 1) * (prefetch_factor(workers) if workers else 1) + 2
-        rates = {name: [] for name in sources}
+        rates, waits = {name: [] for name in sources}, []
         for round_index in range(args.rounds):
             for name, feed in sources.items():
-                seconds = timed(step, feed, args.device, drain, args.steps)
+                seconds = timed(step, feed, args.device, drain, args.steps, waited)
                 rates[name].append(args.batch * args.steps / seconds)
-                print(json.dumps({"round": round_index, "source": name, "images_per_s": round(rates[name][-1], 1)}),
-                      flush=True)
+                line = {"round": round_index, "source": name, "images_per_s": round(rates[name][-1], 1)}
+                if name == "shards":
+                    waits.append(1000 * waited[0] / args.steps)
+                    line["loader_wait_ms_per_step"] = round(waits[-1], 2)
+                print(json.dumps(line), flush=True)
         ratios = [shards / random for shards, random in zip(rates["shards"], rates["random"])]
         print(json.dumps({
             "benchmark": "shard_throughput", "preset": args.preset, "batch": args.batch, "device": args.device,
             "precision": args.precision, "compile": args.compile, "num_workers": config.train.num_workers,
+            "batches_in_flight": workers * prefetch_factor(workers) if workers else 0,
+            "loader_wait_ms_per_step": round(statistics.median(waits), 2),
             "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "rounds": args.rounds,
             "steps": args.steps, "random_images_per_s": round(statistics.median(rates["random"]), 1),
             "shards_images_per_s": round(statistics.median(rates["shards"]), 1),

@@ -10,12 +10,14 @@ Measured here, on random inputs:
   of 16 (the products). The median of `--repeats` after a warm-up, in milliseconds.
 - **step**: benchmarks/train_step.py's whole training step (forward, backward, AdamW) of the CPU presets, the sphere
   and Multi, each beside its hyperbolic twin (cpu-sphere as lorentz, cpu-multi as lorentz-product, both with MERU's
-  entailment loss at 0.2). Images per second, the median step.
+  entailment loss at 0.2). Images per second: the median step of each run, the median over --rounds rounds of the
+  four in turn.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from topoclip.core.door import read_json  # noqa: E402
 from topoclip.core.geometry import TOPOLOGIES, similarity, to_space  # noqa: E402
 from topoclip.core.losses import infonce_loss  # noqa: E402
 from train_step import measure  # noqa: E402
@@ -64,16 +67,26 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=8, help="timed training steps per preset")
+    parser.add_argument("--steps", type=int, default=8, help="timed training steps per preset and round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the four presets in turn (the step's figure: "
+                        "the median round, so a preset measured first or beside a noise burst is not singled out)")
+    parser.add_argument("--steps-only", type=Path, help="re-measure the steps alone, keeping this file's scoring")
     parser.add_argument("--quiet-machine", choices=["yes", "no"], required=True,
                         help="whether nothing else ran beside it (recorded with the figures)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    scoring = [{"topology": name, "batch": batch, "m": SHAPES[entry.product][0], "n": SHAPES[entry.product][1],
-                "milliseconds": round(scoring_ms(name, batch, args.repeats), 2)}
-               for name, entry in TOPOLOGIES.items() for batch in args.batches]
-    steps = [measure(preset, 128, threads=args.threads, steps=args.steps, overrides=overrides)
-             for preset, overrides in STEPS]
+    if args.steps_only:
+        scoring = read_json(args.steps_only, "a topology_cost result")["scoring"]
+    else:
+        scoring = [{"topology": name, "batch": batch, "m": SHAPES[entry.product][0], "n": SHAPES[entry.product][1],
+                    "milliseconds": round(scoring_ms(name, batch, args.repeats), 2)}
+                   for name, entry in TOPOLOGIES.items() for batch in args.batches]
+    rounds = [[measure(preset, 128, threads=args.threads, steps=args.steps, overrides=overrides)
+               for preset, overrides in STEPS] for _ in range(args.rounds)]
+    steps = []
+    for runs in zip(*rounds):  # one preset's runs, a round each
+        rates = [run["median_images_per_s"] for run in runs]
+        steps.append({**runs[0], "rounds_images_per_s": rates, "median_images_per_s": statistics.median(rates)})
     result = {"benchmark": "topology_cost", "threads": torch.get_num_threads(), "torch": torch.__version__.split("+")[0],
               "quiet_machine": args.quiet_machine == "yes", "scoring": scoring, "steps": steps}
     text = json.dumps(result, indent=1)

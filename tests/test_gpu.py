@@ -27,14 +27,20 @@ def batch_for(config, batch, device):
     return TextBatch(ids, torch.ones_like(ids, dtype=torch.bool))
 
 
+TOPOLOGIES = {"default": [], "lorentz": ["model.topology=lorentz"],
+              "lorentz-product": ["model.topology=lorentz-product", "model.class_tokens=2"]}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_cuda_step_is_finite_at_tau_100(precision):
-    config = load_config("tiny", ["model.temperature.init=4.6052"]).model
+def test_cuda_step_is_finite_at_tau_100(precision, topology):
+    config = load_config("tiny", ["model.temperature.init=4.6052", *TOPOLOGIES[topology]]).model
     model = CLIP(config).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     images, text = torch.randn(64, 3, 32, 32, device="cuda"), batch_for(config, 64, "cuda")
+    keywords = {"entailment_weight": 0.2} if topology != "default" else {}
     if precision != "fp16":
-        loss = forward_backward(model, images, text, precision=precision)
+        loss = forward_backward(model, images, text, precision=precision, **keywords)
         assert loss == loss and abs(loss) < 1e4
         for name, parameter in model.named_parameters():
             assert torch.isfinite(parameter.grad).all(), name
@@ -43,7 +49,7 @@ def test_cuda_step_is_finite_at_tau_100(precision):
     scaler = torch.amp.GradScaler("cuda")
     for _ in range(20):
         optimizer.zero_grad(set_to_none=True)
-        loss = forward_backward(model, images, text, precision=precision, scaler=scaler)
+        loss = forward_backward(model, images, text, precision=precision, scaler=scaler, **keywords)
         assert loss == loss and abs(loss) < 1e4  # the loss itself is fp32
         scaler.unscale_(optimizer)
         finite = all(torch.isfinite(p.grad).all() for p in model.parameters())

@@ -55,6 +55,31 @@ def gpu_check_table(result: dict) -> str:
     ])
 
 
+def gpu_feeding_table(result: dict) -> str:
+    """Issue #59's GPU steps (docs/results/gpu-feeding.json): NCCL, the data path against random tensors by workers,
+    the compiled step's busy share, FSDP's memory on the GPU."""
+    rows = ["| workers | model threads | random tensors | shards | shards ÷ random (range) |", "|---|---|---|---|---|"]
+    for line in result["shards_vs_random"]:
+        rows.append(f"| {line['num_workers']} | {line['threads']} | {line['random_images_per_s']:,.0f} img/s | "
+                    f"{line['shards_images_per_s']:,.0f} img/s | {line['shard_to_random']:.2f} "
+                    f"({line['ratio_range'][0]:.2f}–{line['ratio_range'][1]:.2f}) |")
+    nccl = ", ".join(f"{name.removeprefix('nccl_').upper()} {entry['status']}" for name, entry in result["nccl"].items())
+    busy = "; ".join(f"{line['preset']} {line['wall_ms_per_step']:.1f} ms a step, the GPU idle "
+                     f"{100 * line['idle_fraction']:.1f} %" for line in result["profiles"])
+    memory = ", ".join(f"{line['parallelism'].upper()} {line['per_rank'][0]['peak_device'] / 1024**3:.2f} GiB"
+                       for line in result["fsdp_memory"])
+    first = result["shards_vs_random"][0]
+    return "\n".join([
+        f"Measured on one {result['gpu']}, torch {result['torch']}, {result['date'][:10]} ({first['cpu_count']} CPU "
+        f"cores): {first['preset']}, bf16, batch {first['batch']}, compiled, on 256-px JPEG shards against random "
+        "tensors on the GPU:", "", *rows, "",
+        f"- Over NCCL (one process): {nccl}. FSDP's memory benchmark on the GPU (batch "
+        f"{result['fsdp_memory'][0]['batch']}, peak): {memory}.",
+        f"- The compiled step profiled: {busy}.",
+        f"- One loader worker there: {result['loader']['per_worker_images_per_s']:,.0f} img/s.",
+    ])
+
+
 def fsdp_memory_table(result: dict) -> str:
     """benchmarks/fsdp_memory.py's launches: per-rank bytes of DDP and FSDP and the largest model a budget holds."""
     gib, budget = 1024**3, result["budget_gib"]
@@ -130,16 +155,20 @@ def topology_cost_table(result: dict) -> str:
         cells = [f"{scoring[(name, b)]['milliseconds']:,.1f}" + ("" if name == base else
                  f" ({scoring[(name, b)]['milliseconds'] / scoring[(base, b)]['milliseconds']:.1f}×)") for b in batches]
         rows.append(f"| `{name}` | ({first['m']}, {first['n']}) | " + " | ".join(cells) + " |")
+    rounds = len(result["steps"][0].get("rounds_images_per_s", [0]))
     rows += ["", "A whole training step (forward, backward, AdamW) of the CPU presets, batch 128, random inputs "
-                 "(`benchmarks/train_step.py`), the median step:", "",
+                 f"(`benchmarks/train_step.py`): the median step of a run, the median (and range) of {rounds} "
+                 "round(s) of the four in turn:", "",
              "| preset | settings | images / s | against its baseline |", "|---|---|---|---|"]
     baseline = {}
     for step in result["steps"]:
         images = step["median_images_per_s"]
+        spread = step.get("rounds_images_per_s", [images])
         ratio = "" if not step["overrides"] else f"{images / baseline[step['preset']] - 1:+.0%}"
         baseline.setdefault(step["preset"], images)
         settings = ", ".join(f"`{item}`" for item in step["overrides"]) or "as the preset"
-        rows.append(f"| `{step['preset']}` | {settings} | {images:,.0f} | {ratio} |")
+        rows.append(f"| `{step['preset']}` | {settings} | {images:,.0f} ({min(spread):,.0f}–{max(spread):,.0f}) | "
+                    f"{ratio} |")
     return "\n".join(rows)
 
 
