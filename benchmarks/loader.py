@@ -173,7 +173,7 @@ def measure_openclip(pattern: str, workers: int, batch: int, batches: int, image
                      train_data_upsampling_factors=None, seed=0, batch_size=batch, workers=workers, world_size=1)
     loader = get_wds_dataset(args, preprocess, is_train=True, tokenizer=tokenizer).dataloader
     stream = iter(loader)
-    for _ in range(queued(workers, loader.prefetch_factor or 2)):
+    for _ in range(queued(workers, 2)):  # its WebLoader keeps DataLoader's default prefetch_factor, 2
         next(stream)
     start, images = time.perf_counter(), 0
     for _ in range(batches):
