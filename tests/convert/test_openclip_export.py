@@ -97,6 +97,92 @@ def test_open_clip_tokenizes_and_embeds_strings_as_topoclip_does(exported):
         assert float(theirs.logit_scale.exp()) == pytest.approx(float(model.temperature.scale), rel=1e-6)
 
 
+@pytest.mark.parametrize("heads", [(2, 2), (4, 1), (1, 4)])
+def test_the_round_trip_keeps_the_heads_and_so_the_features(heads, tmp_path):
+    """Failed on main: the importer took width / 64 heads (tiny's towers are 64 wide: one head) and ignored
+    open_clip_config.json's head_width and heads, so every model of another head width came back computing other
+    features from the same weights (up to 0.036 on unit text vectors)."""
+    tokenizer, config = tokenizer_and_config("wordpiece", tmp_path)
+    config = load_config("tiny", OPENAI_LAYOUT + [f"model.text.end_token_id={tokenizer.sep_id}",
+                                                  f"model.text.cls_token_id={tokenizer.cls_id}",
+                                                  f"model.vision.heads={heads[0]}", f"model.text.heads={heads[1]}"])
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer)
+    assert main(["export", str(checkpoint), "--openclip", str(tmp_path / "openclip")]) == 0
+    assert main(["convert", "--from", "openclip", str(tmp_path / "openclip"), str(tmp_path / "back")]) == 0
+    model, _, _ = load_checkpoint(checkpoint)
+    again, _, back = load_checkpoint(tmp_path / "back")
+    assert (back.model.vision.heads, back.model.text.heads) == heads
+    images, text = torch.randn(3, 3, 32, 32), tokenizer(TEXTS)
+    with torch.no_grad():  # the same weights and the same computation: the same floats
+        assert torch.equal(model.eval().encode_image(images), again.eval().encode_image(images))
+        assert torch.equal(model.encode_text(text), again.encode_text(text))
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize("head_width, text_heads", [(16, 4), (64, 8)])
+def test_a_model_open_clip_builds_at_another_head_width_imports_with_its_features(head_width, text_heads, tmp_path):
+    """OpenCLIP's own CLIP from an open_clip_config.json (tiny's sizes, heads of 16 wide; and OpenCLIP's defaults,
+    one vision head of 64 and 8 text heads of 8), its weights in OpenCLIP's Hub layout: topoclip's import computes
+    its features."""
+    open_clip = pytest.importorskip("open_clip")
+    from safetensors.torch import save_file
+
+    from topoclip.io.convert.openai import import_openai
+    from topoclip.preprocess.tokenizer import TextBatch
+
+    vision_cfg = {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": head_width}
+    text_cfg = {"context_length": 32, "vocab_size": 100, "width": 64, "heads": text_heads, "layers": 2}
+    torch.manual_seed(0)
+    theirs = open_clip.model.CLIP(embed_dim=16, vision_cfg=vision_cfg, text_cfg=text_cfg).eval()
+    folder = tmp_path / "openclip"
+    folder.mkdir()
+    (folder / "open_clip_config.json").write_text(json.dumps({
+        "model_cfg": {"embed_dim": 16, "vision_cfg": vision_cfg, "text_cfg": text_cfg},
+        "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}))
+    save_file({name: tensor.contiguous() for name, tensor in theirs.state_dict().items()},
+              str(folder / "open_clip_model.safetensors"))
+    ours, _, config = import_openai(folder, format="openclip")
+    assert (config.model.vision.heads, config.model.text.heads) == (64 // head_width, text_heads)
+    # OpenAI's layout: pooled at the largest id (the end of text), zeros after it
+    ids = torch.randint(1, 98, (3, 32), generator=torch.Generator().manual_seed(1))
+    for row, end in enumerate((5, 17, 31)):
+        ids[row, end], ids[row, end + 1:] = 99, 0
+    mask = torch.arange(32)[None, :] <= torch.tensor([[5], [17], [31]])
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        bound = fp32_pair(model_roundings(TINY, 3))  # two fp32 runs of the same towers: unit vectors
+        torch.testing.assert_close(ours.eval().encode_image(images)[:, 0], theirs.encode_image(images, normalize=True),
+                                   **bound)
+        torch.testing.assert_close(ours.encode_text(TextBatch(ids, mask))[:, 0], theirs.encode_text(ids, normalize=True),
+                                   **bound)
+
+
+def test_open_clip_s_own_defaults_stand_where_its_config_leaves_the_heads_out(tmp_path, capsys):
+    """CLIPVisionCfg's head_width 64 and CLIPTextCfg's heads 8, as open_clip.create_model reads the same file."""
+    tokenizer, config = tokenizer_and_config("wordpiece", tmp_path)
+    config = load_config("tiny", OPENAI_LAYOUT + [f"model.text.end_token_id={tokenizer.sep_id}",
+                                                  "model.vision.heads=1", "model.text.heads=8"])
+    checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer)
+    folder = tmp_path / "openclip"
+    assert main(["export", str(checkpoint), "--openclip", str(folder)]) == 0
+    written = json.loads((folder / "open_clip_config.json").read_text())
+    del written["model_cfg"]["vision_cfg"]["head_width"], written["model_cfg"]["text_cfg"]["heads"]
+    (folder / "open_clip_config.json").write_text(json.dumps(written))
+    assert main(["convert", "--from", "openclip", str(folder), str(tmp_path / "back")]) == 0
+    _, _, back = load_checkpoint(tmp_path / "back")
+    assert (back.model.vision.heads, back.model.text.heads) == (1, 8)
+    for section, key, value, reason in [("vision_cfg", "head_width", "64", "must be a whole number ≥ 1"),
+                                        ("text_cfg", "heads", 0, "must be a whole number ≥ 1"),
+                                        ("text_cfg", "heads", 3, "do not divide its width 64")]:
+        broken = json.loads(json.dumps(written))
+        broken["model_cfg"][section][key] = value
+        (folder / "open_clip_config.json").write_text(json.dumps(broken))
+        assert main(["convert", "--from", "openclip", str(folder), str(tmp_path / f"refused-{key}-{value}")]) == 2
+        error = capsys.readouterr().err
+        assert reason in error and error.count("\n") == 1 and not (tmp_path / f"refused-{key}-{value}").exists()
+
+
 def test_a_model_pooled_at_a_word_or_without_its_tokenizer_is_refused_in_one_line(tmp_path, capsys):
     tokenizer, config = tokenizer_and_config("wordpiece", tmp_path)
     wrong = load_config("tiny", OPENAI_LAYOUT)  # pooled at the largest id: a word of this vocabulary, not [SEP]

@@ -157,6 +157,17 @@ def openclip_settings(folder: Path) -> dict:
         raise CheckpointError(f"{path}: this OpenCLIP text tower ({unsupported}) is not the CLIP layout topoclip imports "
                               f"(causal, pooled at the end-of-text token)")
     settings = {"activation": "quick_gelu" if model.get("quick_gelu") else "gelu"}
+    # The heads no tensor stores, with OpenCLIP's own defaults where the file leaves them out (CLIPVisionCfg's
+    # head_width 64, CLIPTextCfg's heads 8): what open_clip.create_model builds from the same file.
+    vision = model.get("vision_cfg", {})
+    if not isinstance(vision, dict):
+        raise ConfigError(f"{path}: model_cfg.vision_cfg must be an object, not {vision!r:.40}")
+    for key, section, default in (("head_width", vision, 64), ("heads", text, 8)):
+        value = section.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            where = "vision_cfg" if section is vision else "text_cfg"
+            raise ConfigError(f"{path}: model_cfg.{where}.{key} must be a whole number ≥ 1, not {value!r:.40}")
+    settings["vision_head_width"], settings["text_heads"] = vision.get("head_width", 64), text.get("heads", 8)
     if text.get("pool_type") == "eos":  # pooled at the first token of this id (OpenCLIP's default eos_id is 2)
         eos = text.get("eos_id", 2)
         if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
@@ -211,6 +222,14 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
     layout = {**TEXT_LAYOUT, "cls_token_id": max(vocab_size - 2, 0),  # <|startoftext|>; unused by this pooling
               "end_token_id": settings.get("end_token_id")}
     values = model_values(state, activation, layout)
+    if "vision_head_width" in settings:  # the heads open_clip_config.json gives (the weights' width / 64 without it)
+        heads = {"vision": values["vision"]["width"] // settings["vision_head_width"], "text": settings["text_heads"]}
+        for tower, count in heads.items():
+            if count < 1 or values[tower]["width"] % count:
+                raise CheckpointError(f"{OPENCLIP_CONFIG} beside the weights gives the {tower} tower {count} heads, "
+                                      f"which do not divide its width {values[tower]['width']} in the weights: the "
+                                      f"file belongs to other weights")
+            values[tower]["heads"] = count
     values["vision"]["eval_resize"] = "shortest"  # OpenAI's and OpenCLIP's evaluation geometry
     if "pixels" in settings:
         values["vision"].update(settings["pixels"])
