@@ -52,12 +52,113 @@ def test_train_data_picks_the_source_as_openclip_s_dataset_type_does(capsys):
         assert data["source"] == source and data["train_data"] == flags[1]
 
 
+@pytest.mark.parametrize("value", [[], ["x"]], ids=["switch", "with a value"])
 @pytest.mark.parametrize("flag", [flag.name for flag in FLAGS if flag.instead])
-def test_an_openclip_flag_without_an_equivalent_is_one_line_naming_what_to_do(flag, capsys):
-    value = [] if any(f.name == flag and f.kind is None for f in FLAGS) else ["x"]
+def test_an_openclip_flag_without_an_equivalent_is_one_line_naming_what_to_do(flag, value, capsys):
+    """Switches (OpenCLIP's --horovod, --trace) and flags with a value (--opt, --val-data PATH) alike."""
     assert main(["train", "--preset", "tiny", flag, *value, "--print-config"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"{flag} is OpenCLIP's;" in error
+
+
+def test_every_openclip_flag_has_its_line_in_help(capsys):
+    """Failed on main: the group "OpenCLIP's flags" printed empty (every flag's help suppressed)."""
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    shown = capsys.readouterr().out.split("OpenCLIP's flags:")[1]
+    for flag in FLAGS:
+        assert flag.name in shown and flag.help.split()[0] in shown, flag.name
+
+
+def test_what_topoclip_always_does_is_accepted_and_changes_nothing(capsys):
+    """Failed on main: --local-loss --gather-with-grad, on every multi-GPU line of OpenCLIP's README, were refused."""
+    plain = printed_config(capsys)
+    accepted = [flag.name for flag in FLAGS if flag.accepted]
+    assert {"--local-loss", "--gather-with-grad"} <= set(accepted)
+    values = {"--dist-url": ["env://"], "--dist-backend": ["nccl"]}
+    assert printed_config(capsys, *[part for name in accepted for part in [name, *values.get(name, [])]]) == plain
+
+
+def test_siglip_and_the_other_aliases_set_what_openclip_does(capsys):
+    """Failed on main: --siglip was argparse's "unrecognized arguments"; OpenCLIP's --siglip is the sigmoid loss with
+    the model started at logit scale 10 and bias −10 (open_clip_train.main)."""
+    config = printed_config(capsys, "--siglip", "--beta1", "0.9", "--beta2", "0.95", "--log-every-n-steps", "5",
+                            "--device", "cpu", "--delete-previous-checkpoint")
+    train, temperature = config["train"], config["model"]["temperature"]
+    assert (train["loss"], temperature["bias_init"]) == ("sigmoid", -10.0)
+    assert temperature["init"] == pytest.approx(2.302585092994046, rel=1e-15)
+    assert (train["betas"], train["log_every"], train["device"], train["keep_checkpoints"]) == ([0.9, 0.95], 5, "cpu", 1)
+    assert main(["train", "--preset", "tiny", "--beta2", "0.95", "--print-config"]) == 2
+    assert "give both" in capsys.readouterr().err
+    model = printed_config(capsys, "--image-mean", "0.5", "0.5", "0.5", "--image-std", "0.2", "0.2", "0.2",
+                           "--force-image-size", "48", "--force-context-length", "16")["model"]
+    assert (model["vision"]["mean"], model["vision"]["std"], model["vision"]["image_size"],
+            model["text"]["context_length"]) == ([0.5] * 3, [0.2] * 3, 48, 16)
+    assert main(["train", "--preset", "tiny", "--force-image-size", "48", "64", "--print-config"]) == 2
+    assert "square" in capsys.readouterr().err
+
+
+def test_frequencies_in_epochs_become_steps(capsys):
+    config = printed_config(capsys, "--batch-size", "64", "--epochs", "4", "--save-frequency", "2",
+                            "--zeroshot-frequency", "1")
+    epoch = -(-config["data"]["scenes"]["train_size"] // 64)
+    assert (config["train"]["steps"], config["train"]["checkpoint_every"], config["train"]["eval_every"]) == (
+        4 * epoch, 2 * epoch, epoch)
+    assert main(["train", "--preset", "tiny", "--train-data", "s/{0..3}.tar", "--save-frequency", "1",
+                 "--print-config"]) == 2
+    assert "train.checkpoint_every=N" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_logs_and_name_make_the_run_folder_as_openclip_s(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    quick = ["train", "--preset", "tiny", "--quiet", "--set", "train.steps=1", "--set", "evaluate.size=16"]
+    assert main([*quick, "--logs", "logs", "--name", "mine"]) == 0
+    assert (tmp_path / "logs" / "mine" / "config.json").is_file()
+    assert main([*quick, "--logs", "logs"]) == 0
+    assert [path.name.startswith("tiny-") for path in (tmp_path / "logs").iterdir() if path.name != "mine"] == [True]
+    assert main([*quick, "--logs", "logs", "--out", "elsewhere"]) == 2
+    assert "not both" in capsys.readouterr().err and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_tab_separated_csv_is_said_before_any_folder_is_made(tmp_path, capsys):
+    """Failed on main: OpenCLIP's tab-separated table named .csv got, with --epochs, a message about shards, and
+    without it a run folder left empty behind the error."""
+    table = tmp_path / "pairs.csv"
+    table.write_text("filepath\ttitle\n" + "".join(f"{i}.png\ta caption\n" for i in range(8)))
+    flags = ["train", "--preset", "tiny", "--train-data", str(table), "--csv-img-key", "filepath",
+             "--csv-caption-key", "title", "--batch-size", "4"]
+    for extra in (["--epochs", "1", "--print-config"], ["--set", "train.steps=1", "--out", str(tmp_path / "run")]):
+        assert main([*flags, *extra]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "The header contains '\\t'" in error and "--csv-separator" in error
+        assert not (tmp_path / "run").exists()
+    config = printed_config(capsys, *flags[3:], "--csv-separator", "\t", "--epochs", "1")
+    assert config["train"]["steps"] == 2
+
+
+@pytest.mark.torchvision
+def test_every_flag_of_open_clip_s_released_trainer_is_answered(monkeypatch):
+    """open_clip_train's own parser, as released: each of its flags is an alias, accepted, answered in one line, or
+    topoclip's own (--resume, --imagenet-val, --debug)."""
+    params = pytest.importorskip("open_clip_train.params")
+    import argparse
+
+    from topoclip.cli.openclip_flags import OWN
+
+    seen = {}
+
+    def capture(self, args=None, namespace=None):
+        seen["parser"] = self
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        params.parse_args([])
+    theirs = {option for action in seen["parser"]._actions for option in action.option_strings
+              if option.startswith("--") and option != "--help"}
+    assert len(theirs) > 60
+    assert theirs - {flag.name for flag in FLAGS} - set(OWN) == set()
 
 
 def test_epochs_without_an_epoch_are_one_line(capsys):

@@ -136,8 +136,10 @@ def test_openclip_activation_comes_from_its_config_file(tmp_path):
     folder = tmp_path / "hub-snapshot"
     folder.mkdir()
     save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, folder / "open_clip_model.safetensors")
-    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": {"embed_dim": 16},
-                                                              "preprocess_cfg": {"mean": [0.5] * 3, "std": [0.25] * 3}}))
+    # The heads as OpenCLIP writes them (its defaults, 64-wide vision heads and 8 text heads, where left out)
+    (folder / "open_clip_config.json").write_text(json.dumps({
+        "model_cfg": {"embed_dim": 16, "vision_cfg": {"head_width": 64}, "text_cfg": {"heads": 1}},
+        "preprocess_cfg": {"mean": [0.5] * 3, "std": [0.25] * 3}}))
     merges = write_merges(tmp_path / "bpe.txt.gz")
     model, tokenizer, config = import_openai(folder, "openclip", merges)
     assert (config.model.vision.activation, config.model.vision.mean) == ("gelu", (0.5, 0.5, 0.5))

@@ -1,11 +1,14 @@
-"""OpenCLIP's training flags on `topoclip train`: each one that has a topoclip setting is an alias for it (turned
-into `--set` overrides before the user's own, which win); each one that has none is answered in one line naming
-what to do instead. One table, `FLAGS`; the README's "Coming from OpenCLIP" table lists the same.
+"""OpenCLIP's training flags on `topoclip train`, every one of them (open_clip_train.params; a field-lane test holds
+the list to the released parser): each that has a topoclip setting is an alias for it (turned into `--set` overrides
+before the user's own, which win); each whose effect topoclip always has is accepted and changes nothing; each other
+is answered in one line naming what to do instead. One table, `FLAGS`; the README's "Coming from OpenCLIP" table
+lists the same.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -22,10 +25,25 @@ class Flag:
     # value -> ["key=value", ...] topoclip overrides; None when the flag has no topoclip equivalent
     settings: Optional[Callable[[Any], list[str]]] = None
     instead: str = ""  # for a flag without an equivalent: what to do instead
+    means: str = ""  # its line in `topoclip train --help` (default: the setting it sets, or `instead`)
+    nargs: Optional[str] = None  # argparse's, for the flags that take several values (OpenCLIP's "+")
+    accepted: bool = False  # topoclip always does what it asks: taken, nothing set
+
+    @property
+    def help(self) -> str:
+        if self.means:
+            return self.means
+        if self.instead:
+            return f"no equivalent: {self.instead}"
+        return f"= --set {self.settings.setting}"
 
 
 def _set(key: str, convert: Callable[[Any], Any] = lambda value: value) -> Callable[[Any], list[str]]:
-    return lambda value: [f"{key}={json.dumps(convert(value))}"]
+    def settings(value: Any) -> list[str]:
+        return [f"{key}={json.dumps(convert(value))}"]
+
+    settings.setting = f"{key}=…"
+    return settings
 
 
 def _precision(value: str) -> list[str]:
@@ -44,7 +62,27 @@ def _report_to(value: str) -> list[str]:
 
 
 def _switch(*keys: str) -> Callable[[Any], list[str]]:
-    return lambda value: [f"{key}=true" for key in keys] if value else []
+    def settings(value: bool) -> list[str]:
+        return [f"{key}=true" for key in keys] if value else []
+
+    settings.setting = " ".join(f"{key}=true" for key in keys)
+    return settings
+
+
+def _image_size(values: list[int]) -> list[str]:
+    """OpenCLIP's --force-image-size: one size, or height and width."""
+    if len(set(values)) != 1:
+        raise ConfigError(f"--force-image-size {' '.join(map(str, values))}: topoclip's images are square; give one "
+                          f"size (model.vision.image_size)")
+    return [f"model.vision.image_size={values[0]}"]
+
+
+def _siglip(value: bool) -> list[str]:
+    """OpenCLIP's --siglip: the sigmoid loss, and its model's start (logit scale log 10, logit bias −10)."""
+    return ["train.loss=sigmoid", f"model.temperature.init={math.log(10)!r}", "model.temperature.bias_init=-10.0"]
+
+
+NO_SETTING = "topoclip has no setting for it; drop it (the README's 'Coming from OpenCLIP' lists the flags that map)"
 
 
 FLAGS = [
@@ -55,15 +93,26 @@ FLAGS = [
     Flag("--grad-clip-norm", float, _set("train.grad_clip")),
     Flag("--seed", int, _set("train.seed")),
     Flag("--workers", int, _set("train.num_workers")),
-    Flag("--precision", str, _precision),
-    Flag("--report-to", str, _report_to),
+    Flag("--log-every-n-steps", int, _set("train.log_every")),
+    Flag("--device", str, _set("train.device")),
+    Flag("--delete-previous-checkpoint", None, lambda value: ["train.keep_checkpoints=1"] if value else [],
+         means="= --set train.keep_checkpoints=1"),
+    Flag("--image-mean", float, _set("model.vision.mean"), nargs="+"),
+    Flag("--image-std", float, _set("model.vision.std"), nargs="+"),
+    Flag("--force-image-size", int, _image_size, nargs="+", means="= --set model.vision.image_size=… (square)"),
+    Flag("--force-context-length", int, _set("model.text.context_length")),
+    Flag("--siglip", None, lambda value: _siglip(value) if value else [],
+         means="= --set train.loss=sigmoid model.temperature.init=ln 10 model.temperature.bias_init=-10"),
+    Flag("--precision", str, _precision, means="amp_bf16 / amp / fp32: = --set train.precision=bf16 / fp16 / fp32"),
+    Flag("--report-to", str, _report_to, means="wandb, tensorboard or all: = --set train.report_to=[…]"),
     Flag("--lock-image", None, _switch("train.lock_image")),
     Flag("--lock-image-unlocked-groups", int, _set("train.lock_image_unlocked_groups")),
     Flag("--lock-text", None, _switch("train.lock_text")),
     Flag("--lock-text-unlocked-layers", int, _set("train.lock_text_unlocked_layers")),
     Flag("--grad-checkpointing", None, _switch("train.gradient_checkpointing")),
     Flag("--torchcompile", None, _switch("train.compile")),
-    Flag("--force-quick-gelu", None, _switch()),  # handled below: both towers' activation
+    Flag("--force-quick-gelu", None, _switch(), means="= --set model.vision.activation=quick_gelu "
+                                                      "model.text.activation=quick_gelu"),  # handled below
     Flag("--train-data", str, _set("data.train_data")),
     Flag("--train-num-samples", int, _set("data.samples_per_epoch")),
     Flag("--dataset-resampled", None, _switch("data.resampled")),
@@ -72,30 +121,74 @@ FLAGS = [
     Flag("--csv-separator", str, _set("data.csv_separator")),
     Flag("--name", str, _set("name")),
     # Resolved together in `overrides` (they depend on one another and on the world size).
-    Flag("--batch-size", int), Flag("--accum-freq", int), Flag("--epochs", int), Flag("--dataset-type", str),
+    Flag("--batch-size", int, means="per GPU, as OpenCLIP's: train.batch_size = it × GPUs × --accum-freq"),
+    Flag("--accum-freq", int, means="= --set train.accumulation_steps=K (and multiplies --batch-size)"),
+    Flag("--epochs", int, means="train.steps = it × the steps of one epoch of the run's data and batch"),
+    Flag("--dataset-type", str, means="webdataset or csv: data.source (auto: from --train-data)"),
+    Flag("--beta1", float, means="with --beta2: = --set train.betas=[beta1,beta2]"),
+    Flag("--beta2", float, means="with --beta1: = --set train.betas=[beta1,beta2]"),
     # No topoclip equivalent: answered in one line.
     # --pretrained NAME (or OpenCLIP's --model MODEL --pretrained TAG): `pretrained_name`, a run from those weights.
-    Flag("--model", str), Flag("--pretrained", str),
-    Flag("--logs", instead="give the run folder itself: --out DIR (default runs/NAME-TIMESTAMP)"),
-    Flag("--save-frequency", instead="checkpoints are taken in steps: --set train.checkpoint_every=N"),
-    Flag("--val-frequency", instead="evaluations are taken in steps: --set train.eval_every=N"),
-    Flag("--zeroshot-frequency", instead="evaluations are taken in steps: --set train.eval_every=N"),
-    Flag("--local-loss", None, instead="topoclip always computes the exact loss of the global batch (each rank's "
-                                       "rows against every rank's): drop the flag"),
-    Flag("--gather-with-grad", None, instead="topoclip always gathers features with their gradients: drop the flag"),
+    Flag("--model", str, means="with --pretrained TAG: the pretrained model MODEL:TAG (`topoclip pretrained`)"),
+    Flag("--pretrained", str, means="MODEL:TAG, or TAG with --model: a run from those weights"),
+    Flag("--logs", str, means="the run folder is LOGS/NAME with --name (as OpenCLIP's), else LOGS/NAME-TIMESTAMP; "
+                              "or give it: --out DIR"),
+    Flag("--save-frequency", int, means="in epochs: = --set train.checkpoint_every=it × the steps of an epoch"),
+    Flag("--val-frequency", int, means="in epochs: = --set train.eval_every=it × the steps of an epoch"),
+    Flag("--zeroshot-frequency", int, means="in epochs: = --set train.eval_every=it × the steps of an epoch"),
+    # What they ask for, topoclip always does: accepted, nothing set (OpenCLIP's multi-GPU lines carry them).
+    Flag("--local-loss", None, accepted=True, means="accepted: each rank's rows against the gathered global batch, "
+                                                    "always"),
+    Flag("--gather-with-grad", None, accepted=True, means="accepted: the gather carries gradients, always"),
+    Flag("--ddp-static-graph", None, accepted=True, means="accepted: DDP's graph as topoclip sets it"),
+    Flag("--no-set-device-rank", None, accepted=True, means="accepted: each process takes its LOCAL_RANK's device"),
+    Flag("--dist-url", str, accepted=True, means="accepted: torchrun's env:// rendezvous, always"),
+    Flag("--dist-backend", str, accepted=True, means="accepted: NCCL on CUDA, gloo elsewhere"),
+    Flag("--save-most-recent", None, accepted=True, means="accepted: the newest checkpoints are kept, always "
+                                                          "(train.keep_checkpoints)"),
+    # The rest of OpenCLIP's flags: no topoclip setting, answered in one line.
+    Flag("--val-data", instead="topoclip evaluates on its built-in sets during training; your own set after it: "
+                               "topoclip eval RUN or topoclip benchmark RUN (CLIP_benchmark's datasets)"),
+    Flag("--val-num-samples", instead="see --val-data: topoclip eval RUN or topoclip benchmark RUN"),
+    Flag("--imagenet-v2", instead="zero-shot on ImageNet-V2 after training: topoclip benchmark RUN -- --dataset "
+                                  "imagenetv2"),
+    Flag("--image-interpolation", instead="topoclip resizes bicubic, as OpenCLIP's default"),
+    Flag("--image-resize-mode", instead="evaluation's resizing is model.vision.eval_resize (shortest: OpenCLIP's "
+                                        "default)"),
+    Flag("--aug-cfg", instead="topoclip's training augmentation is its random resized crop, fixed"),
+    Flag("--lr-scheduler", instead="topoclip's schedule is linear warm-up then cosine decay (train.warmup_steps)"),
+    Flag("--opt", instead="topoclip trains with AdamW (train.lr, train.betas, train.eps, train.weight_decay)"),
+    Flag("--momentum", instead="topoclip trains with AdamW: no momentum setting"),
+    Flag("--wandb-project-name", instead="set WANDB_PROJECT=NAME; --report-to wandb logs there"),
+    Flag("--wandb-notes", instead="set WANDB_NOTES=TEXT; --report-to wandb logs there"),
+    *(Flag(name, instead=NO_SETTING) for name in (
+        "--train-data-upsampling-factors", "--cache-dir", "--log-local", "--epochs-cooldown", "--use-bn-sync",
+        "--skip-scheduler", "--lr-cooldown-end", "--lr-cooldown-power", "--pretrained-image",
+        "--lock-image-freeze-bn-stats", "--force-patch-dropout", "--force-custom-text", "--torchscript", "--trace",
+        "--copy-codebase", "--horovod", "--lock-text-freeze-layer-norm", "--coca-caption-loss-weight",
+        "--coca-contrastive-loss-weight", "--remote-sync", "--remote-sync-frequency", "--remote-sync-protocol",
+        "--distill-model", "--distill-pretrained", "--use-bnb-linear", "--loss-dist-impl")),
 ]
+# OpenCLIP's flags that are topoclip's own too, the same in spirit: --resume (a run folder here), --imagenet-val,
+# --debug.
+OWN = ("--resume", "--imagenet-val", "--debug")
 
 
 def add_openclip_flags(parser: argparse.ArgumentParser) -> None:
     """OpenCLIP's flags, in their own group of `topoclip train --help`."""
-    group = parser.add_argument_group("OpenCLIP's flags", "accepted as aliases for the topoclip settings they stand "
-                                      "for (the README's 'Coming from OpenCLIP' table); --set wins over them")
+    group = parser.add_argument_group("OpenCLIP's flags", "every flag of open_clip_train: an alias for the topoclip "
+                                      "settings it stands for (--set wins over it), accepted where topoclip always "
+                                      "does what it asks, or answered in one line")
     for flag in FLAGS:
         dest = "openclip_" + flag.name.lstrip("-").replace("-", "_")
+        metavar = flag.name.lstrip("-").upper().replace("-", "_")
         if flag.kind is None:
-            group.add_argument(flag.name, dest=dest, action="store_true", default=False, help=argparse.SUPPRESS)
+            group.add_argument(flag.name, dest=dest, action="store_true", default=False, help=flag.help)
+        elif flag.instead:  # answered in one line whatever follows it: a value, if one does, is taken with it
+            group.add_argument(flag.name, dest=dest, nargs="?", const=True, default=None, metavar="…", help=flag.help)
         else:
-            group.add_argument(flag.name, dest=dest, type=flag.kind, default=None, help=argparse.SUPPRESS)
+            group.add_argument(flag.name, dest=dest, type=flag.kind, default=None, metavar=metavar, help=flag.help,
+                               nargs=flag.nargs)
 
 
 def pretrained_name(args: argparse.Namespace) -> Optional[str]:
@@ -121,12 +214,16 @@ def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str]], Optio
     given = {name: value for name, value in given.items() if value is not None and value is not False}  # 0 counts
     found = []
     for flag in FLAGS:
-        if flag.name not in given or flag.name in ("--model", "--pretrained"):
+        if flag.name not in given or flag.name in ("--model", "--pretrained") or flag.accepted:
             continue
         if flag.instead:
             raise ConfigError(f"{flag.name} is OpenCLIP's; {flag.instead}")
         if flag.settings is not None:
             found += flag.settings(given[flag.name])
+    if "--beta1" in given or "--beta2" in given:
+        if not ("--beta1" in given and "--beta2" in given):
+            raise ConfigError("--beta1 and --beta2 are one setting here, train.betas: give both")
+        found.append(f"train.betas={json.dumps([given['--beta1'], given['--beta2']])}")
     if "--force-quick-gelu" in given:
         found += ["model.vision.activation=quick_gelu", "model.text.activation=quick_gelu"]
     kind = given.get("--dataset-type")
@@ -147,10 +244,16 @@ def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str]], Optio
         world = launch_world_size()  # torchrun's WORLD_SIZE, or srun's SLURM_NTASKS
         found += [f"train.batch_size={given['--batch-size'] * world * accumulation}",
                   f"train.accumulation_steps={accumulation}"]
-    if "--epochs" in given:
+    # Counted in epochs by OpenCLIP, in steps here: each times the steps of one epoch of this run's data and batch.
+    in_epochs = {"--epochs": "train.steps", "--save-frequency": "train.checkpoint_every",
+                 "--val-frequency": "train.eval_every", "--zeroshot-frequency": "train.eval_every"}
+    if set(in_epochs) & set(given):
         steps = epoch_steps(found)
-        if steps is None:
-            raise ConfigError("--epochs: these shards have no fixed epoch; give --train-num-samples (OpenCLIP's), or "
-                              "the steps: --set train.steps=N")
-        found.append(f"train.steps={given['--epochs'] * steps}")
+        for name, key in in_epochs.items():
+            if name not in given:
+                continue
+            if steps is None:
+                raise ConfigError(f"{name} counts epochs, and these shards have no fixed epoch; give "
+                                  f"--train-num-samples (OpenCLIP's), or the steps: --set {key}=N")
+            found.append(f"{key}={given[name] * steps}")
     return found

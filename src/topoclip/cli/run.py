@@ -9,7 +9,8 @@ from pathlib import Path
 from topoclip.cli.common import add_command
 from topoclip.core.arguments import add_overrides, whole
 from topoclip.cli.openclip_flags import add_openclip_flags
-from topoclip.config import DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict
+from topoclip.config import (DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict,
+                             validate_readable)
 from topoclip.core.errors import EvaluationSetError, UserError, resolve_device
 from topoclip.config.schema import TEMPLATE_MODES
 
@@ -42,6 +43,7 @@ def command_train(args) -> int:
             config = starting_config(args.init_from, args.preset, aliases + args.overrides)
         else:
             config = load_config(args.preset or DEFAULT_PRESET, aliases + args.overrides)
+        validate_readable(config.data)  # a table that cannot be read says why, not that it has no epoch
         return epoch_steps(config.data, config.train.batch_size)
 
     args.overrides = overrides(args, steps_per_epoch) + args.overrides  # OpenCLIP's flags; --set wins over them
@@ -67,7 +69,13 @@ def command_train(args) -> int:
     if args.print_config:
         print(json.dumps(to_dict(config), indent=2))
         return 0
-    run_dir = Path(args.resume or args.out or new_run_dir(config))
+    if args.openclip_logs and (args.out or args.resume):
+        raise ConfigError("--logs is OpenCLIP's parent of run folders; give it or --out (the run folder itself), "
+                          "not both" if args.out else "--logs starts a new run; --resume continues one in its folder")
+    logs = args.openclip_logs
+    # OpenCLIP's --logs DIR --name N trains in DIR/N; without --name, in DIR/NAME-TIMESTAMP (as runs/ by default)
+    run_dir = Path(args.resume or args.out or (Path(logs) / config.name if logs and args.openclip_name else
+                                               new_run_dir(config, logs or "runs")))
 
     def on_interrupt():  # (said by rank 0 when Ctrl-C stops it, once it saved a checkpoint to go on from)
         if launch_rank() or not RunFolder(run_dir).step_checkpoints():

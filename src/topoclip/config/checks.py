@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from topoclip.config.schema import (TEMPLATE_MODES, Config, ConfigError, CurvatureConfig, DataConfig, EvaluateConfig, ModelConfig,
                                     TrainConfig)
-from topoclip.data.sources import SOURCES, SourceError, get_source
+from topoclip.data.sources import SOURCES, SourceError, check_readable, get_source
 from topoclip.core.errors import file_name_problem
 from topoclip.core.geometry import TOPOLOGIES, get_topology
 from topoclip.core.losses import get_loss
@@ -326,6 +326,14 @@ def validate_source(config: Config) -> None:
     """The data source's own checks (topoclip.data.sources), e.g. the scenes must hold a training batch."""
     try:
         get_source(config.data.source).check(config)
+    except SourceError as error:
+        raise ConfigError(str(error)) from None
+
+
+def validate_readable(data: DataConfig) -> None:
+    """The files a run of `data` will read, opened before its run folder is made (a CSV's header and columns)."""
+    try:
+        check_readable(data)
     except SourceError as error:
         raise ConfigError(str(error)) from None
 

@@ -31,8 +31,10 @@ logger = logging.getLogger(__name__)
 
 
 # What a table's problems are fixed with, named in its errors: training's settings; a command passes its flags.
-SETTINGS = {"path": "setting data.train_data", "image_key": "setting data.csv_image_key",
-            "caption_key": "setting data.csv_caption_key", "separator": "setting data.csv_separator"}
+SETTINGS = {"path": "setting data.train_data, OpenCLIP's --train-data",
+            "image_key": "setting data.csv_image_key, OpenCLIP's --csv-img-key",
+            "caption_key": "setting data.csv_caption_key, OpenCLIP's --csv-caption-key",
+            "separator": "setting data.csv_separator, OpenCLIP's --csv-separator, whose default is a tab"}
 
 
 def sniff_separator(path: Union[str, Path]) -> str:

@@ -40,6 +40,9 @@ class DataSource:
     commands: Callable[[Any], list[str]] = lambda data: []
     # Evaluation sets the source brings itself: (config, split) -> (classification sets, retrieval sets).
     evaluation_sets: Callable[[Any, str], tuple[list, list]] = lambda config, split: ([], [])
+    # The files a run will read, opened as far as is cheap before its run folder is made (a CSV's header): a
+    # ConfigError naming the problem and the fix, so a bad table fails before it leaves a folder behind.
+    ready: Callable[[Any], None] = lambda data: None
 
 
 # --------------------------------------------------------------------------- scenes
@@ -126,6 +129,16 @@ def csv_captions(data, count: int) -> list[str]:
     return captions
 
 
+def csv_ready(data) -> None:
+    """The table exists, is a regular file and has the image and caption columns (CaptionTable's checks)."""
+    from topoclip.data.csv import CaptionTable
+
+    try:
+        CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
+    except FileNotFoundError as error:
+        raise SourceError(str(error)) from None
+
+
 def csv_rows(data) -> Optional[int]:
     """One epoch of a CSV is one pass over its rows (as OpenCLIP's); None when the file cannot be read yet."""
     from topoclip.data.csv import CaptionTable
@@ -172,7 +185,8 @@ def shard_commands(data) -> list[str]:
 SOURCES: dict[str, DataSource] = {
     "scenes": DataSource(check_scenes, stream=False, batches=scene_batches, captions=scene_captions,
                          epoch_samples=lambda data: data.scenes.train_size, evaluation_sets=scene_evaluation_sets),
-    "csv": DataSource(check_stream, stream=True, batches=csv_batches, captions=csv_captions, epoch_samples=csv_rows),
+    "csv": DataSource(check_stream, stream=True, batches=csv_batches, captions=csv_captions, epoch_samples=csv_rows,
+                      ready=csv_ready),
     "shards": DataSource(check_stream, stream=True, batches=shard_batches, captions=shard_captions,
                          epoch_samples=lambda data: data.samples_per_epoch or None, commands=shard_commands),
 }
@@ -184,6 +198,11 @@ def get_source(name: str) -> DataSource:
         return SOURCES[name]
     except KeyError:
         raise SourceError(f"data.source={name!r} is unknown; choose one of {sorted(SOURCES)}") from None
+
+
+def check_readable(data) -> None:
+    """The source's `ready` check: what a run will read, opened before anything is written (SourceError)."""
+    get_source(data.source).ready(data)
 
 
 def epoch_steps(data, batch_size: int) -> Optional[int]:

@@ -21,16 +21,17 @@ loss is inf/NaN and stop the run, in one line, on weights that became inf/NaN.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from tqdm.auto import tqdm
 
-from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate
+from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate, validate_readable
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.core.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects, init_distributed,
                                   launch_rank, sum_across_ranks)
@@ -51,9 +52,10 @@ from topoclip.run.training.build import Run, build
 BAD_FRACTION_MIN_SEEN = 1000
 
 
-def new_run_dir(config: Config) -> Path:
+def new_run_dir(config: Config, parent: Union[str, Path] = "runs") -> Path:
+    """PARENT/NAME-TIMESTAMP: a new run's folder when none is given."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{config.name or 'run'}-{stamp}"
+    return Path(parent) / f"{config.name or 'run'}-{stamp}"
 
 
 def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: bool = True) -> Path:
@@ -121,14 +123,22 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     # The default folder's name holds the second its process started, which two ranks need not share: rank 0's
     # folder is the run's on every rank.
     run_dir = Path(broadcast_object(str(run_dir)))
-    # The user's evaluation sets are listed now, not found broken after hours of training.
-    on_main(info.rank == 0, lambda: check_evaluation_sets(config))
+    # The user's evaluation sets are listed now, not found broken after hours of training; the training data's
+    # table opened before a run folder is made for it.
+    on_main(info.rank == 0, lambda: (check_evaluation_sets(config), validate_readable(config.data)))
+    created = info.rank == 0 and not resuming and not run_dir.exists()
     lock = on_main(info.rank == 0, lambda: claim_run_folder(run_dir, resuming))
+    failed = True
     try:
-        return _train_in_folder(config, run_dir, resuming, info, progress)
+        result = _train_in_folder(config, run_dir, resuming, info, progress)
+        failed = False
+        return result
     finally:
         if lock is not None:
             lock.release()
+        if failed and created:
+            with contextlib.suppress(OSError):  # not empty: it holds what the run wrote, kept
+                run_dir.rmdir()  # a folder this run made and left empty: nothing in it to keep
 
 
 def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
