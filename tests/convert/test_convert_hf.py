@@ -167,6 +167,52 @@ def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder,
         assert json.loads((out / "config.json").read_text())["train"]["init_from"].endswith("ViT-B-32--openai/main")
 
 
+def hub_cache(hf_folder, root, names):
+    """A Hugging Face cache holding `names` of the tiny CLIPModel, as openai/clip-vit-base-patch32's snapshot."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / "models--openai--clip-vit-base-patch32"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (snapshot / name).write_bytes((hf_folder / name).read_bytes())
+    return snapshot
+
+
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_a_partial_cache_names_the_missing_file_keeps_nothing_and_works_once_completed(hf_folder, tmp_path, hub):
+    """Failed on main: with only what CLIPModel.from_pretrained fetches (config and weights, no merges.txt) the error
+    blamed a missing tokenizer.json and said to convert again with --vocab; the tokenizer-less conversion was kept in
+    topoclip's cache and failed on after the cache was completed; without HF_HUB_OFFLINE and no network, a name cost
+    78 s and 33 lines of huggingface_hub's retries before the one line."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("huggingface_hub")
+    snapshot = hub_cache(hf_folder, tmp_path / "hub", ["config.json", "model.safetensors"])
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
+           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    env.pop("HF_HUB_OFFLINE", None)
+    if hub == "offline":
+        env["HF_HUB_OFFLINE"] = "1"
+    else:  # a Hub that refuses every connection at once: a machine without a network, not told so
+        env["HF_ENDPOINT"] = "http://127.0.0.1:9"
+    command = [sys.executable, "-m", "topoclip", "train", "--pretrained", "ViT-B-32:openai", "--print-config"]
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "merges.txt is not in the local Hugging Face cache" in refused.stderr
+    assert not (tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-32--openai" / "main").exists()
+    for name in ("merges.txt", "vocab.json"):  # the cache completed
+        (snapshot / name).write_bytes((hf_folder / name).read_bytes())
+    loaded = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert "Retrying" not in loaded.stderr
+    converted = tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-32--openai" / "main"
+    assert (converted / "tokenizer.json").is_file()
+
+
 def test_an_end_token_of_id_2_is_refused_for_transformers(tmp_path, capsys):
     """transformers reads eos_token_id 2 as 'pool at the largest id'; a vocabulary whose [SEP] is 2 would export a
     model transformers pools elsewhere."""

@@ -97,14 +97,20 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
     why = escapes(folder, cache_dir())
     if why:
         raise UserError(f"topoclip's cache of converted models: {why}; delete that link and run again")
-    if folder.exists() and not is_regular(folder / WEIGHTS, folder):  # conversions land whole: this is not one
+    if folder.exists() and not all(is_regular(folder / file, folder) for file in (WEIGHTS, TOKENIZER)):
+        # conversions land whole, their tokenizer with them: this is not one (or one kept before they had to)
+        missing = WEIGHTS if not is_regular(folder / WEIGHTS, folder) else TOKENIZER
         raise UserError(f"{folder} is in topoclip's cache of converted models but holds no converted {name} (no "
-                        f"{WEIGHTS}); delete that folder and run again: it is converted anew")
+                        f"{missing}); delete that folder and run again: it is converted anew")
     if not folder.exists():
         snapshot = hub_folder(entry.repo, revision)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = scratch_name(folder)  # the conversion lands whole or not at all
         convert("hf", snapshot, staging)
+        if not is_regular(staging / TOKENIZER, staging):  # (hub_folder fetched the tokenizer's files, or said why)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(f"{entry.repo}: its files gave no tokenizer, so {name} cannot read text; nothing "
+                                  f"was kept in topoclip's cache")
         try:
             os.replace(staging, folder)
         except OSError:  # another process converted it meanwhile
@@ -122,10 +128,12 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
                         f"huggingface_hub: pip install 'topoclip[hub]'") from None
 
     repo_id, revision = split_revision(repo_id, revision)
+    offline = not hub_reachable()  # then the cache alone, at once (huggingface_hub would retry each file for 23 s)
 
     def fetch(name: str, required: bool = True) -> Optional[Path]:
         try:
-            found = Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir))
+            found = Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir,
+                                         local_files_only=offline))
         except LocalEntryNotFoundError:
             if not required:
                 return None
@@ -158,10 +166,27 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
     weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
     if fetch(MODEL_CONFIG, required=False) is None:
         fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel
-    from topoclip.io.convert.hf import MERGES, PREPROCESSOR, is_hf_clip
+    from topoclip.io.convert.hf import MERGES, PREPROCESSOR, VOCAB, is_hf_clip
 
-    if is_hf_clip(weights.parent):  # transformers' layout: its BPE files and pixel statistics too
-        for name in (MERGES, "vocab.json", PREPROCESSOR):
+    tokenizer = fetch(TOKENIZER, required=False)
+    if is_hf_clip(weights.parent):  # transformers' layout: its BPE merges, the text's tokenizer (unless a
+        fetch(MERGES, required=tokenizer is None)  # tokenizer.json is there), said by name when missing
+        for name in (VOCAB, PREPROCESSOR):  # the vocabulary beside the merges, the pixel statistics
             fetch(name, required=False)
-    fetch(TOKENIZER, required=False)
     return weights.parent
+
+
+def hub_reachable(timeout: float = 5.0) -> bool:
+    """Whether the Hub's endpoint answers one request (any answer, an error status too) within `timeout` seconds;
+    False at once under HF_HUB_OFFLINE=1. One try, no retries: on a machine without a network the files are then
+    read from the cache alone, instead of huggingface_hub retrying each one five times (23 s and ten lines a file)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception:  # requests' and httpx's connection errors, timeouts, a proxy that refuses: not reachable
+        return False
+    return True

@@ -26,6 +26,7 @@ from topoclip.core.errors import CheckpointError
 
 HF_CONFIG = "config.json"
 MERGES = "merges.txt"
+VOCAB = "vocab.json"  # the BPE vocabulary beside MERGES
 PREPROCESSOR = "preprocessor_config.json"
 TOKENIZER_JSON = "tokenizer.json"
 LEGACY_EOS = 2  # transformers' CLIPTextTransformer pools at argmax(ids) for this eos_token_id
