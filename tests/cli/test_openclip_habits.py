@@ -209,3 +209,43 @@ def test_half_precision_weights_are_refused_as_openclip_s_pure_modes(capsys):
     for precision in ("fp16", "bf16", "pure_bf16"):
         assert main(["train", "--preset", "tiny", "--precision", precision, "--print-config"]) == 2
         assert "fp32 master weights" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (["--aug-cfg", "scale=(0.4,1.0)", "color_jitter=0.4"], "--aug-cfg is OpenCLIP's"),
+    (["--model", "RN50", "--pretrained", "ViT-B-32:openai"], "name two models"),
+    (["--epochs", "2", "--val-frequency", "1", "--zeroshot-frequency", "2"], "give one"),
+    (["--epochs", "0"], "at least 1"),
+    (["--save-frequency", "-1"], "at least 1"),
+    (["--force-image-size", "32", "32", "32"], "square"),
+    (["--logs", ""], "--logs needs a folder"),
+    (["--csv-separator", "ab"], "must be one character"),
+])
+def test_what_openclip_would_take_otherwise_is_one_line(flags, reason, capsys):
+    """From the hostile review of the flags: each of these was a traceback, argparse's error, or silently dropped."""
+    assert main(["train", "--preset", "tiny", *flags, "--print-config"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and reason in error, error
+
+
+def test_a_tables_epoch_is_its_whole_batches_and_its_problems_are_said_first(tmp_path, capsys):
+    """The loader drops a last partial batch (as OpenCLIP's CSV loader): 10 rows in batches of 4 are 2 steps an
+    epoch; a table with fewer rows than a batch, a header alone, or a first line past the bound are one line, before
+    any folder; OpenCLIP's --csv-separator '\\t' is a tab, as pandas reads it there."""
+    table = tmp_path / "pairs.csv"
+    table.write_text("filepath\ttitle\n" + "".join(f"{i}.png\ta caption\n" for i in range(10)))
+    flags = ["--train-data", str(table), "--csv-separator", "\\t", "--batch-size", "4"]
+    config = printed_config(capsys, *flags, "--epochs", "3", "--save-frequency", "1")
+    assert (config["data"]["csv_separator"], config["train"]["steps"], config["train"]["checkpoint_every"]) == (
+        "\t", 3 * 2, 2)
+    assert main(["train", "--preset", "tiny", *flags[:4], "--batch-size", "16", "--epochs", "1", "--print-config"]) == 2
+    assert "fewer than one batch of 16" in capsys.readouterr().err
+    header_only, huge = tmp_path / "header.csv", tmp_path / "huge.csv"
+    header_only.write_text("filepath,title\n")
+    huge.write_text("filepath," + "x" * (1 << 21) + ",title\n")
+    for path, reason in ((header_only, "has a header but no rows"), (huge, "over 1,048,576 characters")):
+        for extra in (["--epochs", "1", "--print-config"], ["--logs", str(tmp_path / "P1" / "P2"), "--name", "n"]):
+            assert main(["train", "--preset", "tiny", "--train-data", str(path), *extra]) == 2
+            error = capsys.readouterr().err
+            assert error.count("\n") == 1 and reason in error, error
+            assert not (tmp_path / "P1").exists()

@@ -232,3 +232,32 @@ def test_an_end_token_of_id_2_is_refused_for_transformers(tmp_path, capsys):
     checkpoint = save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer)
     assert main(["export", str(checkpoint), "--hf", str(tmp_path / "hf")]) == 2
     assert "eos_token_id 2" in capsys.readouterr().err and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("status, reachable", [(503, False), (502, False), (404, True), (200, True)])
+def test_a_hub_that_answers_a_server_error_is_not_asked_again(status, reachable, monkeypatch):
+    """From the hostile review: a proxy answering 503 counted as reachable, and huggingface_hub then retried every
+    file five times (74 s, 33 lines) before reading the cache it had."""
+    import http.server
+    import threading
+
+    constants = pytest.importorskip("huggingface_hub.constants")
+    from topoclip.io.pretrained import hub_reachable
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *arguments):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        assert hub_reachable() is reachable
+    finally:
+        server.shutdown()

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from topoclip.analysis.inputs import find_run_folder
-from topoclip.data.sources import epoch_steps
+from topoclip.data.sources import SourceError, epoch_steps
 from topoclip.io.run_folder import RunFolder
 from topoclip.analysis.output import pyplot, save_figure, write_json
 from topoclip.io.checkpoint import load_config_from
@@ -38,7 +38,10 @@ TAU_TICKS = (0.5, 1, 2, 3, 5, 7, 10, 12, 15, 20, 30, 50, 70, 100, 150, 200, 300)
 def default_window(config: Config) -> int:
     """W in steps: one epoch, capped at a quarter of the run (a quarter of the run when no epoch is known)."""
     quarter = max(1, config.train.steps // 4)
-    epoch = epoch_steps(config.data, config.train.batch_size)
+    try:
+        epoch = epoch_steps(config.data, config.train.batch_size)
+    except SourceError:  # a table smaller than a batch: no whole epoch to speak of
+        epoch = None
     return quarter if epoch is None else min(epoch, quarter)
 
 

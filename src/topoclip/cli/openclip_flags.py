@@ -71,7 +71,7 @@ def _switch(*keys: str) -> Callable[[Any], list[str]]:
 
 def _image_size(values: list[int]) -> list[str]:
     """OpenCLIP's --force-image-size: one size, or height and width."""
-    if len(set(values)) != 1:
+    if len(values) > 2 or len(set(values)) != 1:
         raise ConfigError(f"--force-image-size {' '.join(map(str, values))}: topoclip's images are square; give one "
                           f"size (model.vision.image_size)")
     return [f"model.vision.image_size={values[0]}"]
@@ -118,7 +118,8 @@ FLAGS = [
     Flag("--dataset-resampled", None, _switch("data.resampled")),
     Flag("--csv-img-key", str, _set("data.csv_image_key")),
     Flag("--csv-caption-key", str, _set("data.csv_caption_key")),
-    Flag("--csv-separator", str, _set("data.csv_separator")),
+    # OpenCLIP hands its --csv-separator to pandas, which reads '\t' (backslash, t) as a tab: so here too
+    Flag("--csv-separator", str, _set("data.csv_separator", lambda value: "\t" if value == "\\t" else value)),
     Flag("--name", str, _set("name")),
     # Resolved together in `overrides` (they depend on one another and on the world size).
     Flag("--batch-size", int, means="per GPU, as OpenCLIP's: train.batch_size = it × GPUs × --accum-freq"),
@@ -155,7 +156,7 @@ FLAGS = [
     Flag("--image-interpolation", instead="topoclip resizes bicubic, as OpenCLIP's default"),
     Flag("--image-resize-mode", instead="evaluation's resizing is model.vision.eval_resize (shortest: OpenCLIP's "
                                         "default)"),
-    Flag("--aug-cfg", instead="topoclip's training augmentation is its random resized crop, fixed"),
+    Flag("--aug-cfg", nargs="*", instead="topoclip's training augmentation is its random resized crop, fixed"),
     Flag("--lr-scheduler", instead="topoclip's schedule is linear warm-up then cosine decay (train.warmup_steps)"),
     Flag("--opt", instead="topoclip trains with AdamW (train.lr, train.betas, train.eps, train.weight_decay)"),
     Flag("--momentum", instead="topoclip trains with AdamW: no momentum setting"),
@@ -184,8 +185,9 @@ def add_openclip_flags(parser: argparse.ArgumentParser) -> None:
         metavar = flag.name.lstrip("-").upper().replace("-", "_")
         if flag.kind is None:
             group.add_argument(flag.name, dest=dest, action="store_true", default=False, help=flag.help)
-        elif flag.instead:  # answered in one line whatever follows it: a value, if one does, is taken with it
-            group.add_argument(flag.name, dest=dest, nargs="?", const=True, default=None, metavar="…", help=flag.help)
+        elif flag.instead:  # answered in one line whatever follows it: its values, if any, are taken with it
+            group.add_argument(flag.name, dest=dest, nargs=flag.nargs or "?", default=None, metavar="…", help=flag.help,
+                               **({} if flag.nargs else {"const": True}))
         else:
             group.add_argument(flag.name, dest=dest, type=flag.kind, default=None, metavar=metavar, help=flag.help,
                                nargs=flag.nargs)
@@ -201,6 +203,9 @@ def pretrained_name(args: argparse.Namespace) -> Optional[str]:
                               "e.g. sphere-vit-b16 for OpenCLIP's ViT-B-16), or a pretrained one: --pretrained "
                               "MODEL:TAG (`topoclip pretrained`)")
         return None
+    if model is not None and ":" in tag and tag.partition(":")[0] != model:
+        raise ConfigError(f"--model {model:.60} and --pretrained {tag:.80} name two models; give --pretrained MODEL:TAG "
+                          f"alone, or --model MODEL --pretrained TAG")
     return f"{model}:{tag}" if model is not None and ":" not in tag else tag
 
 
@@ -247,6 +252,13 @@ def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str]], Optio
     # Counted in epochs by OpenCLIP, in steps here: each times the steps of one epoch of this run's data and batch.
     in_epochs = {"--epochs": "train.steps", "--save-frequency": "train.checkpoint_every",
                  "--val-frequency": "train.eval_every", "--zeroshot-frequency": "train.eval_every"}
+    for name in set(in_epochs) & set(given):
+        if given[name] < 1:
+            raise ConfigError(f"{name} {given[name]}: a number of epochs, at least 1")
+    cadences = {given[name] for name in ("--val-frequency", "--zeroshot-frequency") if name in given}
+    if len(cadences) > 1:  # one evaluation here: the validation and zero-shot sets are evaluated together
+        raise ConfigError("--val-frequency and --zeroshot-frequency differ; topoclip evaluates both kinds at once "
+                          "(train.eval_every): give one")
     if set(in_epochs) & set(given):
         steps = epoch_steps(found)
         for name, key in in_epochs.items():

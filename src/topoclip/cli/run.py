@@ -20,12 +20,19 @@ from topoclip.config.schema import TEMPLATE_MODES
 
 def command_train(args) -> int:
     from topoclip.cli.openclip_flags import overrides, pretrained_name
-    from topoclip.data.sources import epoch_steps
+    from topoclip.data.sources import SourceError, epoch_steps
     from topoclip.core.distributed import launch_rank, launch_world_size
     from topoclip.io.run_folder import RunFolder
     from topoclip.run.training.resume import resume_config
     from topoclip.run.training.trainer import new_run_dir, train
 
+    if args.openclip_logs is not None:  # OpenCLIP's parent of run folders: said before anything is resolved
+        if not args.openclip_logs.strip():
+            raise ConfigError("--logs needs a folder (OpenCLIP's parent of run folders), e.g. --logs logs")
+        if args.out or args.resume:
+            raise ConfigError("--logs is OpenCLIP's parent of run folders; give it or --out (the run folder itself), "
+                              "not both" if args.out else "--logs starts a new run; --resume continues one in its "
+                              "folder: --resume LOGS/NAME")
     name = pretrained_name(args)
     if name is not None:
         from topoclip.io.pretrained import get_pretrained, pretrained_folder
@@ -44,7 +51,10 @@ def command_train(args) -> int:
         else:
             config = load_config(args.preset or DEFAULT_PRESET, aliases + args.overrides)
         validate_readable(config.data)  # a table that cannot be read says why, not that it has no epoch
-        return epoch_steps(config.data, config.train.batch_size)
+        try:
+            return epoch_steps(config.data, config.train.batch_size)
+        except SourceError as error:
+            raise ConfigError(str(error)) from None
 
     args.overrides = overrides(args, steps_per_epoch) + args.overrides  # OpenCLIP's flags; --set wins over them
     if args.resume:
@@ -66,12 +76,13 @@ def command_train(args) -> int:
     else:
         config = load_config(args.preset or DEFAULT_PRESET, args.overrides)
     config = with_imagenet_val(config, args.imagenet_val)
+    if args.init_from and not args.resume:  # what train() would refuse, refused before the config is printed too
+        from topoclip.run.training.init_from import check_initial_checkpoint
+
+        check_initial_checkpoint(config)
     if args.print_config:
         print(json.dumps(to_dict(config), indent=2))
         return 0
-    if args.openclip_logs and (args.out or args.resume):
-        raise ConfigError("--logs is OpenCLIP's parent of run folders; give it or --out (the run folder itself), "
-                          "not both" if args.out else "--logs starts a new run; --resume continues one in its folder")
     logs = args.openclip_logs
     # OpenCLIP's --logs DIR --name N trains in DIR/N; without --name, in DIR/NAME-TIMESTAMP (as runs/ by default)
     run_dir = Path(args.resume or args.out or (Path(logs) / config.name if logs and args.openclip_name else

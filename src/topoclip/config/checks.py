@@ -316,6 +316,9 @@ def validate_data(config: DataConfig) -> None:
                           f"at least one > 0")
     if config.resampled and config.samples_per_epoch < 1:
         raise ConfigError("data.resampled=true draws shards endlessly: set data.samples_per_epoch")
+    if len(config.csv_separator) > 1:  # csv reads one character; OpenCLIP's '\t' (two) is taken as a tab before this
+        raise ConfigError(f"data.csv_separator={config.csv_separator!r:.20} must be one character (or empty: a tab for "
+                          f".tsv, a comma otherwise); a tab is '\\t' or $'\\t' in a shell")
     low, high = config.augment_scale
     if low > high:
         raise ConfigError(f"data.augment_scale={list(config.augment_scale)} must satisfy low ≤ high, "

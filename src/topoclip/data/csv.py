@@ -62,7 +62,9 @@ class CaptionTable:
             raise FileNotFoundError(f"caption table {self.path} does not exist ({names['path']})")
         self.separator = sniff_separator(self.path) if separator is None else separator
         with self._open() as file:
-            header = self.header = self._header(csv.reader(file, delimiter=self.separator))
+            unreadable = []
+            header = self.header = self._header(csv.reader(bounded_lines(file, unreadable), delimiter=self.separator),
+                                                unreadable)
         columns = {}
         for key, name in ((image_key, "image_key"), (caption_key, "caption_key")):
             if key is None:
@@ -82,8 +84,14 @@ class CaptionTable:
         return io.TextIOWrapper(open_regular(self.path, "caption table", limit=None, error=ConfigError), newline="",
                                 encoding="utf-8", errors="surrogateescape")
 
-    def _header(self, reader) -> list[str]:
-        header = next(reader, None)
+    def _header(self, reader, unreadable: list) -> list[str]:
+        try:
+            header = next(reader, None)
+        except csv.Error as error:  # a header field past csv.field_size_limit(), a NUL
+            raise ConfigError(f"{self.path}: its header row cannot be read ({error}); is it a caption table?") from None
+        if unreadable:  # (bounded_lines: the first line ran past MAX_LINE_CHARS)
+            raise ConfigError(f"{self.path}: its first line is over {MAX_LINE_CHARS:,} characters, not a header row "
+                              f"naming the image and caption columns")
         if header is None:
             raise ConfigError(f"{self.path} is empty; it needs a header row naming the image and caption columns")
         return [name.lstrip("\ufeff").strip() for name in header]
@@ -92,7 +100,7 @@ class CaptionTable:
         unreadable = []
         with self._open() as file:
             reader = csv.reader(bounded_lines(file, unreadable), delimiter=self.separator)
-            if self._header(reader) != self.header:  # the columns were found in another file
+            if self._header(reader, unreadable) != self.header:  # the columns were found in another file
                 raise ConfigError(f"{self.path} was replaced after it was opened (its header changed); read it again")
             while True:
                 try:

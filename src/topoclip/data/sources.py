@@ -134,9 +134,11 @@ def csv_ready(data) -> None:
     from topoclip.data.csv import CaptionTable
 
     try:
-        CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
+        table = CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
     except FileNotFoundError as error:
         raise SourceError(str(error)) from None
+    if next(iter(table), None) is None:
+        raise SourceError(f"{data.train_data} has a header but no rows (setting data.train_data)")
 
 
 def csv_rows(data) -> Optional[int]:
@@ -206,6 +208,14 @@ def check_readable(data) -> None:
 
 
 def epoch_steps(data, batch_size: int) -> Optional[int]:
-    """Optimiser steps per epoch of the training data, or None when it has no fixed epoch."""
-    samples = get_source(data.source).epoch_samples(data)
-    return max(1, math.ceil(samples / batch_size)) if samples else None
+    """Optimiser steps per epoch of the training data, or None when it has no fixed epoch: a stream's loader drops
+    the last partial batch (the epoch it reads is whole batches), the scenes' cycle counts it. SourceError when a
+    stream's epoch holds no whole batch."""
+    source = get_source(data.source)
+    samples = source.epoch_samples(data)
+    if not samples:
+        return None
+    if source.stream and samples < batch_size:
+        raise SourceError(f"{data.train_data} holds {samples:,} samples, fewer than one batch of {batch_size:,} "
+                          f"(train.batch_size, the global batch): its epoch has no whole batch")
+    return samples // batch_size if source.stream else max(1, math.ceil(samples / batch_size))

@@ -177,7 +177,7 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
 
 
 def hub_reachable(timeout: float = 5.0) -> bool:
-    """Whether the Hub's endpoint answers one request (any answer, an error status too) within `timeout` seconds;
+    """Whether the Hub's endpoint answers one request (any answer but a server error) within `timeout` seconds;
     False at once under HF_HUB_OFFLINE=1. One try, no retries: on a machine without a network the files are then
     read from the cache alone, instead of huggingface_hub retrying each one five times (23 s and ten lines a file)."""
     from huggingface_hub import constants
@@ -186,7 +186,7 @@ def hub_reachable(timeout: float = 5.0) -> bool:
     if constants.HF_HUB_OFFLINE:
         return False
     try:
-        get_session().head(constants.ENDPOINT, timeout=timeout)
+        answer = get_session().head(constants.ENDPOINT, timeout=timeout)
     except Exception:  # requests' and httpx's connection errors, timeouts, a proxy that refuses: not reachable
         return False
-    return True
+    return answer.status_code < 500  # a server error (a proxy's 502, the Hub's 503) is retried like no answer

@@ -200,6 +200,10 @@ def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str
         elif (folder / TOKENIZER_JSON).exists():
             tokenizer = Tokenizer.load(folder / TOKENIZER_JSON, context_length=context)
     except ValueError as error:
+        if not (folder / MERGES).exists():  # transformers' own tokenizer.json: topoclip reads OpenAI's BPE from merges
+            raise CheckpointError(f"{folder}: no {MERGES} (OpenAI's BPE, which topoclip reads), and its "
+                                  f"{TOKENIZER_JSON} is not one topoclip wrote ({str(error)[:120]}); give the folder "
+                                  f"its {MERGES}") from None
         raise CheckpointError(f"{folder}: its tokenizer cannot be read ({error})") from None
     return model, tokenizer, config
 

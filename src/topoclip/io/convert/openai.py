@@ -226,7 +226,7 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
         heads = {"vision": values["vision"]["width"] // settings["vision_head_width"], "text": settings["text_heads"]}
         for tower, count in heads.items():
             if count < 1 or values[tower]["width"] % count:
-                raise CheckpointError(f"{OPENCLIP_CONFIG} beside the weights gives the {tower} tower {count} heads, "
+                raise CheckpointError(f"{OPENCLIP_CONFIG} beside the weights gives the {tower} tower {count!r:.40} heads, "
                                       f"which do not divide its width {values[tower]['width']} in the weights: the "
                                       f"file belongs to other weights")
             values[tower]["heads"] = count

@@ -72,7 +72,8 @@ def check_initial_checkpoint(config: Config) -> None:
         hint = (f"upcycle it first: topoclip convert {config.train.init_from} NEW_FOLDER --class-tokens M --embed-dim N"
                 if key in ("class_tokens", "embed_dim") else f"set --set model.{key}={_json(theirs.get(key))}")
         raise ConfigError(f"train.init_from={config.train.init_from}: its model.{key} is {_json(theirs.get(key))} but "
-                          f"this run's is {_json(value)}; {hint} (or leave out --preset to train the checkpoint's own config)")
+                          f"this run's is {_json(value)}; {hint} (or leave out the --preset, --set or OpenCLIP flag that "
+                          f"changed it, to train the checkpoint's own config)")
     check_weights_fit(folder, config.model, TOPOLOGY_PARTS)  # from the safetensors header and a meta model
     check_initial_curvature(folder, config)
 

@@ -126,7 +126,12 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     # The user's evaluation sets are listed now, not found broken after hours of training; the training data's
     # table opened before a run folder is made for it.
     on_main(info.rank == 0, lambda: (check_evaluation_sets(config), validate_readable(config.data)))
-    created = info.rank == 0 and not resuming and not run_dir.exists()
+    created = []  # the folders this run makes: the run folder and those above it that do not exist yet
+    if info.rank == 0 and not resuming:
+        folder = run_dir
+        while not folder.exists() and folder != folder.parent:
+            created.append(folder)
+            folder = folder.parent
     lock = on_main(info.rank == 0, lambda: claim_run_folder(run_dir, resuming))
     failed = True
     try:
@@ -136,9 +141,10 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     finally:
         if lock is not None:
             lock.release()
-        if failed and created:
-            with contextlib.suppress(OSError):  # not empty: it holds what the run wrote, kept
-                run_dir.rmdir()  # a folder this run made and left empty: nothing in it to keep
+        if failed:  # the folders this run made and left empty, the run folder first: nothing in them to keep
+            with contextlib.suppress(OSError):  # one that is not empty holds what was written there: kept, and above
+                for folder in created:
+                    folder.rmdir()
 
 
 def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
