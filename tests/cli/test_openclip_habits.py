@@ -119,6 +119,14 @@ def test_logs_and_name_make_the_run_folder_as_openclip_s(tmp_path, capsys, monke
     assert [path.name.startswith("tiny-") for path in (tmp_path / "logs").iterdir() if path.name != "mine"] == [True]
     assert main([*quick, "--logs", "logs", "--out", "elsewhere"]) == 2
     assert "not both" in capsys.readouterr().err and not (tmp_path / "elsewhere").exists()
+    # OpenCLIP's way back into a run: --resume latest with the same --logs and --name
+    assert main(["train", "--logs", "logs", "--name", "mine", "--resume", "latest", "--quiet", "--set",
+                 "train.steps=2"]) == 0
+    assert max(json.loads(line)["step"] for line in (tmp_path / "logs" / "mine" / "metrics.jsonl").read_text().splitlines()
+               if line.startswith("{")) == 2
+    capsys.readouterr()
+    assert main(["train", "--resume", "latest", "--print-config"]) == 2
+    assert "give --logs LOGS --name NAME" in capsys.readouterr().err
 
 
 def test_a_tab_separated_csv_is_said_before_any_folder_is_made(tmp_path, capsys):

@@ -170,8 +170,8 @@ FLAGS = [
         "--coca-contrastive-loss-weight", "--remote-sync", "--remote-sync-frequency", "--remote-sync-protocol",
         "--distill-model", "--distill-pretrained", "--use-bnb-linear", "--loss-dist-impl")),
 ]
-# OpenCLIP's flags that are topoclip's own too, the same in spirit: --resume (a run folder here), --imagenet-val,
-# --debug.
+# OpenCLIP's flags that are topoclip's own too, the same in spirit: --resume (a run folder here; OpenCLIP's
+# `--resume latest` with --logs and --name continues LOGS/NAME), --imagenet-val, --debug.
 OWN = ("--resume", "--imagenet-val", "--debug")
 
 

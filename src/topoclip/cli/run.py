@@ -26,6 +26,11 @@ def command_train(args) -> int:
     from topoclip.run.training.resume import resume_config
     from topoclip.run.training.trainer import new_run_dir, train
 
+    if args.resume == "latest":  # OpenCLIP's --logs LOGS --name NAME --resume latest: the run LOGS/NAME, continued
+        if not (args.openclip_logs and args.openclip_name):
+            raise ConfigError("--resume latest is OpenCLIP's (the run LOGS/NAME): give --logs LOGS --name NAME with it, "
+                              "or the run folder itself: --resume RUN_FOLDER")
+        args.resume, args.openclip_logs = str(Path(args.openclip_logs) / args.openclip_name), None
     if args.openclip_logs is not None:  # OpenCLIP's parent of run folders: said before anything is resolved
         if not args.openclip_logs.strip():
             raise ConfigError("--logs needs a folder (OpenCLIP's parent of run folders), e.g. --logs logs")
