@@ -65,6 +65,24 @@ def transformers_embeddings(folder, texts, pixels):
     return torch.nn.functional.normalize(text, dim=-1), torch.nn.functional.normalize(image, dim=-1)
 
 
+# The classes a transformers user reaches for to tokenize a CLIP folder; CLIPTokenizerFast is CLIPTokenizer in 5.x.
+TOKENIZER_CLASSES = ["AutoTokenizer", "AutoProcessor", "CLIPProcessor", "PreTrainedTokenizerFast", "CLIPTokenizer",
+                     "CLIPTokenizerFast"]
+
+
+def same_ids_by_class(folder, tokenizer, texts):
+    """{class name: whether it gives `tokenizer`'s ids for `texts` up to the end token} for TOKENIZER_CLASSES."""
+    ours = tokenizer(texts)
+    same = {}
+    for name in TOKENIZER_CLASSES:
+        theirs = getattr(transformers, name).from_pretrained(folder)
+        theirs = getattr(theirs, "tokenizer", theirs)  # a processor holds its tokenizer
+        ids = theirs(texts, padding="max_length", max_length=tokenizer.context_length, truncation=True,
+                     return_tensors="pt").input_ids
+        same[name] = torch.equal(ids[ours.attention_mask], ours.input_ids[ours.attention_mask])
+    return same
+
+
 def pixels(size=32):
     return torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(1))
 
@@ -88,14 +106,16 @@ def test_convert_train_and_export_back_to_transformers(hf_folder, tmp_path):
     assert main(["export", str(tmp_path / "imported"), "--hf", str(tmp_path / "back")]) == 0
     text, image = transformers_embeddings(tmp_path / "back", TEXTS, pixels())
     ours, theirs = topoclip.load(tmp_path / "imported"), transformers_embeddings(hf_folder, TEXTS, pixels())
+    assert all(same_ids_by_class(tmp_path / "back", ours.tokenizer, TEXTS).values())  # OpenAI's BPE: every class
     torch.testing.assert_close(text, theirs[0], **BOUND)  # the round trip changes nothing
     torch.testing.assert_close(image, theirs[1], **BOUND)
     torch.testing.assert_close(ours.encode_text(TEXTS)[:, 0], text, **BOUND)
 
 
 @pytest.mark.slow
-def test_a_model_trained_here_exports_to_transformers(tmp_path):
-    """A WordPiece vocabulary trained here: exported with eos_token_id = its [SEP], which transformers pools at."""
+def test_a_model_trained_here_exports_to_transformers(tmp_path, capsys):
+    """A WordPiece vocabulary trained here: exported with eos_token_id = its [SEP], which transformers pools at; the
+    classes that read its tokenizer.json give its ids, and the line printed names CLIPTokenizer, which does not."""
     import topoclip
     from topoclip.config import load_config
     from topoclip.run.training.trainer import train
@@ -108,6 +128,11 @@ def test_a_model_trained_here_exports_to_transformers(tmp_path):
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
     clip = topoclip.load(run)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["text_config"]["eos_token_id"] == clip.tokenizer.sep_id
+    same = same_ids_by_class(tmp_path / "hf", clip.tokenizer, TEXTS)
+    wrong = sorted(name for name, equal in same.items() if not equal)
+    assert wrong == ["CLIPTokenizer", "CLIPTokenizerFast"], same  # transformers 5 rebuilds them as BPE, no merges
+    printed = capsys.readouterr().out
+    assert "AutoTokenizer" in printed and "not CLIPTokenizer's" in printed
     text, image = transformers_embeddings(tmp_path / "hf", TEXTS, pixels(clip.config.model.vision.image_size))
     bound = fp32_pair(network_roundings(layers=2, width=64, context=32, batch=len(TEXTS)))
     torch.testing.assert_close(clip.encode_text(TEXTS)[:, 0], text, **bound)

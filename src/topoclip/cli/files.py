@@ -83,12 +83,12 @@ def command_export(args) -> int:
               f"tokenizer_config.json): open_clip.create_model_and_transforms('local-dir:{args.openclip}') and "
               f"open_clip.get_tokenizer('local-dir:{args.openclip}')")
     if args.hf:
-        from topoclip.io.convert.hf import export_hf
+        from topoclip.io.convert.hf import export_hf, tokenizer_classes
 
         export_hf(model, config, args.hf, tokenizer)
         print(f"wrote {args.hf} (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, "
-              f"preprocessor_config.json): transformers.CLIPModel.from_pretrained('{args.hf}') and "
-              f"AutoTokenizer.from_pretrained('{args.hf}')")
+              f"preprocessor_config.json): transformers.CLIPModel.from_pretrained('{args.hf}'); its ids: "
+              f"{tokenizer_classes(tokenizer)}")
     if args.weights:
         save_checkpoint(check_destination(args.weights), model, config, tokenizer)
         print(f"wrote {args.weights} (model.safetensors, topoclip_config.json{', tokenizer.json' if tokenizer else ''})")

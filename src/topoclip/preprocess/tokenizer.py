@@ -274,6 +274,11 @@ class Tokenizer:
     # ----- encoding -----
 
     @property
+    def is_wordpiece(self) -> bool:
+        """True for a WordPiece vocabulary (topoclip's own), False for OpenAI's byte-level BPE."""
+        return isinstance(self._backend.model, models.WordPiece)
+
+    @property
     def vocab_size(self) -> int:
         """Number of token ids; every id in a TextBatch is below this."""
         return self._backend.get_vocab_size(with_added_tokens=True)

@@ -244,6 +244,20 @@ def hf_refusal(config: Config, tokenizer) -> Optional[str]:
     return None
 
 
+def tokenizer_classes(tokenizer) -> str:
+    """Which of transformers' tokenizer classes give the exported model its own ids, for the line `export --hf` prints.
+
+    transformers 5's CLIPTokenizer (and CLIPTokenizerFast, its alias) rebuilds OpenAI's BPE from the vocabulary
+    of tokenizer.json with no questions asked: on a WordPiece vocabulary it has no merges, so every caption becomes
+    character ids, and a caption longer than the context then fails inside the model. The classes that read
+    tokenizer.json as written (AutoTokenizer, AutoProcessor and CLIPProcessor, which take tokenizer_config.json's
+    class; PreTrainedTokenizerFast) give topoclip's ids for either vocabulary (tests/convert/test_convert_hf.py)."""
+    if tokenizer.is_wordpiece:
+        return ("AutoTokenizer.from_pretrained(...) or AutoProcessor / CLIPProcessor (its WordPiece vocabulary is "
+                "not CLIPTokenizer's: that class would read it as BPE without merges, one id a character)")
+    return "AutoTokenizer.from_pretrained(...), AutoProcessor / CLIPProcessor or CLIPTokenizer"
+
+
 def export_hf(model, config: Config, destination: Union[str, Path], tokenizer) -> Path:
     """Write `model` and its `tokenizer` as transformers' CLIPModel into `destination` (new or empty): config.json,
     model.safetensors, tokenizer.json + tokenizer_config.json, preprocessor_config.json. ConfigError when
