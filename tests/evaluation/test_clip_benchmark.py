@@ -135,14 +135,15 @@ def test_openclip_s_eval_pixels_equal_the_shortest_resize():
         assert ((ours(image) - preprocess(image)) * std).abs().max() <= 1 / 255
 
 
-def test_clip_benchmark_s_numpy_2_4_failure_is_one_line_naming_the_fix(builder, run, monkeypatch, capsys):
+def test_clip_benchmark_s_numpy_2_4_failure_is_one_line_naming_the_fix(builder, run, sets, monkeypatch, capsys):
     from clip_benchmark import cli
 
     def as_under_numpy_2_4():  # what clip_benchmark 1.6.2's accuracy() raises there: float() of a 1-element array
         raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
 
     monkeypatch.setattr(cli, "main", as_under_numpy_2_4)
-    assert main(["benchmark", str(run), "--", "--dataset", "wds/x", "--dataset_root", "x"]) == 2
+    assert main(["benchmark", str(run), "--", "--dataset", "wds/x", "--dataset_root", str(sets / "wds_shape"),
+                 "--num_workers", "0"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "numpy<2.4" in error and "CLIP_benchmark#147" in error
 
@@ -194,3 +195,20 @@ def test_cifar100_s_python_version_scores_as_clip_benchmark_scores_it(builder, r
     mine, reference = json.loads((ours / file).read_text()), json.loads((theirs / file).read_text())
     for key, value in reference["metrics"].items():  # ratios of the same counts (see the test above for the bound)
         assert mine["metrics"][key] == pytest.approx(value, abs=2**-24), key
+
+
+def test_a_one_shard_set_with_clip_benchmark_s_default_workers(run, sets, tmp_path, monkeypatch, capsys):
+    """CLIP_benchmark's --num_workers defaults to 4; a set of one shard (what its convert_dataset writes for a small
+    set) has fewer shards than workers, which webdataset ≥ 1 refuses in each worker without one: topoclip lowers the
+    workers to the shards and says so. A set without its nshards.txt is one line, not CLIP_benchmark's traceback."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["benchmark", str(run), "--", "--dataset", "wds/shape1", "--dataset_root", str(sets / "wds_shape1"),
+                 "--no_amp", "--quiet"])
+    error = capsys.readouterr().err
+    assert code == 0, error
+    assert "--num_workers 1 (was 4)" in error
+    [file] = list(tmp_path.glob("*.json"))
+    assert 0 <= json.loads(file.read_text())["metrics"]["acc1"] <= 1
+    code = main(["benchmark", str(run), "--", "--dataset", "wds/shape1", "--dataset_root", str(tmp_path), "--quiet"])
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1 and "nshards.txt is missing" in error, error

@@ -148,6 +148,22 @@ def _read_lines(path: Path, root: Path) -> list[str]:
             if line.strip()]
 
 
+def wds_shard_count(root: Path, split: str) -> int:
+    """The number of shards of a local CLIP_benchmark WebDataset folder's split (its SPLIT/nshards.txt);
+    ValueError naming the splits there, or the count's range."""
+    count_file = root / split / WDS_SHARD_COUNT
+    if not count_file.exists():
+        found = [child.name for child in list_folder(root, "CLIP_benchmark set", error=ValueError)
+                 if is_regular(Path(child.path) / WDS_SHARD_COUNT, root)] if is_folder(root) else []
+        raise ValueError(f"{root} has no split {split!r:.80} ({split:.80}/{WDS_SHARD_COUNT} is missing); splits found: "
+                         f"{found[:10]}")
+    text = read_text(count_file, "shard count", root, 100, "replace", ValueError).strip()
+    shards = int(text) if text.isascii() and text.isdigit() else 0
+    if not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"{count_file} must hold the number of shards, 1 … {MAX_SHARDS:,}, e.g. 1")
+    return shards
+
+
 def load_wds_set(root, split: str = "test", name: Optional[str] = None,
                  decode: DecodeSettings = DecodeSettings()):
     """A ClassificationSet or RetrievalSet (by dataset_type.txt) from a CLIP_benchmark WebDataset folder."""
@@ -156,20 +172,11 @@ def load_wds_set(root, split: str = "test", name: Optional[str] = None,
         raise ValueError(f"{text}: a URL; download the CLIP_benchmark set first (e.g. `huggingface-cli download "
                          f"--repo-type dataset clip-benchmark/wds_NAME --local-dir DIR`) and give the folder")
     root = Path(root)
-    count_file = root / split / WDS_SHARD_COUNT
-    if not count_file.exists():
-        found = [child.name for child in list_folder(root, "CLIP_benchmark set", error=ValueError)
-                 if is_regular(Path(child.path) / WDS_SHARD_COUNT, root)]
-        raise ValueError(f"{root} has no split {split!r:.80} ({split:.80}/{WDS_SHARD_COUNT} is missing); splits found: "
-                         f"{found[:10]}")
-    text = read_text(count_file, "shard count", root, 100, "replace", ValueError).strip()
-    shards = int(text) if text.isascii() and text.isdigit() else 0
-    if not 1 <= shards <= MAX_SHARDS:
-        raise ValueError(f"{count_file} must hold the number of shards, 1 … {MAX_SHARDS:,}, e.g. 1")
+    shards = wds_shard_count(root, split)
     tars = [root / split / f"{index}.tar" for index in range(shards)]
     missing = [tar.name for tar in tars if not tar.exists()]
     if missing:
-        raise ValueError(f"{root / split}: {count_file.name} says {shards} shards but {missing[:5]} are missing")
+        raise ValueError(f"{root / split}: {WDS_SHARD_COUNT} says {shards} shards but {missing[:5]} are missing")
     kind = (read_text(root / WDS_TYPE, "dataset type", root, 100, "replace", ValueError).strip().lower()
             if (root / WDS_TYPE).exists() else "classification")
     if kind == "multilabel":

@@ -117,6 +117,37 @@ def register() -> None:
         models.MODEL_TYPES.append(MODEL_TYPE)
 
 
+def workers_for_shards(cli) -> list[str]:
+    """["--num_workers", K] when CLIP_benchmark's eval arguments in sys.argv ask for more loader workers (its
+    default is 4) than a local WebDataset set they name has shards: CLIP_benchmark's WebDataset has no node
+    splitter, so each worker takes its share of the shards, and webdataset ≥ 1 stops a worker left without one
+    ("No samples found in dataset; perhaps you have fewer shards than workers"). A set's missing or bad
+    nshards.txt is one line here too (CLIP_benchmark's own reading of it is a traceback)."""
+    from clip_benchmark.datasets.builder import dataset_collection
+
+    from topoclip.data.benchmark_sets import wds_shard_count
+
+    _, base = cli.get_parser_args()
+    if getattr(base, "which", None) != "eval":
+        return []
+    fewest = None
+    for name in (name for entry in base.dataset for name in dataset_collection.get(entry, [entry])):
+        root = base.dataset_root.format(dataset=name, dataset_cleaned=name.replace("/", "-"))
+        if not name.startswith("wds/") or "://" in root:
+            continue
+        try:
+            shards = wds_shard_count(Path(root), base.split)
+        except ValueError as error:
+            raise UserError(f"{name}: {error} (CLIP_benchmark's --dataset_root names the folder; "
+                            f"clip_benchmark_export_wds writes one)") from None
+        fewest = shards if fewest is None else min(fewest, shards)
+    if fewest is None or base.num_workers <= fewest:
+        return []
+    print(f"topoclip: note: --num_workers {fewest} (was {base.num_workers}): a set has {fewest} shard(s) in "
+          f"{base.split!r}, and webdataset stops a loader worker that has none", file=sys.stderr)
+    return ["--num_workers", str(fewest)]
+
+
 def run_clip_benchmark(run, arguments: Sequence[str], model_name: str) -> int:
     """`clip_benchmark eval --model_type topoclip --model NAME --pretrained RUN ARGUMENTS…`, in this process.
 
@@ -137,6 +168,7 @@ def run_clip_benchmark(run, arguments: Sequence[str], model_name: str) -> int:
         argv += ["--output", "{dataset}_" + checkpoint.name + "_{model}_{language}_{task}.json"]
     saved, sys.argv = sys.argv, argv + list(arguments)
     try:
+        sys.argv += workers_for_shards(cli)
         cli.main()
     except TypeError as error:
         if "0-dimensional arrays" not in str(error):
