@@ -41,6 +41,14 @@ def png_claiming_size(width, height) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
 
 
+def scene_samples(count: int, offset: int = 0) -> list[tuple[bytes, str]]:
+    """(PNG bytes, caption) of built-in training scenes offset .. offset + count - 1."""
+    from topoclip.data.scenes import SceneConfig, SceneDataset
+
+    scenes = SceneDataset(SceneConfig(train_size=offset + count), "train")
+    return [(encode(Image.fromarray(scenes[i][0]), "PNG"), scenes[i][1]) for i in range(offset, offset + count)]
+
+
 def good_images() -> dict:
     """name -> (encoded bytes, extension): decodable images in awkward formats."""
     rgba = Image.new("RGBA", (12, 10), (255, 0, 0, 255))

@@ -45,9 +45,22 @@ def write_csv(folder: Path, samples) -> Path:
     return folder / "data.csv"
 
 
+def write_dataset(folder: Path, samples) -> Path:
+    """The samples as a Hugging Face dataset (save_to_disk), images as an Image feature, with one corrupt row."""
+    datasets = pytest.importorskip("datasets")
+    rows = [{"image": {"bytes": png, "path": None}, "text": caption} for png, caption in samples]
+    rows.insert(5, {"image": {"bytes": b"not an image", "path": None}, "text": "a row whose image is broken"})
+    table = datasets.Dataset.from_list(rows, features=datasets.Features({"image": datasets.Image(),
+                                                                        "text": datasets.Value("string")}))
+    table.save_to_disk(str(folder / "dataset"))
+    return folder / "dataset"
+
+
 def data_settings(kind: str, folder: Path, samples) -> list[str]:
     if kind == "csv":
         return ["data.source=csv", f"data.train_data={write_csv(folder, samples)}"]
+    if kind == "hf":
+        return ["data.source=hf", f"data.train_data={write_dataset(folder, samples)}"]
     first = shard_pattern(write_shards(samples[:18], folder / "a", samples_per_shard=6, image_format="png"))
     second = shard_pattern(write_shards(samples[18:], folder / "b", samples_per_shard=4, image_format="png"))
     settings = ["data.source=shards", "data.shuffle_buffer=5"]
@@ -69,7 +82,7 @@ def take(batches, count):
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
-@pytest.mark.parametrize("kind", ["csv", "shards", "resampled", "weighted"])
+@pytest.mark.parametrize("kind", ["csv", "hf", "shards", "resampled", "weighted"])
 def test_a_stream_resumed_at_any_step_continues_with_the_same_samples_and_pixels(kind, workers, samples, tmp_path):
     config = config_for(kind, tmp_path, samples, workers)
     steps, stop = 20, random.Random(f"{kind}{workers}").randrange(1, 19)
@@ -84,7 +97,7 @@ def test_a_stream_resumed_at_any_step_continues_with_the_same_samples_and_pixels
     assert [b.keys for b in resumed] == [b.keys for b in whole[stop:]], f"stopped at {stop}"
     for got, expected in zip(resumed, whole[stop:]):
         assert torch.equal(got.images, expected.images)  # the same crop of the same image
-    if kind in ("csv", "shards"):  # one pass an epoch: no sample twice within an epoch
+    if kind in ("csv", "hf", "shards"):  # one pass an epoch: no sample twice within an epoch
         epochs = {}
         for batch in whole:
             epochs.setdefault(batch.positions[-1][0], []).extend(batch.keys)
@@ -116,7 +129,7 @@ def step_losses(run: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,workers", [("csv", 0), ("resampled", 2)])
+@pytest.mark.parametrize("kind,workers", [("csv", 0), ("hf", 1), ("resampled", 2)])
 def test_kill_9_at_a_random_step_then_resume_trains_what_an_uninterrupted_run_trains(kind, workers, samples, tmp_path):
     steps = 24
     settings = data_settings(kind, tmp_path / "data", samples) + [

@@ -15,10 +15,11 @@ import pytest
 from _reference import ERNIE_MISSING, ERNIE_VOCAB
 from PIL import Image
 
+from _user_data import scene_samples
 from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.data.quality import DataQualityError
-from topoclip.data.scenes import SceneConfig, SceneDataset
+from topoclip.data.scenes import SceneDataset
 from topoclip.data.shard_writer import shard_pattern, write_shards
 from topoclip.preprocess.tokenizer import Tokenizer
 from topoclip.run.training import trainer
@@ -41,12 +42,6 @@ def encode(image: Image.Image, fmt: str, **options) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format=fmt, **options)
     return buffer.getvalue()
-
-
-def scene_samples(count: int, offset: int = 0) -> list[tuple[bytes, str]]:
-    """(PNG bytes, caption) of built-in training scenes offset .. offset + count - 1."""
-    scenes = SceneDataset(SceneConfig(train_size=offset + count), "train")
-    return [(encode(Image.fromarray(scenes[i][0]), "PNG"), scenes[i][1]) for i in range(offset, offset + count)]
 
 
 def awkward_samples() -> list[tuple[bytes, str, str]]:

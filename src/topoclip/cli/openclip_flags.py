@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from topoclip.config import ConfigError
 from topoclip.core.distributed import launch_world_size
+from topoclip.data.hf import is_hf_data
 
 
 @dataclass(frozen=True)
@@ -236,9 +237,11 @@ def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str]], Optio
         sources = {"webdataset": "shards", "csv": "csv"}
         if kind not in (None, "auto", *sources):
             raise ConfigError(f"--dataset-type {kind}: topoclip reads webdataset shards and CSV/TSV files (and its "
-                              f"built-in scenes without --train-data)")
+                              f"built-in scenes without --train-data; a Hugging Face datasets folder or Parquet/Arrow "
+                              f"files with --train-data alone)")
         data = given.get("--train-data", "")
-        source = sources.get(kind) or ("csv" if data.lower().endswith((".csv", ".tsv", ".tab")) else "shards")
+        source = sources.get(kind) or ("csv" if data.lower().endswith((".csv", ".tsv", ".tab")) else
+                                       "hf" if kind is None and is_hf_data(data) else "shards")
         found.append(f"data.source={source}")
     # OpenCLIP's --batch-size is per GPU and --accum-freq multiplies it; topoclip's train.batch_size is the global
     # batch of one optimiser step, split into train.accumulation_steps micro-batches.

@@ -4,13 +4,14 @@ is built."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from topoclip.config.schema import (TEMPLATE_MODES, Config, ConfigError, CurvatureConfig, DataConfig, EvaluateConfig, ModelConfig,
+from topoclip.config.schema import (LORA_TARGETS, LORA_TOWERS, TEMPLATE_MODES, Config, ConfigError, CurvatureConfig, DataConfig, EvaluateConfig, ModelConfig,
                                     TrainConfig)
 from topoclip.data.sources import SOURCES, SourceError, check_readable, get_source
 from topoclip.core.errors import file_name_problem
@@ -105,6 +106,9 @@ NUMERIC_RANGES: dict[str, Range] = {
     "train.max_hinge_warmup_steps": Range(0, note="0 = the hardest negative from the first step"),
     "train.entailment_weight": Range(0, 100, note="0 = no entailment loss; MERU's is 0.2"),
     "train.lock_text_unlocked_layers": Range(0, note="0 = the whole locked tower frozen"),
+    "train.lora_rank": Range(0, 4096, note="0 = no LoRA; an adapter holds rank · (its input + output width) weights"),
+    "train.lora_alpha": POSITIVE,
+    "train.lora_dropout": Range(0, 1, high_inclusive=False),
     "train.accumulation_steps": AT_LEAST_ONE,
     "train.num_workers": Range(0, 256, note="0 reads data in the main process; each worker is a process "
                                             "holding its prefetched batches"),
@@ -273,6 +277,32 @@ def validate_locks(config: Config) -> None:
                           "some groups (train.lock_image_unlocked_groups / train.lock_text_unlocked_layers)")
 
 
+def validate_lora(config: Config) -> None:
+    """LoRA's targets and towers from their lists; no LoRA on a locked tower, nor with FSDP; peft installed."""
+    train = config.train
+    for key, values, choices in (("train.lora_targets", train.lora_targets, LORA_TARGETS),
+                                 ("train.lora_towers", train.lora_towers, LORA_TOWERS)):
+        unknown = [value for value in values if value not in choices]
+        if unknown or not values or len(set(values)) != len(values):
+            raise ConfigError(f"{key}={values!r:.120}: give one or more of {', '.join(choices)}, each once")
+    if not train.lora_rank:
+        return
+    locked = [tower for tower in train.lora_towers if getattr(train, f"lock_{tower}")]
+    if locked:
+        raise ConfigError(f"train.lora_towers has the {locked[0]} tower, which train.lock_{locked[0]} locks: LoRA "
+                          f"already freezes a tower's own weights; drop the lock, or the tower from train.lora_towers")
+    if train.parallelism == "fsdp":
+        raise ConfigError("train.lora_rank with train.parallelism=fsdp is not built: the adapters are small, and the "
+                          "frozen towers hold no optimiser state; use train.parallelism=ddp")
+    widths = {"image": config.model.vision.width, "text": config.model.text.width}
+    narrowest = min(widths[tower] for tower in train.lora_towers)
+    if train.lora_rank > narrowest:
+        raise ConfigError(f"train.lora_rank={train.lora_rank} is more than the width of a tower it adapts "
+                          f"({narrowest}): a low-rank adapter has rank ≤ its width; pick 1 … {narrowest}")
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("train.lora_rank needs peft, the field's LoRA library: pip install 'topoclip[lora]'")
+
+
 def command_urls(data: DataConfig) -> list[str]:
     """The URLs data.train_data expands to that would be opened by running a command or over the network (any
     scheme but file:, after brace expansion); such a value may come only from the user, never from a config.json
@@ -359,6 +389,7 @@ def validate(config: Config) -> None:
     validate_train(config.train)
     validate_reporters(config.train)
     validate_locks(config)
+    validate_lora(config)
     validate_source(config)
     validate_data(config.data)
     validate_evaluate(config.evaluate, config.model.topology)

@@ -122,6 +122,11 @@ class ModelConfig:
 # --------------------------------------------------------------------------- training
 
 
+# What LoRA can adapt in each block (topoclip.model.lora): the packed q/k/v projection, a parameter, and three layers.
+LORA_TARGETS = ("attn.in_proj_weight", "attn.out_proj", "mlp.c_fc", "mlp.c_proj")
+LORA_TOWERS = ("image", "text")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation recipe (paper Table 5) and run mechanics."""
@@ -178,6 +183,15 @@ class TrainConfig:
     lock_image_unlocked_groups: int = 0
     lock_text: bool = False
     lock_text_unlocked_layers: int = 0
+    # LoRA through peft (`pip install "topoclip[lora]"`): lora_rank > 0 trains low-rank adapters on lora_targets
+    # of every block of the lora_towers instead of those towers (their own weights frozen; τ trains as ever).
+    # A checkpoint's model.safetensors is the merged model, which every reader loads as any other; peft's adapters
+    # are beside it in lora/ (topoclip.model.lora).
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # the adapters' product is scaled by lora_alpha / lora_rank (peft's lora_alpha)
+    lora_dropout: float = 0.0  # dropout on an adapter's input (peft's lora_dropout)
+    lora_targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    lora_towers: list[str] = field(default_factory=lambda: list(LORA_TOWERS))
     # Where the scalars, the config and the final evaluation table also go: "tensorboard" (when installed)
     # and/or "wandb" (must be installed); metrics.jsonl and the plots are always written.
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
@@ -188,7 +202,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where training pairs come from: the built-in scenes, a CSV/TSV, or WebDataset shards."""
+    """Where training pairs come from: the built-in scenes, a CSV/TSV, WebDataset shards or a Hugging Face dataset."""
 
     source: str = "scenes"  # a name in topoclip.data.sources.SOURCES
     scenes: SceneConfig = field(default_factory=SceneConfig)
@@ -202,6 +216,11 @@ class DataConfig:
     # CSV image paths must lie inside the CSV's folder; true also reads absolute paths and "../" ones
     # (refused by default and counted as path_outside_root: a table should not reach other files).
     csv_allow_outside_paths: bool = False
+    # hf (a Hugging Face datasets folder, or Parquet / Arrow files): the image column (an Image feature, bytes or
+    # paths), the caption column (text, or lists of texts: the first), and a DatasetDict's split.
+    hf_image_column: str = "image"
+    hf_caption_column: str = "text"
+    hf_split: str = "train"
     resampled: bool = False  # shards drawn with replacement (endless stream; needs samples_per_epoch)
     samples_per_epoch: int = 0  # shards: fixed epoch length (0 = one pass over the shards)
     shuffle_buffer: int = 1000

@@ -15,7 +15,7 @@ import io
 import logging
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -233,6 +233,7 @@ class CsvDataset(torch.utils.data.IterableDataset):
         decode: DecodeSettings = DecodeSettings(),
         allow_outside_paths: bool = False,
         crop_generator: Optional[torch.Generator] = None,
+        rows: Optional[Sequence[tuple[Union[str, bytes], Optional[str]]]] = None,
     ):
         super().__init__()
         # The generator `transform` draws its random crop from, reseeded for every sample from (seed, epoch,
@@ -242,9 +243,10 @@ class CsvDataset(torch.utils.data.IterableDataset):
         self.first = 0
         self.path = Path(path)
         self.allow_outside_paths = allow_outside_paths  # absolute / ".." image paths (else path_outside_root)
-        self.rows = PackedRows(CaptionTable(self.path, image_key, caption_key, separator))
+        # rows: another indexed table of (image path or bytes, caption) (topoclip.data.hf), instead of the CSV's
+        self.rows = PackedRows(CaptionTable(self.path, image_key, caption_key, separator)) if rows is None else rows
         if not len(self.rows):
-            raise ConfigError(f"{self.path} has a header but no rows")
+            raise ConfigError(f"{self.path} has a header but no rows" if rows is None else f"{self.path} has no rows")
         self.image_root = Path(image_root) if image_root is not None else self.path.parent
         self.transform = transform
         self.batch_size = int(batch_size)
@@ -283,10 +285,13 @@ class CsvDataset(torch.utils.data.IterableDataset):
             self.crop_generator.manual_seed(derived_seed(self.seed, self.epoch, index))
         try:
             caption = clean_caption(raw_caption)
-            if not written.strip():
+            if isinstance(written, bytes):  # the image itself (a dataset's column), not a path to it
+                image = written
+            elif not written.strip():
                 raise BadSample("missing_file", f"data row {index + 1} of {self.path} has no image path")
-            path = resolve_image_path(written, self.image_root, self.allow_outside_paths)
-            pixels = decode_for(self.transform, path, self.decode)
+            else:
+                image = resolve_image_path(written, self.image_root, self.allow_outside_paths)
+            pixels = decode_for(self.transform, image, self.decode)
         except BadSample as bad:
             logger.debug("skipped data row %d of %s: %s", index + 1, self.path, bad)
             return bad

@@ -3,6 +3,7 @@
     scenes   the built-in generated scenes: a function of the step (exactly resumable, no position)
     csv      a CSV/TSV of image path + caption, read as a stream
     shards   WebDataset tar shards (img2dataset's layout), read as a stream
+    hf       a Hugging Face `datasets` folder or Parquet / Arrow files, its rows read as a CSV's
 
 An entry says what the rest of topoclip asks of a source: its config checks, whether it is a stream
 (a stream keeps a position that a checkpoint saves; the scenes are indexed by the step instead), the
@@ -95,7 +96,8 @@ def scene_batches(config, *arguments, **options):
 
 def check_stream(config) -> None:
     if not config.data.train_data:
-        raise SourceError(f"data.source={config.data.source!r} needs data.train_data (a CSV path or a shard pattern)")
+        raise SourceError(f"data.source={config.data.source!r} needs data.train_data (a CSV path, a shard pattern or a "
+                          f"datasets folder)")
 
 
 def csv_batches(config, *arguments, **options):
@@ -152,6 +154,57 @@ def csv_rows(data) -> Optional[int]:
         return None
 
 
+def hf_batches(config, *arguments, **options):
+    from topoclip.data.streams import stream_batches
+
+    return stream_batches(open_hf, config, *arguments, **options)
+
+
+def hf_rows(data):
+    from topoclip.data.hf import HfRows
+
+    return HfRows(data.train_data, data.hf_image_column, data.hf_caption_column, data.hf_split)
+
+
+def open_hf(data, **options):
+    """A Hugging Face dataset as one rank's IterableDataset of RawBatch (the options of open_csv): its rows read as
+    a CSV's are (topoclip.data.hf)."""
+    from topoclip.data.csv import CsvDataset
+
+    return CsvDataset(data.train_data, rows=hf_rows(data), drop_last=True,
+                      allow_outside_paths=data.csv_allow_outside_paths, **options)
+
+
+def hf_captions(data, count: int) -> list[str]:
+    from topoclip.data.images import clean_caption
+    from topoclip.data.quality import BadSample
+
+    captions = []
+    for raw in hf_rows(data).captions(count):
+        try:
+            captions.append(clean_caption(raw))
+        except BadSample:  # counted when training reads the row; here it is only left out
+            pass
+    return captions
+
+
+def hf_ready(data) -> None:
+    """The dataset opens and has the image and caption columns (HfRows' checks)."""
+    try:
+        if not len(hf_rows(data)):
+            raise SourceError(f"{data.train_data} has no rows (setting data.train_data)")
+    except FileNotFoundError as error:
+        raise SourceError(str(error)) from None
+
+
+def hf_size(data) -> Optional[int]:
+    """One epoch of a dataset is one pass over its rows; None when it cannot be read yet (said when training opens it)."""
+    try:
+        return len(hf_rows(data)) or None
+    except (OSError, ValueError):
+        return None
+
+
 def shard_batches(config, *arguments, **options):
     from topoclip.data.streams import stream_batches
 
@@ -189,6 +242,8 @@ SOURCES: dict[str, DataSource] = {
                          epoch_samples=lambda data: data.scenes.train_size, evaluation_sets=scene_evaluation_sets),
     "csv": DataSource(check_stream, stream=True, batches=csv_batches, captions=csv_captions, epoch_samples=csv_rows,
                       ready=csv_ready),
+    "hf": DataSource(check_stream, stream=True, batches=hf_batches, captions=hf_captions, epoch_samples=hf_size,
+                     ready=hf_ready),
     "shards": DataSource(check_stream, stream=True, batches=shard_batches, captions=shard_captions,
                          epoch_samples=lambda data: data.samples_per_epoch or None, commands=shard_commands),
 }

@@ -4,6 +4,7 @@
     RUN/tokenizer.json   the run's vocabulary                                         training state
     RUN/metrics.jsonl    one JSON record per log    RUN/eval.json                  the final evaluation
     RUN/plots/*.png      loss, τ, lr, evaluation    RUN/.lock                      the owner (see below)
+    RUN/lora-base/       a LoRA run's frozen base weights (topoclip.model.lora), from which a resume rebuilds
 
 Who owns it: a fresh run starts only in an empty folder, one process at a time holds it.
 
@@ -34,6 +35,7 @@ TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"
 EVALUATION = "eval.json"
 PLOTS = "plots"
+LORA_BASE = "lora-base"
 
 
 class RunFolder:
@@ -51,6 +53,7 @@ class RunFolder:
     evaluation = property(lambda self: self.path / EVALUATION)
     checkpoints = property(lambda self: self.path / CHECKPOINTS)
     plots = property(lambda self: self.path / PLOTS)
+    lora_base = property(lambda self: self.path / LORA_BASE)
 
     def step_checkpoints(self) -> list[Path]:
         """Its complete step checkpoints, oldest first."""

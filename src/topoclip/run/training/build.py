@@ -19,6 +19,7 @@ from topoclip.core.workers import loader_workers
 from topoclip.core.errors import CheckpointError, RunFolderError
 from topoclip.data.sources import get_source
 from topoclip.data.streams import StreamPosition
+from topoclip.io.checkpoint import load_weights, save_checkpoint
 from topoclip.io.run_folder import RunFolder
 from topoclip.model.clip import CLIP
 from topoclip.preprocess.tokenizer import Tokenizer
@@ -67,10 +68,16 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
     found = folder.step_checkpoints() if resuming else []  # this process holds the folder: the list stays true
     if found:  # the folder's config: its shapes checked before allocating
         require_fitting_checkpoint(found, config.model)
-    state = build_state(config, device, initialise=not found)
+    state = build_state(config, device, initialise=not found, lora_base=folder.lora_base if main or found else None)
     position, resumed_stream = StreamPosition(loader_workers(settings.num_workers), info.world_size), None
     if resuming:
         position, resumed_stream = restore(state, config, folder, found, info)
+    if main and state.adapters is not None:
+        from topoclip.model.lora import trainable_count
+
+        trained, total = trainable_count(state.model)
+        print(f"LoRA rank {settings.lora_rank} on {' and '.join(settings.lora_towers)}: {trained:,} of {total:,} "
+              f"weights train ({100 * trained / total:.2f} %)", flush=True)
     trained = state.model
     if info.world_size > 1 and settings.parallelism == "ddp":
         trained = torch.nn.parallel.DistributedDataParallel(
@@ -81,15 +88,28 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
                user_stream=get_source(config.data.source).stream, resumed_stream=resumed_stream)
 
 
-def build_state(config: Config, device: torch.device, initialise: bool) -> TrainState:
+def build_state(config: Config, device: torch.device, initialise: bool, lora_base: Optional[Path] = None) -> TrainState:
     """The model (from train.init_from when `initialise`), locked as train.lock_* say, with its optimiser, lr
-    schedule and (fp16) loss scaler, at step 0."""
+    schedule and (fp16) loss scaler, at step 0. With LoRA (train.lora_rank), its adapters are added and the frozen
+    base weights are written to `lora_base` when `initialise` (on the main process), read from it otherwise."""
     settings = config.train
     model = CLIP(config.model).to(device)
     if settings.init_from and initialise:
         from topoclip.run.training.init_from import load_initial_weights
 
         load_initial_weights(model, config)
+    adapters = None
+    if settings.lora_rank:
+        from topoclip.model.lora import add_adapters
+
+        if initialise and lora_base is not None:
+            save_checkpoint(lora_base, model, config)
+        elif not initialise:
+            if lora_base is None or not lora_base.is_dir():
+                raise CheckpointError(f"{lora_base}: missing; a LoRA run keeps its frozen base weights there, which "
+                                      f"its checkpoints' adapters need to resume")
+            load_weights(model, lora_base)
+        adapters = add_adapters(model, settings)
     if settings.gradient_checkpointing:
         model.set_gradient_checkpointing(True)
     apply_locks(model, settings)  # before the optimiser: locked weights are left out of it
@@ -97,7 +117,7 @@ def build_state(config: Config, device: torch.device, initialise: bool) -> Train
         shard(model)
     optimizer = build_optimizer(model, settings)
     scaler = torch.amp.GradScaler(device.type) if settings.precision == "fp16" else None
-    return TrainState(model, optimizer, build_scheduler(optimizer, settings), scaler)
+    return TrainState(model, optimizer, build_scheduler(optimizer, settings), scaler, adapters=adapters)
 
 
 def restore(state: TrainState, config: Config, folder: RunFolder, found: list[Path],

@@ -9,7 +9,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -45,6 +45,7 @@ class TrainState:
     counter: BadSampleCounter = field(default_factory=BadSampleCounter)
     step: int = 0
     streams: Optional[list] = None
+    adapters: Any = None  # a LoRA run's peft model around `model` (topoclip.model.lora), which saves the adapters
 
     def snapshot(self, step: int, streams: Optional[list]) -> dict:
         """What a checkpoint of `step` saves besides the live objects, as of now: the data counts (copied), the RNG
@@ -57,6 +58,10 @@ class TrainState:
         every rank. An unsharded run's are its state_dict()s. A sharded run's weights are gathered to rank 0 and
         every rank writes its shards of the optimiser state into a new scratch folder (collectives: every rank calls
         this); the optimiser state is then the parameter groups and where the shards are."""
+        if self.adapters is not None:  # the merged model: what every reader of model.safetensors loads
+            from topoclip.model.lora import merged_weights
+
+            return merged_weights(self.model), self.optimizer.state_dict(), None
         if not is_sharded(self.model):
             return self.model.state_dict(), self.optimizer.state_dict(), None
         weights = full_weights(self.model)
@@ -101,9 +106,14 @@ class TrainState:
             # The scenes stream is a function of the step; a user stream continues from each rank's position.
             "data": {"step": step, **counter.as_dict(), **({"streams": streams} if streams is not None else {})},
         }
+        folders = {OPTIMIZER_SHARDS: shards} if shards is not None else {}
         try:
+            if self.adapters is not None:  # peft's own files, moved into the checkpoint with it
+                from topoclip.model.lora import ADAPTERS, save_adapters
+
+                folders[ADAPTERS] = save_adapters(self.adapters, scratch_name(folder / f"{STEP_PREFIX}{step:06d}"))
             save_checkpoint(folder / f"{STEP_PREFIX}{step:06d}", self.model, config, tokenizer, state, weights,
-                            {OPTIMIZER_SHARDS: shards} if shards is not None else None)
+                            folders or None)
         except DiskFullError as error:
             earlier = [path for path in step_checkpoints(folder) if checkpoint_step(path) < step]
             intact = (f"the previous checkpoint step {checkpoint_step(earlier[-1])} ({earlier[-1]}) is intact"
@@ -130,7 +140,11 @@ class TrainState:
     def restore_from(self, folder: Path) -> None:
         """Load weights and training state from one checkpoint folder. CheckpointError when the weights or the state
         cannot be read, or the weights are not finite."""
-        if is_sharded(self.model):  # every rank reads the whole file and keeps its shards
+        if self.adapters is not None:  # the frozen base is in place: the adapters and what trains besides them
+            from topoclip.model.lora import restore_adapted
+
+            restore_adapted(self.adapters, read_weights(folder, self.model.config), folder)
+        elif is_sharded(self.model):  # every rank reads the whole file and keeps its shards
             load_full_weights(self.model, read_weights(folder, self.model.config))
         else:
             load_weights(self.model, folder)

@@ -1,0 +1,127 @@
+"""LoRA against full fine-tuning (issue #62): trainable weights, peak memory, step time, and what each keeps of the
+pretrained model's zero-shot on a held-out set, one JSON file.
+
+    python benchmarks/lora.py --out docs/results/lora.json     # a quiet machine; minutes on 2 cores at the defaults
+
+The task: a model pretrained on the built-in scenes (in-domain style, `--preset`, `--pretrain-steps`) is fine-tuned
+on a CSV of other scenes of the train split rendered in the out-of-domain style (`--rows` pairs, OpenCLIP's
+filepath/title columns), `--steps` steps, once in full (every weight, `--full-lr`) and once with LoRA
+(`--rank`, adapters on every block's q/k/v, out, fc and proj of both towers, `--lora-lr`). Each is a `topoclip
+train` of its own process, so its peak resident memory (ru_maxrss) is its own. Reported for each:
+
+- trainable weights (the trainer's own count for LoRA; the model's weights for full);
+- the peak resident memory of the process, and the median images per second of its logged windows after the first;
+- the mean recall of retrieval on the test split in the pretraining's style (held out of the fine-tuning: what is
+  *retained*) and in the fine-tuning's style (what is *learnt*), from the run's eval.json, beside the pretrained
+  model's own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from topoclip.config import load_config
+from topoclip.data.scenes import retrieval_set
+
+CHILD = ("import resource, sys\nfrom topoclip.cli import main\ncode = main(sys.argv[1:])\n"
+         "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(code)")
+SETS = {"retained": "scenes-test", "learnt": "scenes-test-ood"}
+
+
+def train(arguments: list[str]) -> dict:
+    """One `topoclip train` in a process of its own: {"peak_mib", "output"}."""
+    done = subprocess.run([sys.executable, "-c", CHILD, "train", *arguments], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"topoclip train {' '.join(arguments)} failed:\n{done.stderr[-2000:]}")
+    peak = int(re.search(r"MAXRSS_KIB (\d+)", done.stdout).group(1)) / 1024
+    return {"peak_mib": round(peak, 1), "output": done.stdout}
+
+
+def recalls(run: Path, scenes: Path) -> dict:
+    """Mean recall of `run`'s model on the scenes' test retrieval, both styles, as the run `scenes` evaluates them
+    (a run on a CSV evaluates no scenes of its own)."""
+    import topoclip
+    from topoclip.run.evaluation.run import evaluate
+
+    clip = topoclip.load(run)
+    records = evaluate(clip.model, clip.tokenizer, topoclip.load(scenes).config, "test", torch.device("cpu"))
+    by_name = {record["dataset"]: record["metrics"]["mean_recall"] for record in records
+               if record["task"] == "zeroshot_retrieval"}
+    return {key: round(by_name[name], 2) for key, name in SETS.items()}
+
+
+def speed(run: Path) -> float:
+    rates = [json.loads(line)["images_per_s"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"images_per_s"' in line]
+    return round(statistics.median(rates[1:] or rates), 1)
+
+
+def write_table(folder: Path, rows: int, preset: str, seed: int) -> Path:
+    """`rows` scenes of the train split in the out-of-domain style as PNG files and a CSV (filepath, title)."""
+    from PIL import Image
+
+    scenes = load_config(preset).data.scenes
+    pairs = retrieval_set(scenes, "train", rows, captions_per_image=1, style="out-of-domain")
+    lines = ["filepath,title"]
+    for index, (image, caption) in enumerate(zip(pairs.images, pairs.captions)):
+        Image.fromarray(image).save(folder / f"{index}.png")
+        lines.append(f'{index}.png,"{caption}"')
+    (folder / "pairs.csv").write_text("\n".join(lines) + "\n")
+    return folder / "pairs.csv"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="write the figures here (JSON)")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--pretrain-steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=300, help="fine-tuning steps of each arm")
+    parser.add_argument("--rows", type=int, default=2000, help="pairs in the fine-tuning CSV")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--full-lr", type=float, default=1e-4)
+    parser.add_argument("--lora-lr", type=float, default=1e-3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    common = ["--set", f"train.threads={args.threads}", "--set", "evaluate.size=500", "--set", "train.eval_every=0",
+              "--set", f"train.seed={args.seed}", "--set", "train.report_to=[]", "--workers", "0"]
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        pretrained = scratch / "pretrained"
+        train(["--preset", args.preset, "--out", str(pretrained), "--set", f"train.steps={args.pretrain_steps}",
+               *common])
+        table = write_table(scratch, args.rows, args.preset, args.seed)
+        tune = ["--init-from", str(pretrained), "--train-data", str(table), "--batch-size", str(args.batch),
+                "--set", f"train.steps={args.steps}", "--set", "train.warmup_steps=30", *common]
+        arms = {}
+        for arm, extra in (("full", ["--set", f"train.lr={args.full_lr}"]),
+                           ("lora", ["--set", f"train.lr={args.lora_lr}", "--set", f"train.lora_rank={args.rank}"])):
+            run = scratch / arm
+            result = train([*tune, *extra, "--out", str(run)])
+            counted = re.search(r"([\d,]+) of ([\d,]+) weights train", result["output"])
+            total = counted and int(counted.group(2).replace(",", ""))
+            arms[arm] = {"trainable": int(counted.group(1).replace(",", "")) if counted else None,
+                         "peak_mib": result["peak_mib"], "images_per_s": speed(run), **recalls(run, pretrained)}
+            if total:
+                arms["full"]["trainable"] = total  # full fine-tuning trains every weight of the same model
+        figures = {"about": "benchmarks/lora.py: LoRA against full fine-tuning of a model pretrained on the scenes, "
+                            "on a CSV of out-of-domain scenes; mean recall on in-domain (retained) and out-of-domain "
+                            "(learnt) test retrieval", "settings": {k: (str(v) if isinstance(v, Path) else v)
+                                                                    for k, v in vars(args).items() if k != "out"},
+                   "pretrained": recalls(pretrained, pretrained), "arms": arms}
+    print(json.dumps(figures, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Hugging Face `datasets` in (data.source=hf, `pip install "topoclip[datasets]"`): a folder `save_to_disk` wrote
+(a Dataset's, or a DatasetDict's with data.hf_split), or Parquet / Arrow files (one file, or a folder of them), read
+as an indexed table of image + caption columns (data.hf_image_column, data.hf_caption_column).
+
+The table is `datasets`' own, memory-mapped (Parquet converted into its cache once, as `load_dataset` does), so
+a worker holds no copy of it. The image column may be an `Image` feature (its bytes, or a path), raw bytes, or a
+path: bytes are decoded by topoclip's bounded decoder, and a path resolves inside the folder that holds the
+dataset (its file's or its save_to_disk folder's parent), as a CSV's image paths resolve inside the CSV's folder
+(data.csv_allow_outside_paths lets them out). A caption column of lists takes each row's first.
+Rows are read as `CsvDataset` reads a table's: shuffled each epoch from (seed, epoch), split over ranks then
+workers, resumed from each worker's (cursor, made), and a row whose image or caption cannot be used is skipped and
+counted. Before `datasets` opens anything, the folder is checked through the door (no link, no special file) and
+the files its state.json or dataset_dict.json name are plain names inside it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+from topoclip.core.door import check_tree, is_folder, list_folder, read_json, regular_file
+from topoclip.core.errors import ConfigError, check_file_name
+
+FILES = (".parquet", ".arrow")
+DATASET_STATE, DATASET_DICT = "state.json", "dataset_dict.json"
+SETTINGS = {"path": "setting data.train_data", "image_key": "setting data.hf_image_column",
+            "caption_key": "setting data.hf_caption_column", "split": "setting data.hf_split"}
+
+
+def is_hf_data(path: Union[str, Path]) -> bool:
+    """Whether `path` looks like data for this source: a save_to_disk folder, or a Parquet / Arrow file or folder."""
+    path = Path(path)
+    if path.suffix.lower() in FILES:
+        return True
+    return is_folder(path) and any(entry.name in (DATASET_STATE, DATASET_DICT) or entry.name.lower().endswith(FILES)
+                                   for entry in list_folder(path, "dataset folder", error=ConfigError))
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("data.source=hf reads Hugging Face datasets: pip install 'topoclip[datasets]'") from None
+    return datasets
+
+
+def _check_state(folder: Path) -> None:
+    """The data files a save_to_disk folder's state.json names are plain names of files inside it."""
+    state = read_json(folder / DATASET_STATE, "dataset state", folder, error=ConfigError)
+    files = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(files, list) or not files:
+        raise ConfigError(f"{folder / DATASET_STATE} lists no data files; save the dataset again with save_to_disk")
+    for entry in files:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise ConfigError(f"{folder / DATASET_STATE}: a data file without a file name")
+        check_file_name(name, f"a data file of {folder / DATASET_STATE}", "save the dataset again with save_to_disk")
+        regular_file(folder / name, "dataset file", folder, error=ConfigError)
+
+
+def open_table(path: Union[str, Path], split: str = "train"):
+    """The `datasets.Dataset` at `path` (see the module docstring); ConfigError naming the problem and the fix."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist ({SETTINGS['path']}: a save_to_disk folder, or Parquet / "
+                                f"Arrow files)")
+    datasets = _datasets()
+    if not is_folder(path):
+        files = [regular_file(path, "dataset file", error=ConfigError)]
+    else:
+        check_tree(path, "dataset folder", error=ConfigError)
+        names = {entry.name for entry in list_folder(path, "dataset folder", error=ConfigError)}
+        if DATASET_DICT in names:
+            listed = read_json(path / DATASET_DICT, "dataset dict", path, error=ConfigError)
+            splits = listed.get("splits") if isinstance(listed, dict) else None
+            if not isinstance(splits, list) or not all(isinstance(name, str) for name in splits):
+                raise ConfigError(f"{path / DATASET_DICT} lists no splits; save the dataset again with save_to_disk")
+            if split not in splits:
+                raise ConfigError(f"{path} has no split {split!r:.80} ({SETTINGS['split']}); its splits: {splits[:10]}")
+            check_file_name(split, "the split", f"give one of {splits[:10]}")
+            path = path / split
+            names = {entry.name for entry in list_folder(path, "dataset folder", error=ConfigError)}
+        if DATASET_STATE in names:
+            _check_state(path)
+            return _loaded(lambda: datasets.load_from_disk(str(path)), path)
+        files = [path / name for name in sorted(names) if name.lower().endswith(FILES)]
+        if not files:
+            raise ConfigError(f"{path} holds no {DATASET_STATE} (a save_to_disk folder) and no Parquet or Arrow file")
+    kinds = {file.suffix.lower() for file in files}
+    if len(kinds) > 1:
+        raise ConfigError(f"{path} mixes Parquet and Arrow files; give a folder of one kind")
+    if kinds == {".arrow"}:
+        return _loaded(lambda: datasets.concatenate_datasets([datasets.Dataset.from_file(str(file)) for file in files]),
+                       path)
+    return _loaded(lambda: datasets.Dataset.from_parquet([str(file) for file in files]), path)
+
+
+def _loaded(load, path: Path):
+    try:
+        table = load()
+    except Exception as error:  # pyarrow and datasets raise many types for a file that is not what it says
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(f"{path} cannot be read as a dataset ({first[:160]}); is it what save_to_disk or "
+                          f"to_parquet wrote?") from None
+    if not isinstance(table, _datasets().Dataset):  # a DatasetDict's folder given below its dict
+        raise ConfigError(f"{path} holds several splits; give the folder of one ({SETTINGS['split']})")
+    return table
+
+
+class HfRows:
+    """The (image: bytes or a path as written, caption or None) rows of a `datasets` table's two columns."""
+
+    def __init__(self, path: Union[str, Path], image_column: str = "image", caption_column: str = "text",
+                 split: str = "train"):
+        table = open_table(path, split)
+        for column, setting in ((image_column, "image_key"), (caption_column, "caption_key")):
+            if column not in table.column_names:
+                raise ConfigError(f"{path} has no column {column!r} ({SETTINGS[setting]}); columns found: "
+                                  f"{table.column_names[:20]}")
+        datasets = _datasets()
+        if isinstance(table.features[image_column], datasets.Image):  # its bytes and path, undecoded
+            table = table.cast_column(image_column, datasets.Image(decode=False))
+        self.table = table.select_columns([image_column, caption_column])
+        self.image_column, self.caption_column = image_column, caption_column
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> tuple[Union[bytes, str], Optional[str]]:
+        row = self.table[int(index)]
+        image, caption = row[self.image_column], row[self.caption_column]
+        if isinstance(image, dict):  # an Image feature: its bytes when embedded, else the file it names
+            image = image.get("bytes") or image.get("path") or ""
+        if isinstance(caption, (list, tuple)):
+            caption = caption[0] if caption else None
+        return (image if isinstance(image, (bytes, str)) else ""), (caption if isinstance(caption, str) else None)
+
+    def captions(self, count: int) -> list[Optional[str]]:
+        return [self[index][1] for index in range(min(len(self), count))]

@@ -1,0 +1,129 @@
+"""Hugging Face datasets in (data.source=hf, topoclip.data.hf): every form `datasets` writes (save_to_disk of a
+Dataset and of a DatasetDict, Parquet, Arrow), the image column as an Image feature, bytes or paths, bad rows
+skipped and counted, and what a stranger's folder could do refused in one line before anything trains. Resuming
+is tested with the other streams (tests/training/test_resume_stream.py)."""
+import io
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from topoclip.cli import main
+from topoclip.config import ConfigError
+from topoclip.data.hf import HfRows
+from topoclip.run.training.logger import read_metrics
+
+from _user_data import scene_samples
+
+datasets = pytest.importorskip("datasets")
+
+BATCH = 4
+FAST = ["--preset", "tiny", "--quiet", "--batch-size", str(BATCH), "--workers", "0", "--set", "train.steps=3",
+        "--set", "train.threads=1", "--set", "train.log_every=1", "--set", "evaluate.size=8",
+        "--set", "train.warmup_steps=1"]
+FEATURES = {"image": datasets.Image(), "text": datasets.Value("string")}
+
+
+def rows(count=12):
+    """(PNG bytes, caption) rows of built-in scenes, and one row whose image is not an image."""
+    samples = scene_samples(count)
+    return [{"image": {"bytes": png, "path": None}, "text": caption} for png, caption in samples] + [
+        {"image": {"bytes": b"not an image", "path": None}, "text": "a broken row"}]
+
+
+def table(data=None):
+    return datasets.Dataset.from_list(data or rows(), features=datasets.Features(FEATURES))
+
+
+def train_on(path, tmp_path, *extra):
+    assert main(["train", "--train-data", str(path), *FAST, *extra, "--out", str(tmp_path / "run")]) == 0
+    return [record["data"] for record in read_metrics(tmp_path / "run" / "metrics.jsonl") if "data" in record][-1]
+
+
+@pytest.mark.parametrize("form", ["save_to_disk", "dataset_dict", "parquet", "parquet_folder", "arrow"])
+def test_every_form_datasets_writes_trains_with_the_bad_row_counted(form, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))  # Parquet is converted there once
+    data = table()
+    if form == "save_to_disk":
+        data.save_to_disk(str(tmp_path / "data"))
+        path = tmp_path / "data"
+    elif form == "dataset_dict":
+        datasets.DatasetDict({"train": data, "test": table(rows(4))}).save_to_disk(str(tmp_path / "data"))
+        path = tmp_path / "data"
+    elif form == "parquet":
+        data.to_parquet(str(tmp_path / "data.parquet"))
+        path = tmp_path / "data.parquet"
+    elif form == "parquet_folder":
+        (tmp_path / "data").mkdir()
+        data.select(range(6)).to_parquet(str(tmp_path / "data" / "0.parquet"))
+        data.select(range(6, 13)).to_parquet(str(tmp_path / "data" / "1.parquet"))
+        path = tmp_path / "data"
+    else:
+        data.save_to_disk(str(tmp_path / "saved"))
+        path = next((tmp_path / "saved").glob("*.arrow"))
+    counts = train_on(path, tmp_path)  # --train-data alone: the source is found from what the path holds
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["source"] == "hf"
+    assert counts["bad"] == {"corrupt_image": 1} and counts["kept"] == 3 * BATCH
+
+
+def test_image_paths_resolve_inside_the_folder_and_a_path_outside_is_counted(tmp_path):
+    folder = tmp_path / "data"
+    (folder / "images").mkdir(parents=True)
+    data = []
+    for index, (png, caption) in enumerate(scene_samples(8)):
+        (folder / "images" / f"{index}.png").write_bytes(png)
+        data.append({"image": f"images/{index}.png", "caption": [caption, "a second caption"]})
+    data.append({"image": "/etc/passwd", "caption": ["outside"]})
+    datasets.Dataset.from_list(data).save_to_disk(str(folder / "table"))
+    read = HfRows(folder / "table", "image", "caption")
+    assert read[0] == ("images/0.png", data[0]["caption"][0])  # a list of captions: its first
+    # paths resolve inside the folder that holds the dataset, as a CSV's inside the CSV's folder
+    counts = train_on(folder / "table", tmp_path, "--set", "data.hf_caption_column=caption")
+    assert counts["bad"] == {"path_outside_root": 1} and counts["kept"] == 3 * BATCH
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("no_column", "has no column 'text' (setting data.hf_caption_column)"),
+    ("split", "has no split 'validation' (setting data.hf_split)"),
+    ("state_escape", "must be a plain file name"),
+    ("link", "link"),
+    ("not_arrow", "cannot be read as a dataset"),
+    ("empty_folder", "no Parquet or Arrow file"),
+])
+def test_a_bad_dataset_is_one_line_before_any_folder(damage, message, tmp_path, capsys):
+    path = tmp_path / "data"
+    extra = []
+    if damage == "no_column":
+        datasets.Dataset.from_list([{"image": b"x", "caption": "y"}]).save_to_disk(str(path))
+    elif damage == "split":
+        datasets.DatasetDict({"train": table(rows(2))}).save_to_disk(str(path))
+        extra = ["--set", "data.hf_split=validation"]
+    elif damage == "state_escape":
+        table(rows(2)).save_to_disk(str(path))
+        state = json.loads((path / "state.json").read_text())
+        state["_data_files"][0]["filename"] = "../../outside.arrow"
+        (path / "state.json").write_text(json.dumps(state))
+    elif damage == "link":
+        table(rows(2)).save_to_disk(str(path))
+        os.symlink("/etc/hostname", path / "extra.arrow")
+    elif damage == "not_arrow":
+        path = tmp_path / "data.parquet"
+        path.write_bytes(b"PAR1 but not parquet")
+    else:
+        path.mkdir()
+        (path / "notes.txt").write_text("nothing here")
+        extra = ["--set", "data.source=hf"]
+    capsys.readouterr()  # datasets' own progress bars while the test wrote the folder
+    code = main(["train", "--train-data", str(path), *FAST, *extra, "--out", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert code != 0 and error.count("\n") == 1 and message in error, error
+    assert not (tmp_path / "run").exists()
+
+
+def test_rows_give_bytes_for_an_embedded_image(tmp_path):
+    table(rows(2)).save_to_disk(str(tmp_path / "data"))
+    image, caption = HfRows(tmp_path / "data")[0]
+    assert isinstance(image, bytes) and Image.open(io.BytesIO(image)).size[0] > 0 and caption
+    with pytest.raises(ConfigError, match="has no column 'jpg'"):
+        HfRows(tmp_path / "data", image_column="jpg")
