@@ -91,6 +91,8 @@ def main() -> None:
     parser.add_argument("--lora-lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet-machine", choices=["yes", "no"], required=True,
+                        help="whether nothing else ran beside it (the memory and speed figures need it)")
     args = parser.parse_args()
     common = ["--set", f"train.threads={args.threads}", "--set", "evaluate.size=500", "--set", "train.eval_every=0",
               "--set", f"train.seed={args.seed}", "--set", "train.report_to=[]", "--workers", "0"]
@@ -113,10 +115,11 @@ def main() -> None:
                          "peak_mib": result["peak_mib"], "images_per_s": speed(run), **recalls(run, pretrained)}
             if total:
                 arms["full"]["trainable"] = total  # full fine-tuning trains every weight of the same model
+        settings = {key: value for key, value in vars(args).items() if key not in ("out", "quiet_machine")}
         figures = {"about": "benchmarks/lora.py: LoRA against full fine-tuning of a model pretrained on the scenes, "
                             "on a CSV of out-of-domain scenes; mean recall on in-domain (retained) and out-of-domain "
-                            "(learnt) test retrieval", "settings": {k: (str(v) if isinstance(v, Path) else v)
-                                                                    for k, v in vars(args).items() if k != "out"},
+                            "(learnt) test retrieval", "command": "python benchmarks/lora.py " + " ".join(sys.argv[1:]),
+                   "torch": torch.__version__, "quiet_machine": args.quiet_machine == "yes", "settings": settings,
                    "pretrained": recalls(pretrained, pretrained), "arms": arms}
     print(json.dumps(figures, indent=2))
     if args.out:

@@ -684,6 +684,23 @@ def test_the_csv_rows_benchmark_writes_the_file_the_readme_table_is_drawn_from(t
 
 
 @pytest.mark.slow
+def test_the_lora_benchmark_writes_the_file_the_docs_table_is_drawn_from(tmp_path):
+    """benchmarks/lora.py at a few steps: both arms trained in processes of their own, and the table drawn."""
+    pytest.importorskip("peft")
+    out = tmp_path / "lora.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lora.py"), "--pretrain-steps", "20", "--steps", "10",
+                    "--rows", "80", "--batch", "16", "--quiet-machine", "no", "--out", str(out)],
+                   check=True, capture_output=True, timeout=600)
+    result = json.loads(out.read_text())
+    full, lora = result["arms"]["full"], result["arms"]["lora"]
+    assert 0 < lora["trainable"] < full["trainable"] and full["peak_mib"] > 0 and lora["images_per_s"] > 0
+    table = readme_results.lora_table(result).splitlines()
+    assert table[0].startswith("Measured: `python benchmarks/lora.py --pretrain-steps 20") and "busy machine" in table[0]
+    assert [line.split(" | ")[0] for line in table[4:]] == ["| pretrained", "| full fine-tuning, lr 0.0001",
+                                                            "| LoRA rank 8, lr 0.001"]
+
+
+@pytest.mark.slow
 def test_the_loader_benchmark_writes_the_file_the_readme_table_is_drawn_from(tmp_path):
     """benchmarks/loader.py on a few small pictures, one worker, one round: the results file's shape, and its table."""
     out = tmp_path / "loader.json"

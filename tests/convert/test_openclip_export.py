@@ -224,3 +224,80 @@ def test_a_model_trained_here_exports_to_open_clip_with_its_own_tokenizer(tmp_pa
     with torch.no_grad():
         bound = fp32_pair(model_roundings(TINY, len(TEXTS)))
         torch.testing.assert_close(theirs.encode_text(ids, normalize=True), ours.encode_text(TEXTS)[:, 0], **bound)
+
+
+def hub_snapshot(cache, repo_id: str):
+    """An empty snapshot of `repo_id` in a Hugging Face cache at `cache` (its refs/main pointing at it)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    return repo / "snapshots" / commit
+
+
+@pytest.mark.torchvision
+def test_a_pretrained_name_in_open_clip_s_hub_layout_loads_with_open_clip_s_features(tmp_path):
+    """`ViT-B-16:dfn2b` (apple/DFN2B-CLIP-ViT-B-16: open_clip_config.json and open_clip_model.safetensors, no
+    tokenizer; QuickGELU by OpenCLIP's table, not by the file) from an offline cache, with OpenAI's BPE from
+    openai/clip-vit-base-patch32's merges.txt: topoclip.load gives the features of OpenCLIP's own CLIP built as
+    open_clip.create_model builds that name (quick_gelu=True) for the same ids and pixels."""
+    import os
+    import subprocess
+    import sys
+
+    open_clip = pytest.importorskip("open_clip")
+    pytest.importorskip("huggingface_hub")
+    from safetensors.torch import save_file
+
+    vocab = 512 + len(MERGES) + 2  # byte tokens, their end-of-word forms, the merges, start and end of text
+    vision_cfg = {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32}
+    text_cfg = {"context_length": 32, "vocab_size": vocab, "width": 64, "heads": 4, "layers": 2}
+    torch.manual_seed(0)
+    theirs = open_clip.model.CLIP(embed_dim=16, vision_cfg=vision_cfg, text_cfg=text_cfg, quick_gelu=True).eval()
+    snapshot = hub_snapshot(tmp_path / "hub", "apple/DFN2B-CLIP-ViT-B-16")
+    (snapshot / "open_clip_config.json").write_text(json.dumps({  # no quick_gelu: OpenCLIP's table adds it
+        "model_cfg": {"embed_dim": 16, "vision_cfg": vision_cfg, "text_cfg": text_cfg},
+        "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}))
+    save_file({name: tensor.contiguous() for name, tensor in theirs.state_dict().items()},
+              str(snapshot / "open_clip_model.safetensors"))
+    (hub_snapshot(tmp_path / "hub", "openai/clip-vit-base-patch32") / "merges.txt").write_text(
+        "#version: 0.2\n" + "\n".join(MERGES) + "\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
+           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    script = ("import json, sys, torch, topoclip\n"
+              "clip = topoclip.load('ViT-B-16:dfn2b')\n"
+              f"ids = clip.tokenizer({TEXTS!r})\n"
+              "images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))\n"
+              "with torch.no_grad():\n"
+              "    print(json.dumps({'ids': ids.input_ids.tolist(), 'text': clip.model.encode_text(ids)[:, 0].tolist(),\n"
+              "                      'image': clip.model.encode_image(images)[:, 0].tolist(),\n"
+              "                      'activation': clip.config.model.vision.activation}))\n")
+    loaded = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    ours = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert ours["activation"] == "quick_gelu"
+    ids = torch.tensor(ours["ids"])
+    assert int(ids.max()) == vocab - 1  # OpenAI's layout: the end of text is the largest id, where OpenCLIP pools
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    bound = fp32_pair(model_roundings(TINY, len(TEXTS)))  # two fp32 runs of the same towers: unit vectors
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(ours["text"]), theirs.encode_text(ids, normalize=True), **bound)
+        torch.testing.assert_close(torch.tensor(ours["image"]), theirs.encode_image(images, normalize=True), **bound)
+    assert (tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-16--dfn2b" / "main" / "tokenizer.json").is_file()
+
+
+@pytest.mark.torchvision
+def test_every_pretrained_name_is_open_clip_s_and_its_hub_files_are_open_clip_s():
+    """Each name of `topoclip pretrained` is one of open_clip.list_pretrained()'s; where topoclip reads OpenCLIP's
+    own Hub files, the repository and the QuickGELU flag are those of OpenCLIP's table."""
+    open_clip = pytest.importorskip("open_clip")
+    from topoclip.io.pretrained import PRETRAINED
+
+    released = {f"{model}:{tag}" for model, tag in open_clip.list_pretrained()}
+    assert sorted(set(PRETRAINED) - released) == []
+    for entry in PRETRAINED.values():
+        if entry.layout == "openclip":
+            model, tag = entry.name.split(":")
+            theirs = open_clip.get_pretrained_cfg(model, tag)
+            assert (theirs["hf_hub"].rstrip("/"), bool(theirs.get("quick_gelu"))) == (entry.repo, entry.quick_gelu)

@@ -151,10 +151,12 @@ def with_evaluate(config, **changes):
 def command_pretrained(args) -> int:
     from topoclip.io.pretrained import PRETRAINED, cache_dir
 
-    width = max(len(name) for name in PRETRAINED)
+    width, repo_width = max(len(name) for name in PRETRAINED), max(len(entry.repo) for entry in PRETRAINED.values())
     for entry in PRETRAINED.values():
         cached = (cache_dir() / "pretrained" / entry.name.replace(":", "--")).is_dir()
-        print(f"{entry.name:<{width}}  hf-hub:{entry.repo:<42} {entry.note}{'  (converted here)' if cached else ''}")
+        layout = "OpenCLIP's files" if entry.layout == "openclip" else "transformers' files"
+        print(f"{entry.name:<{width}}  hf-hub:{entry.repo:<{repo_width}}  {entry.note} ({layout})"
+              f"{'  (converted here)' if cached else ''}")
     print("\ntopoclip.load(NAME), topoclip train --pretrained NAME (OpenCLIP's --model MODEL --pretrained TAG works "
           "too), topoclip eval/embed/predict NAME")
     return 0

@@ -1,7 +1,9 @@
 """Pretrained models by name, as OpenCLIP names them (`MODEL:TAG`, its `--model MODEL --pretrained TAG`).
 
 Each name is a Hugging Face Hub repository in transformers' CLIPModel layout (its weights, config, BPE merges and
-pixel statistics side by side; topoclip.io.convert.hf reads it). `topoclip.load(NAME)`, `topoclip train --pretrained
+pixel statistics side by side; topoclip.io.convert.hf reads it) or in OpenCLIP's own (open_clip_config.json and
+open_clip_model.safetensors, or its .bin: DFN, DataComp, MetaCLIP; topoclip.io.convert.openai reads it, with OpenAI's
+BPE, which OpenCLIP ships in its package, from OPENAI_BPE's merges.txt). `topoclip.load(NAME)`, `topoclip train --pretrained
 NAME` and `topoclip pretrained` use this table. The files are fetched on first use into the Hugging Face cache
 (HF_HUB_CACHE), where later uses and offline machines (HF_HUB_OFFLINE=1) find them; the model is converted from
 them in memory when loaded, and into a topoclip folder under `cache_dir()` when a run starts from it.
@@ -57,8 +59,16 @@ HF_BIN_WEIGHTS = "pytorch_model.bin"  # transformers' older weights file (read w
 @dataclass(frozen=True)
 class PretrainedModel:
     name: str  # OpenCLIP's MODEL:TAG
-    repo: str  # the Hub repository (transformers' CLIPModel layout)
+    repo: str  # the Hub repository
     note: str
+    layout: str = "hf"  # "hf": transformers' CLIPModel files; "openclip": open_clip_config.json and OpenCLIP's weights
+    # OpenCLIP's table says QuickGELU (its quick_gelu=True), which open_clip.create_model sets over the repository's
+    # open_clip_config.json; so does topoclip.
+    quick_gelu: bool = False
+
+
+OPENAI_BPE = "openai/clip-vit-base-patch32"  # OpenAI's BPE merges, for OpenCLIP's repositories (none carry them)
+OPENCLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")  # OpenCLIP's names, preferred first
 
 
 PRETRAINED = {entry.name: entry for entry in [
@@ -70,6 +80,20 @@ PRETRAINED = {entry.name: entry for entry in [
     PretrainedModel("ViT-B-16:laion2b_s34b_b88k", "laion/CLIP-ViT-B-16-laion2B-s34B-b88K", "OpenCLIP on LAION-2B"),
     PretrainedModel("ViT-L-14:laion2b_s32b_b82k", "laion/CLIP-ViT-L-14-laion2B-s32B-b82K", "OpenCLIP on LAION-2B"),
     PretrainedModel("ViT-H-14:laion2b_s32b_b79k", "laion/CLIP-ViT-H-14-laion2B-s32B-b79K", "OpenCLIP on LAION-2B"),
+    PretrainedModel("ViT-B-32:datacomp_xl_s13b_b90k", "laion/CLIP-ViT-B-32-DataComp.XL-s13B-b90K",
+                    "OpenCLIP on DataComp-1B", "openclip"),
+    PretrainedModel("ViT-B-16:datacomp_xl_s13b_b90k", "laion/CLIP-ViT-B-16-DataComp.XL-s13B-b90K",
+                    "OpenCLIP on DataComp-1B", "openclip"),
+    PretrainedModel("ViT-L-14:datacomp_xl_s13b_b90k", "laion/CLIP-ViT-L-14-DataComp.XL-s13B-b90K",
+                    "OpenCLIP on DataComp-1B", "openclip"),
+    PretrainedModel("ViT-B-16:dfn2b", "apple/DFN2B-CLIP-ViT-B-16", "Apple's DFN-2B", "openclip", quick_gelu=True),
+    PretrainedModel("ViT-L-14:dfn2b", "apple/DFN2B-CLIP-ViT-L-14", "Apple's DFN-2B", "openclip", quick_gelu=True),
+    PretrainedModel("ViT-B-32:metaclip_fullcc", "timm/vit_base_patch32_clip_224.metaclip_2pt5b",
+                    "Meta's MetaCLIP 2.5B", "openclip", quick_gelu=True),
+    PretrainedModel("ViT-B-16:metaclip_fullcc", "timm/vit_base_patch16_clip_224.metaclip_2pt5b",
+                    "Meta's MetaCLIP 2.5B", "openclip", quick_gelu=True),
+    PretrainedModel("ViT-L-14:metaclip_fullcc", "timm/vit_large_patch14_clip_224.metaclip_2pt5b",
+                    "Meta's MetaCLIP 2.5B", "openclip", quick_gelu=True),
 ]}
 
 
@@ -103,10 +127,19 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
         raise UserError(f"{folder} is in topoclip's cache of converted models but holds no converted {name} (no "
                         f"{missing}); delete that folder and run again: it is converted anew")
     if not folder.exists():
-        snapshot = hub_folder(entry.repo, revision)
+        snapshot = hub_folder(entry.repo, revision, layout=entry.layout)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = scratch_name(folder)  # the conversion lands whole or not at all
-        convert("hf", snapshot, staging)
+        if entry.layout == "openclip":
+            from topoclip.io.checkpoint import save_checkpoint
+            from topoclip.io.convert.openai import import_openai
+
+            merges = hub_folder(OPENAI_BPE, layout="bpe") / "merges.txt"
+            model, tokenizer, config = import_openai(snapshot, "openclip", vocab=merges, quick_gelu=entry.quick_gelu,
+                                                     name=name)
+            save_checkpoint(staging, model, config, tokenizer)
+        else:
+            convert("hf", snapshot, staging)
         if not is_regular(staging / TOKENIZER, staging):  # (hub_folder fetched the tokenizer's files, or said why)
             shutil.rmtree(staging, ignore_errors=True)
             raise CheckpointError(f"{entry.repo}: its files gave no tokenizer, so {name} cannot read text; nothing "
@@ -118,8 +151,12 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
     return folder
 
 
-def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None) -> Path:
-    """The local snapshot folder of a Hub repo in topoclip's layout (downloaded, or from the cache offline)."""
+def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None,
+               layout: str = "topoclip") -> Path:
+    """The local snapshot folder of a Hub repo (downloaded, or from the cache offline) with the files of `layout`:
+    "topoclip" (an export: weights, its config, its tokenizer; also transformers' CLIPModel, said by its config),
+    "hf" (transformers' CLIPModel), "openclip" (open_clip_config.json and OpenCLIP's weights) or "bpe" (OpenAI's
+    merges.txt alone)."""
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
@@ -163,6 +200,14 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
                             f"({why or found}); delete that repository's folder in HF_HUB_CACHE to download it again")
         return found
 
+    if layout == "bpe":
+        return fetch("merges.txt").parent
+    if layout == "openclip":
+        from topoclip.io.convert.openai import OPENCLIP_CONFIG
+
+        weights = fetch(OPENCLIP_WEIGHTS[0], required=False) or fetch(OPENCLIP_WEIGHTS[1])
+        fetch(OPENCLIP_CONFIG)
+        return weights.parent
     weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
     if fetch(MODEL_CONFIG, required=False) is None:
         fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel

@@ -186,3 +186,22 @@ def meru_equality_table(result: dict) -> str:
     rows.append("| MERU's eps | " + " | ".join(f"{worst[name]:.1e}" if any("with_meru_eps" in run["functions"][name]
                                                     for run in result["runs"]) else "—" for name in names) + " |")
     return "\n".join(rows)
+
+
+def lora_table(result: dict) -> str:
+    """benchmarks/lora.py: LoRA against full fine-tuning, and what each keeps of the pretrained model."""
+    settings, arms = result["settings"], result["arms"]
+    quiet = "a quiet machine" if result["quiet_machine"] else "a busy machine (memory and speed indicative only)"
+    rows = [f"Measured: `{result['command']}` on {quiet}, torch {result['torch']}: `{settings['preset']}` pretrained "
+            f"{settings['pretrain_steps']:,} steps on the scenes, then fine-tuned {settings['steps']:,} steps (batch "
+            f"{settings['batch']}) on a CSV of {settings['rows']:,} train scenes in the out-of-domain style, each arm a "
+            f"process of its own. Retrieval mean recall on the test scenes: in the pretraining's style (held out of "
+            f"the fine-tuning: retained) and in the fine-tuning's (learnt).", "",
+            "| | trainable weights | peak memory (MiB) | images / s | retained | learnt |", "|---|---|---|---|---|---|",
+            f"| pretrained | | | | {result['pretrained']['retained']:.1f} | {result['pretrained']['learnt']:.1f} |"]
+    for arm, label in (("full", f"full fine-tuning, lr {settings['full_lr']:g}"),
+                       ("lora", f"LoRA rank {settings['rank']}, lr {settings['lora_lr']:g}")):
+        line = arms[arm]
+        rows.append(f"| {label} | {line['trainable']:,} | {line['peak_mib']:,.0f} | {line['images_per_s']:,.0f} | "
+                    f"{line['retained']:.1f} | {line['learnt']:.1f} |")
+    return "\n".join(rows)

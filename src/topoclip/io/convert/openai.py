@@ -184,12 +184,13 @@ def openclip_settings(folder: Path) -> dict:
 
 def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab: Optional[Union[str, Path]] = None,
                   activation: Optional[str] = None, overrides: Sequence[str] = (),
-                  name: str = "") -> tuple[CLIP, Optional[Tokenizer], Config]:
+                  name: str = "", quick_gelu: bool = False) -> tuple[CLIP, Optional[Tokenizer], Config]:
     """(model, tokenizer or None, config) from an OpenAI / OpenCLIP ViT checkpoint (file, folder or state dict).
 
     format: "openai" (QuickGELU) or "openclip" (activation from open_clip_config.json beside the
-    weights, or `activation`); vocab: bpe_simple_vocab_16e6.txt.gz (or a tokenizer.json);
-    overrides: "key=value".
+    weights, or `activation`); vocab: bpe_simple_vocab_16e6.txt.gz or merges.txt (or a tokenizer.json);
+    overrides: "key=value"; quick_gelu: QuickGELU whatever open_clip_config.json says, as open_clip.create_model
+    sets it for a pretrained tag its table marks quick_gelu (DFN's, MetaCLIP's).
     """
     if format not in FORMATS:
         raise ConfigError(f"unknown format {format!r}; choose one of {FORMATS}")
@@ -201,6 +202,8 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
         state = read_state_dict(source)
     else:
         state = source
+    if quick_gelu:
+        settings["activation"] = "quick_gelu"
     if format == "openai" and settings.get("activation") == "gelu":
         raise ConfigError(f"{OPENCLIP_CONFIG} beside the weights says GELU, but OpenAI's weights use QuickGELU: these "
                           f"are OpenCLIP-trained weights; use --from openclip")
