@@ -229,11 +229,11 @@ def test_data_sources_are_a_registry(tmp_path, capsys):
     from topoclip.cli import main
     from topoclip.data.sources import SOURCES, epoch_steps
 
-    assert sorted(SOURCES) == ["csv", "scenes", "shards"]
+    assert sorted(SOURCES) == ["csv", "hf", "scenes", "shards"]
     assert [name for name, source in SOURCES.items() if not source.stream] == ["scenes"]
     config = load_config("tiny")
     assert epoch_steps(config.data, 64) == -(-config.data.scenes.train_size // 64)
-    with pytest.raises(ConfigError, match=r"data.source='lmdb' is unknown; choose one of \['csv', 'scenes', 'shards'\]"):
+    with pytest.raises(ConfigError, match=r"data.source='lmdb' is unknown; choose one of \['csv', 'hf', 'scenes', 'shards'\]"):
         load_config("tiny", ["data.source=lmdb"])
     assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--set", "data.source=lmdb"]) == 2
     assert capsys.readouterr().err.count("\n") == 1  # one line, no traceback

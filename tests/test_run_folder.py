@@ -377,3 +377,34 @@ def test_the_lock_is_released_and_a_fresh_folder_may_hold_only_a_stale_lock(tmp_
     (folder / LOCK).write_text("999999 elsewhere\n")  # a stale lock, its process long gone
     with claim_run_folder(folder, resuming=False) as lock:
         assert lock.previous_owner == "999999 elsewhere"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reopens the unlinked lock file through /proc")
+def test_a_failed_run_removes_its_empty_folder_while_it_still_holds_the_lock(tmp_path):
+    """The folder is removed after the lock file is gone and before the lock is let go: a second process that claims
+    the folder in that instant either finds it gone or has made its own lock file there, so the removal fails and
+    its folder stays (rmdir removes only an empty folder)."""
+    import fcntl
+
+    from topoclip.io.run_folder import claim_run_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = claim_run_folder(run, resuming=False)
+    held = lock.descriptor
+    seen = {}
+
+    def during():
+        seen["lock file"] = (run / LOCK).exists()
+        other = os.open(f"/proc/self/fd/{held}", os.O_RDONLY)  # the unlinked lock file, another open file
+        try:  # its lock is still this process's: a flock through the other open file fails
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen["still held"] = False
+        except OSError:
+            seen["still held"] = True
+        finally:
+            os.close(other)
+        run.rmdir()
+
+    lock.release(before_unlocking=during)
+    assert seen == {"lock file": False, "still held": True} and not run.exists()

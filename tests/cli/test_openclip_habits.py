@@ -127,6 +127,13 @@ def test_logs_and_name_make_the_run_folder_as_openclip_s(tmp_path, capsys, monke
     capsys.readouterr()
     assert main(["train", "--resume", "latest", "--print-config"]) == 2
     assert "give --logs LOGS --name NAME" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    for flags, said in ((["--logs", "a-file"], "--logs a-file: not a folder"),
+                        (["--logs", "logs", "--name", "a/b"], "with --logs LOGS it names the run folder LOGS/NAME"),
+                        (["--logs", "logs", "--name", "..", "--resume", "latest"], "must be a plain folder name")):
+        assert main([*quick, *flags]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and said in error, error
 
 
 def test_a_tab_separated_csv_is_said_before_any_folder_is_made(tmp_path, capsys):
@@ -248,6 +255,11 @@ def test_a_tables_epoch_is_its_whole_batches_and_its_problems_are_said_first(tmp
         "\t", 3 * 2, 2)
     assert main(["train", "--preset", "tiny", *flags[:4], "--batch-size", "16", "--epochs", "1", "--print-config"]) == 2
     assert "fewer than one batch of 16" in capsys.readouterr().err
+    # without --epochs too: a batch of rows is read before the run folder is made (the table is never counted whole)
+    assert main(["train", "--preset", "tiny", *flags[:4], "--batch-size", "16", "--out", str(tmp_path / "small")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "holds 10 rows, fewer than one batch of 16" in error, error
+    assert not (tmp_path / "small").exists()
     header_only, huge = tmp_path / "header.csv", tmp_path / "huge.csv"
     header_only.write_text("filepath,title\n")
     huge.write_text("filepath," + "x" * (1 << 21) + ",title\n")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from topoclip.core.arguments import add_overrides, whole
 from topoclip.cli.openclip_flags import add_openclip_flags
 from topoclip.config import (DEFAULT_PRESET, ConfigError, describe_preset, load_config, presets, to_dict,
                              validate_readable)
-from topoclip.core.errors import EvaluationSetError, UserError, resolve_device
+from topoclip.core.errors import EvaluationSetError, UserError, file_name_problem, resolve_device
 from topoclip.config.schema import TEMPLATE_MODES
 
 
@@ -26,6 +27,11 @@ def command_train(args) -> int:
     from topoclip.run.training.resume import resume_config
     from topoclip.run.training.trainer import new_run_dir, train
 
+    if args.openclip_name is not None and args.openclip_logs is not None:
+        problem = file_name_problem(args.openclip_name)
+        if problem:
+            raise ConfigError(f"--name {args.openclip_name!r:.80} must be a plain folder name ({problem}): with --logs "
+                              f"LOGS it names the run folder LOGS/NAME")
     if args.resume == "latest":  # OpenCLIP's --logs LOGS --name NAME --resume latest: the run LOGS/NAME, continued
         if not (args.openclip_logs and args.openclip_name):
             raise ConfigError("--resume latest is OpenCLIP's (the run LOGS/NAME): give --logs LOGS --name NAME with it, "
@@ -38,6 +44,9 @@ def command_train(args) -> int:
             raise ConfigError("--logs is OpenCLIP's parent of run folders; give it or --out (the run folder itself), "
                               "not both" if args.out else "--logs starts a new run; --resume continues one in its "
                               "folder: --resume LOGS/NAME")
+        if os.path.lexists(args.openclip_logs) and not Path(args.openclip_logs).is_dir():
+            raise ConfigError(f"--logs {args.openclip_logs}: not a folder; give the folder run folders go in "
+                              f"(OpenCLIP's parent of run folders; made when missing)")
     name = pretrained_name(args)
     if name is not None:
         from topoclip.io.pretrained import get_pretrained, pretrained_folder
@@ -55,7 +64,7 @@ def command_train(args) -> int:
             config = starting_config(args.init_from, args.preset, aliases + args.overrides)
         else:
             config = load_config(args.preset or DEFAULT_PRESET, aliases + args.overrides)
-        validate_readable(config.data)  # a table that cannot be read says why, not that it has no epoch
+        validate_readable(config.data, config.train.batch_size)  # a table that cannot be read says why, not that it has no epoch
         try:
             return epoch_steps(config.data, config.train.batch_size)
         except SourceError as error:

@@ -363,10 +363,11 @@ def validate_source(config: Config) -> None:
         raise ConfigError(str(error)) from None
 
 
-def validate_readable(data: DataConfig) -> None:
-    """The files a run of `data` will read, opened before its run folder is made (a CSV's header and columns)."""
+def validate_readable(data: DataConfig, batch_size: int) -> None:
+    """The files a run of `data` with this global batch will read, opened before its run folder is made (a CSV's
+    header, columns and first batch of rows)."""
     try:
-        check_readable(data)
+        check_readable(data, batch_size)
     except SourceError as error:
         raise ConfigError(str(error)) from None
 

@@ -15,7 +15,7 @@ import socket
 import stat
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from topoclip.core.door import list_folder
 from topoclip.core.errors import RunFolderError
@@ -45,7 +45,9 @@ class RunFolderLock:
     def path(self) -> Path:
         return self.run_dir / LOCK
 
-    def release(self) -> None:
+    def release(self, before_unlocking: Optional[Callable[[], None]] = None) -> None:
+        """Give the folder up; `before_unlocking` runs once the lock file is gone but the lock still held (a failed
+        run removing the empty folder it made, which no other process can have claimed meanwhile)."""
         if self.descriptor is None:
             return
         # Unlink while still holding the lock, then close (which unlocks): a process that opened the
@@ -55,9 +57,13 @@ class RunFolderLock:
                 os.unlink(self.path)
         except OSError:
             pass
-        HELD_LOCKS.discard(self.descriptor)
-        os.close(self.descriptor)
-        self.descriptor = None
+        try:
+            if before_unlocking is not None:
+                before_unlocking()
+        finally:
+            HELD_LOCKS.discard(self.descriptor)
+            os.close(self.descriptor)
+            self.descriptor = None
 
     def __enter__(self) -> "RunFolderLock":
         return self

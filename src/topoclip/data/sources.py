@@ -41,9 +41,10 @@ class DataSource:
     commands: Callable[[Any], list[str]] = lambda data: []
     # Evaluation sets the source brings itself: (config, split) -> (classification sets, retrieval sets).
     evaluation_sets: Callable[[Any, str], tuple[list, list]] = lambda config, split: ([], [])
-    # The files a run will read, opened as far as is cheap before its run folder is made (a CSV's header): a
-    # ConfigError naming the problem and the fix, so a bad table fails before it leaves a folder behind.
-    ready: Callable[[Any], None] = lambda data: None
+    # The files a run will read, opened as far as is cheap before its run folder is made (a CSV's header, a batch of
+    # its rows), given the data and the global batch: a SourceError naming the problem and the fix, so a bad table
+    # fails before it leaves a folder behind.
+    ready: Callable[[Any, int], None] = lambda data, batch_size: None
 
 
 # --------------------------------------------------------------------------- scenes
@@ -131,16 +132,26 @@ def csv_captions(data, count: int) -> list[str]:
     return captions
 
 
-def csv_ready(data) -> None:
-    """The table exists, is a regular file and has the image and caption columns (CaptionTable's checks)."""
+def csv_ready(data, batch_size: int) -> None:
+    """The table exists, is a regular file, has the image and caption columns (CaptionTable's checks) and at least
+    one batch of rows (read up to that many: a table is never counted whole here)."""
     from topoclip.data.csv import CaptionTable
 
     try:
         table = CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
     except FileNotFoundError as error:
         raise SourceError(str(error)) from None
-    if next(iter(table), None) is None:
+    rows = sum(1 for _ in itertools.islice(table, batch_size))
+    if not rows:
         raise SourceError(f"{data.train_data} has a header but no rows (setting data.train_data)")
+    check_one_batch(data, rows, batch_size)
+
+
+def check_one_batch(data, rows: int, batch_size: int) -> None:
+    """SourceError when a table's `rows` fill no batch: the loader drops a last partial batch, so nothing would train."""
+    if rows < batch_size:
+        raise SourceError(f"{data.train_data} holds {rows:,} rows, fewer than one batch of {batch_size:,} "
+                          f"(train.batch_size, the global batch): give more rows or a smaller batch")
 
 
 def csv_rows(data) -> Optional[int]:
@@ -188,13 +199,15 @@ def hf_captions(data, count: int) -> list[str]:
     return captions
 
 
-def hf_ready(data) -> None:
-    """The dataset opens and has the image and caption columns (HfRows' checks)."""
+def hf_ready(data, batch_size: int) -> None:
+    """The dataset opens, has the image and caption columns (HfRows' checks) and at least one batch of rows."""
     try:
-        if not len(hf_rows(data)):
-            raise SourceError(f"{data.train_data} has no rows (setting data.train_data)")
+        rows = len(hf_rows(data))
     except FileNotFoundError as error:
         raise SourceError(str(error)) from None
+    if not rows:
+        raise SourceError(f"{data.train_data} has no rows (setting data.train_data)")
+    check_one_batch(data, rows, batch_size)
 
 
 def hf_size(data) -> Optional[int]:
@@ -257,9 +270,9 @@ def get_source(name: str) -> DataSource:
         raise SourceError(f"data.source={name!r} is unknown; choose one of {sorted(SOURCES)}") from None
 
 
-def check_readable(data) -> None:
+def check_readable(data, batch_size: int) -> None:
     """The source's `ready` check: what a run will read, opened before anything is written (SourceError)."""
-    get_source(data.source).ready(data)
+    get_source(data.source).ready(data, batch_size)
 
 
 def epoch_steps(data, batch_size: int) -> Optional[int]:

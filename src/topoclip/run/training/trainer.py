@@ -125,7 +125,7 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     run_dir = Path(broadcast_object(str(run_dir)))
     # The user's evaluation sets are listed now, not found broken after hours of training; the training data's
     # table opened before a run folder is made for it.
-    on_main(info.rank == 0, lambda: (check_evaluation_sets(config), validate_readable(config.data)))
+    on_main(info.rank == 0, lambda: (check_evaluation_sets(config), validate_readable(config.data, config.train.batch_size)))
     created = []  # the folders this run makes: the run folder and those above it that do not exist yet
     if info.rank == 0 and not resuming:
         folder = run_dir
@@ -139,12 +139,15 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
         failed = False
         return result
     finally:
-        if lock is not None:
-            lock.release()
-        if failed:  # the folders this run made and left empty, the run folder first: nothing in them to keep
+        def remove_empty() -> None:  # the folders a failed run made and left empty, the run folder first
             with contextlib.suppress(OSError):  # one that is not empty holds what was written there: kept, and above
-                for folder in created:
+                for folder in created if failed else ():
                     folder.rmdir()
+
+        if lock is not None:  # removed under the lock: no other process can claim the folder in between
+            lock.release(before_unlocking=remove_empty)
+        else:
+            remove_empty()
 
 
 def _train_in_folder(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo, progress: bool) -> Path:
