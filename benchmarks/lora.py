@@ -12,8 +12,12 @@ train` of its own process, so its peak resident memory (ru_maxrss) is its own. R
 - trainable weights (the trainer's own count for LoRA; the model's weights for full);
 - the peak resident memory of the process, and the median images per second of its logged windows after the first;
 - the mean recall of retrieval on the test split in the pretraining's style (held out of the fine-tuning: what is
-  *retained*) and in the fine-tuning's style (what is *learnt*), from the run's eval.json, beside the pretrained
-  model's own.
+  *retained*) and in the fine-tuning's style (what is *learnt*), beside the pretrained model's own (one seed: a
+  measurement, not a comparison of the arms' accuracy).
+
+A CPU preset is small enough that peft's own imports outweigh what LoRA saves; so, for `--count-presets` (ViT-B/16 by
+default), the weights LoRA trains at `--rank` and the training state each arm holds are *counted* (the model built on
+the meta device): fp32 weights, and a gradient and AdamW's two moments for each trained weight.
 """
 from __future__ import annotations
 
@@ -64,6 +68,23 @@ def speed(run: Path) -> float:
     return round(statistics.median(rates[1:] or rates), 1)
 
 
+def count_state(preset: str, rank: int) -> dict:
+    """Weights, those LoRA trains at `rank`, and each arm's training state in MiB (fp32 weights; a gradient and
+    AdamW's two moments, fp32, for each trained weight), from the model built on the meta device."""
+    from topoclip.model.clip import CLIP
+    from topoclip.model.lora import add_adapters, trainable_count
+
+    config = load_config(preset, [f"train.lora_rank={rank}"])
+    with torch.device("meta"):
+        model = CLIP(config.model)
+        weights = sum(parameter.numel() for parameter in model.parameters())
+        add_adapters(model, config.train)
+    trained, total = trainable_count(model)
+    mib = 4 / 2**20
+    return {"preset": preset, "weights": weights, "lora_trainable": trained,
+            "full_state_mib": round(weights * 4 * mib, 1), "lora_state_mib": round((total + 3 * trained) * mib, 1)}
+
+
 def write_table(folder: Path, rows: int, preset: str, seed: int) -> Path:
     """`rows` scenes of the train split in the out-of-domain style as PNG files and a CSV (filepath, title)."""
     from PIL import Image
@@ -91,6 +112,7 @@ def main() -> None:
     parser.add_argument("--lora-lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count-presets", default="sphere-vit-b16", help="comma-separated presets to count")
     parser.add_argument("--quiet-machine", choices=["yes", "no"], required=True,
                         help="whether nothing else ran beside it (the memory and speed figures need it)")
     args = parser.parse_args()
@@ -109,18 +131,17 @@ def main() -> None:
                            ("lora", ["--set", f"train.lr={args.lora_lr}", "--set", f"train.lora_rank={args.rank}"])):
             run = scratch / arm
             result = train([*tune, *extra, "--out", str(run)])
-            counted = re.search(r"([\d,]+) of ([\d,]+) weights train", result["output"])
-            total = counted and int(counted.group(2).replace(",", ""))
-            arms[arm] = {"trainable": int(counted.group(1).replace(",", "")) if counted else None,
-                         "peak_mib": result["peak_mib"], "images_per_s": speed(run), **recalls(run, pretrained)}
-            if total:
-                arms["full"]["trainable"] = total  # full fine-tuning trains every weight of the same model
+            said = re.search(r"([\d,]+) of [\d,]+ weights train", result["output"])  # the trainer's count (LoRA)
+            trainable = int(said.group(1).replace(",", "")) if said else count_state(args.preset, args.rank)["weights"]
+            arms[arm] = {"trainable": trainable, "peak_mib": result["peak_mib"], "images_per_s": speed(run),
+                         **recalls(run, pretrained)}
         settings = {key: value for key, value in vars(args).items() if key not in ("out", "quiet_machine")}
         figures = {"about": "benchmarks/lora.py: LoRA against full fine-tuning of a model pretrained on the scenes, "
                             "on a CSV of out-of-domain scenes; mean recall on in-domain (retained) and out-of-domain "
                             "(learnt) test retrieval", "command": "python benchmarks/lora.py " + " ".join(sys.argv[1:]),
                    "torch": torch.__version__, "quiet_machine": args.quiet_machine == "yes", "settings": settings,
-                   "pretrained": recalls(pretrained, pretrained), "arms": arms}
+                   "pretrained": recalls(pretrained, pretrained), "arms": arms,
+                   "counted": [count_state(name, args.rank) for name in args.count_presets.split(",") if name]}
     print(json.dumps(figures, indent=2))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")

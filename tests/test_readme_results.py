@@ -689,15 +689,18 @@ def test_the_lora_benchmark_writes_the_file_the_docs_table_is_drawn_from(tmp_pat
     pytest.importorskip("peft")
     out = tmp_path / "lora.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lora.py"), "--pretrain-steps", "20", "--steps", "10",
-                    "--rows", "80", "--batch", "16", "--quiet-machine", "no", "--out", str(out)],
+                    "--rows", "80", "--batch", "16", "--count-presets", "tiny", "--quiet-machine", "no", "--out", str(out)],
                    check=True, capture_output=True, timeout=600)
     result = json.loads(out.read_text())
     full, lora = result["arms"]["full"], result["arms"]["lora"]
     assert 0 < lora["trainable"] < full["trainable"] and full["peak_mib"] > 0 and lora["images_per_s"] > 0
     table = readme_results.lora_table(result).splitlines()
     assert table[0].startswith("Measured: `python benchmarks/lora.py --pretrain-steps 20") and "busy machine" in table[0]
-    assert [line.split(" | ")[0] for line in table[4:]] == ["| pretrained", "| full fine-tuning, lr 0.0001",
-                                                            "| LoRA rank 8, lr 0.001"]
+    assert [line.split(" | ")[0] for line in table[4:7]] == ["| pretrained", "| full fine-tuning, lr 0.0001",
+                                                             "| LoRA rank 8, lr 0.001"]
+    (tiny,) = result["counted"]  # the trainer's count of the same model, and the state: 4 fp32 numbers a trained weight
+    assert (tiny["weights"], tiny["lora_trainable"]) == (full["trainable"], lora["trainable"])
+    assert tiny["full_state_mib"] == round(16 * tiny["weights"] / 2**20, 1) and table[-1].startswith("| `tiny` |")
 
 
 @pytest.mark.slow

@@ -204,4 +204,13 @@ def lora_table(result: dict) -> str:
         line = arms[arm]
         rows.append(f"| {label} | {line['trainable']:,} | {line['peak_mib']:,.0f} | {line['images_per_s']:,.0f} | "
                     f"{line['retained']:.1f} | {line['learnt']:.1f} |")
+    if result.get("counted"):
+        rows += ["", f"One seed. At scale (counted on the meta device, not run): the weights LoRA rank {settings['rank']} "
+                     f"trains, and the training state of each arm (fp32 weights; a gradient and AdamW's two moments "
+                     f"for each trained weight; activations aside):", "",
+                 "| preset | weights | LoRA trains | full fine-tuning's state (MiB) | LoRA's state (MiB) |",
+                 "|---|---|---|---|---|"]
+        rows += [f"| `{line['preset']}` | {line['weights']:,} | {line['lora_trainable']:,} "
+                 f"({100 * line['lora_trainable'] / line['weights']:.1f} %) | {line['full_state_mib']:,.0f} | "
+                 f"{line['lora_state_mib']:,.0f} |" for line in result["counted"]]
     return "\n".join(rows)
