@@ -117,19 +117,26 @@ def open_csv(data, **options):
                       allow_outside_paths=data.csv_allow_outside_paths, **options)
 
 
-def csv_captions(data, count: int) -> list[str]:
-    from topoclip.data.csv import CaptionTable
+def clean_captions(raws) -> list[str]:
+    """The usable captions of `raws`, cleaned; one that is not is counted when training reads its row, here only
+    left out."""
     from topoclip.data.images import clean_caption
     from topoclip.data.quality import BadSample
 
-    rows = CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
     captions = []
-    for _, raw in itertools.islice(rows, count):
+    for raw in raws:
         try:
             captions.append(clean_caption(raw))
-        except BadSample:  # counted when training reads the row; here it is only left out
+        except BadSample:
             pass
     return captions
+
+
+def csv_captions(data, count: int) -> list[str]:
+    from topoclip.data.csv import CaptionTable
+
+    rows = CaptionTable(data.train_data, data.csv_image_key, data.csv_caption_key, data.csv_separator or None)
+    return clean_captions(raw for _, raw in itertools.islice(rows, count))
 
 
 def csv_ready(data, batch_size: int) -> None:
@@ -187,16 +194,7 @@ def open_hf(data, **options):
 
 
 def hf_captions(data, count: int) -> list[str]:
-    from topoclip.data.images import clean_caption
-    from topoclip.data.quality import BadSample
-
-    captions = []
-    for raw in hf_rows(data).captions(count):
-        try:
-            captions.append(clean_caption(raw))
-        except BadSample:  # counted when training reads the row; here it is only left out
-            pass
-    return captions
+    return clean_captions(hf_rows(data).captions(count))
 
 
 def hf_ready(data, batch_size: int) -> None:
