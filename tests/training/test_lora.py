@@ -97,6 +97,47 @@ def test_a_lora_run_resumes_bit_for_bit(tuned, tmp_path):
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours), name
 
 
+def test_a_lora_run_with_dropout_resumes_bit_for_bit(pretrained, table, tmp_path):
+    """Dropout draws from torch's global RNG, which a resume restores: nothing may draw from it in between (a data
+    loader's base seed did: topoclip.data.batch.loader_generator)."""
+    dropout = ["--set", "train.lora_dropout=0.3", "--set", 'train.lora_targets=["mlp.c_fc","mlp.c_proj","attn.out_proj"]']
+    whole, again = tmp_path / "whole", tmp_path / "again"
+    assert main(["train", "--init-from", str(pretrained), "--train-data", str(table), *TUNE, *dropout,
+                 "--out", str(whole)]) == 0
+    shutil.copytree(whole, again)
+    shutil.rmtree(final(again))
+    (again / "eval.json").unlink()
+    assert main(["train", "--resume", str(again)]) == 0
+    for name in ("model.safetensors", "lora/adapter_model.safetensors"):
+        ours, theirs = load_file(final(again) / name), load_file(final(whole) / name)
+        assert all(torch.equal(ours[key], theirs[key]) for key in ours), name
+
+
+def test_the_packed_projection_alone_is_adapted(pretrained, table, tmp_path):
+    """train.lora_targets=["attn.in_proj_weight"]: peft given no layer (an empty list: None would make it look up
+    a transformers model type) and the packed q/k/v of every block; only they and τ change."""
+    out = tmp_path / "qkv"
+    assert main(["train", "--init-from", str(pretrained), "--train-data", str(table), *TUNE,
+                 "--set", 'train.lora_targets=["attn.in_proj_weight"]', "--out", str(out)]) == 0
+    base = load_file(pretrained / "checkpoints" / "step-000030" / "model.safetensors")
+    merged = load_file(final(out) / "model.safetensors")
+    changed = {name for name in base if not torch.equal(base[name], merged[name])}
+    assert changed == {"temperature.t"} | {name for name in base if name.endswith("attn.in_proj_weight")}
+
+
+def test_a_lora_run_loads_without_peft_and_says_it_is_needed_to_train(tuned, monkeypatch, capsys):
+    import importlib.util
+
+    import topoclip
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "peft" else real(name, *args))
+    assert topoclip.load(tuned).config.train.lora_rank == 4  # the merged model: no peft needed
+    assert main(["train", "--resume", str(tuned), "--set", f"train.steps={STEPS + 2}"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "pip install 'topoclip[lora]'" in error, error
+
+
 def test_a_lora_run_exports_the_merged_model(tuned, tmp_path):
     import topoclip
 
@@ -113,6 +154,7 @@ def test_a_lora_run_exports_the_merged_model(tuned, tmp_path):
     (["train.parallelism=fsdp"], "use train.parallelism=ddp"),
     (["train.lora_rank=100000"], "train.lora_rank"),
     (["train.lora_rank=65"], "more than the width of a tower"),
+    (["train.lora_dropout=0.1"], "drop attn.in_proj_weight from train.lora_targets"),
 ])
 def test_impossible_lora_settings_are_one_line_before_training(settings, message, tmp_path, capsys):
     sets = [part for setting in ["train.lora_rank=4", *settings] for part in ("--set", setting)]

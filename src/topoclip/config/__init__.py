@@ -13,7 +13,7 @@ public names.
 """
 from topoclip.config.checks import (FOLDER_GUARDED, NUMERIC_RANGES, Range, command_urls, numeric_fields, refuse_folder_commands,
                                     validate, validate_data, validate_evaluate, validate_model, validate_numbers,
-                                    validate_readable, validate_source, validate_train)
+                                    require_lora_library, validate_readable, validate_source, validate_train)
 from topoclip.config.loading import (DEFAULT_PRESET, PRESET_PACKAGE, apply_overrides, coerce, describe_preset, flat_dict,
                                      from_dict, load_config, merge, override_value, parse_value, preset_dict, presets,
                                      read_preset_file, to_dict, unknown_key_message, valid_keys)
@@ -22,7 +22,8 @@ from topoclip.config.schema import (Config, ConfigError, CurvatureConfig, DataCo
 
 
 __all__ = ["FOLDER_GUARDED", "NUMERIC_RANGES", "Range", "command_urls", "numeric_fields", "refuse_folder_commands", "validate",
-           "validate_data", "validate_evaluate", "validate_model", "validate_numbers", "validate_readable", "validate_source",
+           "validate_data", "validate_evaluate", "validate_model", "validate_numbers", "require_lora_library", "validate_readable",
+           "validate_source",
            "validate_train", "DEFAULT_PRESET", "PRESET_PACKAGE", "apply_overrides", "coerce", "describe_preset",
            "flat_dict", "from_dict", "load_config", "merge", "override_value", "parse_value", "preset_dict",
            "presets", "read_preset_file", "to_dict", "unknown_key_message", "valid_keys", "Config", "ConfigError",

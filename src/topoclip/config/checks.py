@@ -299,7 +299,15 @@ def validate_lora(config: Config) -> None:
     if train.lora_rank > narrowest:
         raise ConfigError(f"train.lora_rank={train.lora_rank} is more than the width of a tower it adapts "
                           f"({narrowest}): a low-rank adapter has rank ≤ its width; pick 1 … {narrowest}")
-    if importlib.util.find_spec("peft") is None:
+    if train.lora_dropout and "attn.in_proj_weight" in train.lora_targets:
+        raise ConfigError(f"train.lora_dropout={train.lora_dropout:g} with attn.in_proj_weight in train.lora_targets: "
+                          f"peft's adapter on a parameter (the packed q/k/v) has no dropout; drop attn.in_proj_weight "
+                          f"from train.lora_targets, or set train.lora_dropout=0")
+
+
+def require_lora_library(config: Config) -> None:
+    """peft, when the run trains LoRA adapters (a model trained so loads without it: its weights are merged)."""
+    if config.train.lora_rank and importlib.util.find_spec("peft") is None:
         raise ConfigError("train.lora_rank needs peft, the field's LoRA library: pip install 'topoclip[lora]'")
 
 

@@ -25,6 +25,14 @@ def derived_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0])
 
 
+def loader_generator(*parts: int) -> torch.Generator:
+    """A DataLoader's own generator, seeded from `parts` (the run's seed, the epoch, the rank): a loader draws its
+    workers' base seed when it is iterated, from torch's global RNG without one. A resumed run restores that RNG
+    from its checkpoint and then makes its loader, so the draw would shift every later use of it (LoRA's dropout)
+    against the uninterrupted run."""
+    return torch.Generator().manual_seed(derived_seed(*parts) % 2**63)
+
+
 @dataclass
 class RawBatch:
     """B image-caption pairs, images already transformed, captions still text."""

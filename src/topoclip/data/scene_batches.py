@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from topoclip.data.batch import RawBatch, derived_seed
+from topoclip.data.batch import RawBatch, derived_seed, loader_generator
 from topoclip.data.scenes import SceneDataset
 from topoclip.preprocess.transforms import RandomResizedCrop, resized_crops, train_transform
 from topoclip.core.workers import loader_workers, worker_options
@@ -40,7 +40,8 @@ def scene_batches(config, start_step: int, rank: int, world_size: int, loader_op
     transform = train_transform(vision.image_size, vision.mean, vision.std, scale=data.augment_scale,
                                 generator=generator)
     dataset = AugmentedScenes(scenes, transform, generator, train.seed)
-    yield from DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **loader_options)
+    yield from DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, generator=loader_generator(train.seed, rank),
+                          **loader_options)
 
 
 class StepBatchSampler(Sampler):
@@ -103,7 +104,8 @@ class RenderedScenes:
 
     def __init__(self, scenes: SceneDataset, indices: torch.Tensor, workers: int, chunk: int = 500):
         chunks = [indices[start : start + chunk].tolist() for start in range(0, len(indices), chunk)]
-        loader = DataLoader(chunks, batch_size=None, collate_fn=scenes.batch,
+        # (rendering draws nothing at random: any fixed generator keeps the global RNG out of it)
+        loader = DataLoader(chunks, batch_size=None, collate_fn=scenes.batch, generator=loader_generator(0),
                             **worker_options(min(workers, len(chunks))))
         images, self.captions = [], []
         for pixels, captions in loader:  # (chunk, S, S, 3) uint8, chunk captions

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from topoclip.data.batch import RawBatch
+from topoclip.data.batch import RawBatch, loader_generator
 from topoclip.data.quality import DataQualityError
 from topoclip.core.errors import ConfigError
 from topoclip.preprocess.transforms import TrainingCrop
@@ -40,7 +40,7 @@ def stream_batches(open_stream: Callable, config, start_step: int, rank: int, wo
     while True:
         dataset.set_epoch(epoch, resumed, first)
         settle_before_fork()  # the last epoch's loader just shut down
-        loader = DataLoader(dataset, batch_size=None, pin_memory=pin_memory,
+        loader = DataLoader(dataset, batch_size=None, pin_memory=pin_memory, generator=loader_generator(train.seed, epoch, rank),
                             **{**loader_options, "persistent_workers": False})
         produced = False
         for batch in worker_errors_as_user_errors(loader):

@@ -50,8 +50,9 @@ def add_adapters(model: nn.Module, settings):
     for tower in settings.lora_towers:
         getattr(model, TOWER_MODULES[tower]).requires_grad_(False)
     trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    # Empty lists, not None: peft fills a None target_modules from a table of transformers' model types
     config = peft.LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-                             target_modules=modules or None, target_parameters=parameters or None, bias="none")
+                             target_modules=modules, target_parameters=parameters, bias="none")
     wrapped = peft.get_peft_model(model, config)
     for name, parameter in model.named_parameters():  # peft freezes all but the adapters: keep τ & co. as they were
         if strip(name) in trainable:
@@ -109,16 +110,24 @@ def save_adapters(wrapped, folder: Path) -> Path:
 
 def load_adapters(wrapped, folder: Path) -> None:
     """The adapters of a checkpoint's lora/ (peft's files) into `wrapped`; CheckpointError when they do not fit."""
-    from peft import set_peft_model_state_dict
-    from safetensors import SafetensorError
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     from topoclip.core.door import regular_file
     from topoclip.core.errors import CheckpointError
 
     file = folder / "adapter_model.safetensors"
+    expected = {name: tuple(tensor.shape) for name, tensor in get_peft_model_state_dict(wrapped).items()}
     try:
-        adapters = load_file(str(regular_file(file, "LoRA adapters", folder.parent, error=CheckpointError)))
+        regular_file(file, "LoRA adapters", folder.parent, error=CheckpointError)
+        with safe_open(str(file), framework="pt") as header:  # the names and shapes alone: nothing allocated yet
+            stored = {name: tuple(header.get_slice(name).get_shape()) for name in header.keys()}
+        if stored != expected:
+            wrong = sorted(set(stored) ^ set(expected)) or [name for name in stored if stored[name] != expected[name]]
+            raise CheckpointError(f"{file} does not hold this run's adapters ({len(wrong)} differ, e.g. "
+                                  f"{wrong[0][:120]}); the checkpoint is damaged or of another run")
+        adapters = load_file(str(file))
     except (OSError, SafetensorError) as error:
         raise CheckpointError(f"{file} cannot be read ({error}); the checkpoint is damaged") from None
     try:

@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional, Union
 
 from tqdm.auto import tqdm
 
-from topoclip.config import DEFAULT_PRESET, Config, ConfigError, load_config, to_dict, validate, validate_readable
+from topoclip.config import (DEFAULT_PRESET, Config, ConfigError, load_config, require_lora_library, to_dict, validate,
+                             validate_readable)
 from topoclip.data.quality import BAD_SAMPLE_KINDS, BadSampleCounter, check_bad_fraction
 from topoclip.core.distributed import (DistributedInfo, barrier, broadcast_object, cleanup, gather_objects, init_distributed,
                                   launch_rank, sum_across_ranks)
@@ -125,6 +126,7 @@ def _train(config: Config, run_dir: Path, resuming: bool, info: DistributedInfo,
     run_dir = Path(broadcast_object(str(run_dir)))
     # The user's evaluation sets are listed now, not found broken after hours of training; the training data's
     # table opened before a run folder is made for it.
+    require_lora_library(config)  # (a model trained with LoRA loads without it: its checkpoints are merged)
     on_main(info.rank == 0, lambda: (check_evaluation_sets(config), validate_readable(config.data, config.train.batch_size)))
     created = []  # the folders this run makes: the run folder and those above it that do not exist yet
     if info.rank == 0 and not resuming:
