@@ -301,3 +301,20 @@ def test_every_pretrained_name_is_open_clip_s_and_its_hub_files_are_open_clip_s(
             model, tag = entry.name.split(":")
             theirs = open_clip.get_pretrained_cfg(model, tag)
             assert (theirs["hf_hub"].rstrip("/"), bool(theirs.get("quick_gelu"))) == (entry.repo, entry.quick_gelu)
+
+
+def test_an_open_clip_layout_name_without_its_weights_in_the_cache_names_both_files(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("huggingface_hub")
+    snapshot = hub_snapshot(tmp_path / "hub", "apple/DFN2B-CLIP-ViT-B-16")
+    (snapshot / "open_clip_config.json").write_text("{}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
+           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    refused = subprocess.run([sys.executable, "-m", "topoclip", "train", "--pretrained", "ViT-B-16:dfn2b",
+                              "--print-config"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "neither open_clip_model.safetensors nor open_clip_pytorch_model.bin" in refused.stderr
+    assert not (tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-16--dfn2b" / "main").exists()

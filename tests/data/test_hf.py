@@ -67,7 +67,11 @@ def test_every_form_datasets_writes_trains_with_the_bad_row_counted(form, tmp_pa
     assert counts["bad"] == {"corrupt_image": 1} and counts["kept"] == 3 * BATCH
 
 
-def test_image_paths_resolve_inside_the_folder_and_a_path_outside_is_counted(tmp_path):
+@pytest.mark.parametrize("form", ["save_to_disk", "parquet_file", "parquet_folder"])
+def test_image_paths_resolve_inside_the_folder_and_a_path_outside_is_counted(form, tmp_path, monkeypatch):
+    """Paths resolve inside the folder that holds the data, as a CSV's inside the CSV's folder: a file's folder, a
+    folder of Parquet files itself, a save_to_disk folder's parent (the same images, however the data is named)."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "data"
     (folder / "images").mkdir(parents=True)
     data = []
@@ -75,12 +79,27 @@ def test_image_paths_resolve_inside_the_folder_and_a_path_outside_is_counted(tmp
         (folder / "images" / f"{index}.png").write_bytes(png)
         data.append({"image": f"images/{index}.png", "caption": [caption, "a second caption"]})
     data.append({"image": "/etc/passwd", "caption": ["outside"]})
-    datasets.Dataset.from_list(data).save_to_disk(str(folder / "table"))
-    read = HfRows(folder / "table", "image", "caption")
-    assert read[0] == ("images/0.png", data[0]["caption"][0])  # a list of captions: its first
-    # paths resolve inside the folder that holds the dataset, as a CSV's inside the CSV's folder
-    counts = train_on(folder / "table", tmp_path, "--set", "data.hf_caption_column=caption")
+    table = datasets.Dataset.from_list(data)
+    if form == "save_to_disk":
+        table.save_to_disk(str(folder / "table"))
+        path = folder / "table"
+    elif form == "parquet_file":
+        path = folder / "table.parquet"
+        table.to_parquet(str(path))
+    else:
+        path = folder
+        table.to_parquet(str(folder / "0.parquet"))
+    read = HfRows(path, "image", "caption")
+    assert read[0] == ("images/0.png", data[0]["caption"][0]) and read.root == folder  # a list: its first caption
+    counts = train_on(path, tmp_path, "--set", "data.hf_caption_column=caption")
     assert counts["bad"] == {"path_outside_root": 1} and counts["kept"] == 3 * BATCH
+
+
+def test_dataset_type_auto_finds_a_dataset_as_no_flag_does(tmp_path, capsys):
+    table().save_to_disk(str(tmp_path / "data"))
+    assert main(["train", "--preset", "tiny", "--train-data", str(tmp_path / "data"), "--dataset-type", "auto",
+                 "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["data"]["source"] == "hf"
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -88,8 +107,14 @@ def test_image_paths_resolve_inside_the_folder_and_a_path_outside_is_counted(tmp
     ("split", "has no split 'validation' (setting data.hf_split)"),
     ("state_escape", "must be a plain file name"),
     ("link", "link"),
-    ("not_arrow", "cannot be read as a dataset"),
+    ("not_arrow", "cannot be read as Parquet"),
     ("empty_folder", "no Parquet or Arrow file"),
+    ("int_images", "column 'image' holds Value('int64')"),
+    ("no_captions", "has no usable caption in its first"),
+    ("absolute_paths", "set data.csv_allow_outside_paths=true"),
+    ("empty_parquet", "has no rows"),
+    ("empty_saved", "has no rows"),
+    ("huge_info", "dataset info"),
 ])
 def test_a_bad_dataset_is_one_line_before_any_folder(damage, message, tmp_path, capsys):
     path = tmp_path / "data"
@@ -110,10 +135,31 @@ def test_a_bad_dataset_is_one_line_before_any_folder(damage, message, tmp_path, 
     elif damage == "not_arrow":
         path = tmp_path / "data.parquet"
         path.write_bytes(b"PAR1 but not parquet")
-    else:
+    elif damage == "empty_folder":
         path.mkdir()
         (path / "notes.txt").write_text("nothing here")
         extra = ["--set", "data.source=hf"]
+    elif damage == "int_images":
+        datasets.Dataset.from_list([{"image": index, "text": "a caption"} for index in range(8)]).save_to_disk(str(path))
+    elif damage == "no_captions":
+        table([{**row, "text": None} for row in rows(8)]).save_to_disk(str(path))
+    elif damage == "absolute_paths":
+        (tmp_path / "elsewhere").mkdir()
+        for index, (png, _) in enumerate(scene_samples(8)):
+            (tmp_path / "elsewhere" / f"{index}.png").write_bytes(png)
+        files = {"image": [str(tmp_path / "elsewhere" / f"{index}.png") for index in range(8)], "text": ["a"] * 8}
+        path.mkdir()  # absolute paths to another folder (an Image feature's, when its files were not embedded)
+        path = path / "data.parquet"
+        datasets.Dataset.from_dict(files).to_parquet(str(path))
+    elif damage == "empty_parquet":
+        path = tmp_path / "data.parquet"
+        table(rows(2)).select([]).to_parquet(str(path))
+    elif damage == "empty_saved":
+        table(rows(2)).select([]).save_to_disk(str(path))
+    else:
+        table(rows(2)).save_to_disk(str(path))
+        info = json.loads((path / "dataset_info.json").read_text())
+        (path / "dataset_info.json").write_text(json.dumps({**info, "description": "x" * (8 << 20)}))
     capsys.readouterr()  # datasets' own progress bars while the test wrote the folder
     code = main(["train", "--train-data", str(path), *FAST, *extra, "--out", str(tmp_path / "run")])
     error = capsys.readouterr().err

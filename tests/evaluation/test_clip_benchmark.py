@@ -212,3 +212,15 @@ def test_a_one_shard_set_with_clip_benchmark_s_default_workers(run, sets, tmp_pa
     code = main(["benchmark", str(run), "--", "--dataset", "wds/shape1", "--dataset_root", str(tmp_path), "--quiet"])
     error = capsys.readouterr().err
     assert code == 2 and error.count("\n") == 1 and "nshards.txt is missing" in error, error
+    # --dataset_root as CLIP_benchmark's template (filled with the name without wds/), and a file of names
+    (tmp_path / "names.txt").write_text("wds/shape1\n")
+    for dataset in ("wds/shape1", str(tmp_path / "names.txt")):
+        for file in tmp_path.glob("*.json"):
+            file.unlink()
+        code = main(["benchmark", str(run), "--", "--dataset", dataset, "--dataset_root", f"{sets}/wds_{{dataset}}",
+                     "--no_amp", "--quiet"])
+        error = capsys.readouterr().err
+        assert code == 0 and "--num_workers 1 (was 4)" in error, error
+    code = main(["benchmark", str(run), "--", "--dataset", "wds/shape1", "--dataset_root", f"{sets}/{{other}}"])
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1 and "{dataset} and {dataset_cleaned} only" in error, error

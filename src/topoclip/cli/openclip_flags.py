@@ -241,7 +241,7 @@ def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str]], Optio
                               f"files with --train-data alone)")
         data = given.get("--train-data", "")
         source = sources.get(kind) or ("csv" if data.lower().endswith((".csv", ".tsv", ".tab")) else
-                                       "hf" if kind is None and is_hf_data(data) else "shards")
+                                       "hf" if kind in (None, "auto") and is_hf_data(data) else "shards")
         found.append(f"data.source={source}")
     # OpenCLIP's --batch-size is per GPU and --accum-freq multiplies it; topoclip's train.batch_size is the global
     # batch of one optimiser step, split into train.accumulation_steps micro-batches.

@@ -5,8 +5,9 @@ as an indexed table of image + caption columns (data.hf_image_column, data.hf_ca
 The table is `datasets`' own, memory-mapped (Parquet converted into its cache once, as `load_dataset` does), so
 a worker holds no copy of it. The image column may be an `Image` feature (its bytes, or a path), raw bytes, or a
 path: bytes are decoded by topoclip's bounded decoder, and a path resolves inside the folder that holds the
-dataset (its file's or its save_to_disk folder's parent), as a CSV's image paths resolve inside the CSV's folder
-(data.csv_allow_outside_paths lets them out). A caption column of lists takes each row's first.
+data (a file's folder, a folder of Parquet / Arrow files itself, a save_to_disk folder's parent), as a CSV's image
+paths resolve inside the CSV's folder (data.csv_allow_outside_paths lets them out). Columns of other types, and a
+first batch of rows with no usable caption or only images outside that folder, are said before a run starts. A caption column of lists takes each row's first.
 Rows are read as `CsvDataset` reads a table's: shuffled each epoch from (seed, epoch), split over ranks then
 workers, resumed from each worker's (cursor, made), and a row whose image or caption cannot be used is skipped and
 counted. Before `datasets` opens anything, the folder is checked through the door (no link, no special file) and
@@ -21,7 +22,7 @@ from topoclip.core.door import check_tree, is_folder, list_folder, read_json, re
 from topoclip.core.errors import ConfigError, check_file_name
 
 FILES = (".parquet", ".arrow")
-DATASET_STATE, DATASET_DICT = "state.json", "dataset_dict.json"
+DATASET_STATE, DATASET_DICT, DATASET_INFO = "state.json", "dataset_dict.json", "dataset_info.json"
 SETTINGS = {"path": "setting data.train_data", "image_key": "setting data.hf_image_column",
             "caption_key": "setting data.hf_caption_column", "split": "setting data.hf_split"}
 
@@ -44,11 +45,16 @@ def _datasets():
 
 
 def _check_state(folder: Path) -> None:
-    """The data files a save_to_disk folder's state.json names are plain names of files inside it."""
+    """A save_to_disk folder's own files, before `datasets` reads them: its dataset_info.json bounded (datasets reads
+    it whole), and the data files its state.json names plain names of files inside it (none: no rows)."""
+    if (folder / DATASET_INFO).exists():  # (links and special files were refused with the folder: check_tree)
+        read_json(folder / DATASET_INFO, "dataset info", folder, error=ConfigError)
     state = read_json(folder / DATASET_STATE, "dataset state", folder, error=ConfigError)
     files = state.get("_data_files") if isinstance(state, dict) else None
-    if not isinstance(files, list) or not files:
+    if not isinstance(files, list):
         raise ConfigError(f"{folder / DATASET_STATE} lists no data files; save the dataset again with save_to_disk")
+    if not files:
+        raise ConfigError(f"{folder} has no rows ({SETTINGS['path']})")
     for entry in files:
         name = entry.get("filename") if isinstance(entry, dict) else None
         if not isinstance(name, str):
@@ -58,17 +64,20 @@ def _check_state(folder: Path) -> None:
 
 
 def open_table(path: Union[str, Path], split: str = "train"):
-    """The `datasets.Dataset` at `path` (see the module docstring); ConfigError naming the problem and the fix."""
+    """(the `datasets.Dataset` at `path`, the folder its image paths resolve in: the folder that holds the data —
+    a file's folder, a folder of Parquet / Arrow files itself, a save_to_disk folder's parent); see the module
+    docstring. ConfigError naming the problem and the fix."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist ({SETTINGS['path']}: a save_to_disk folder, or Parquet / "
                                 f"Arrow files)")
     datasets = _datasets()
     if not is_folder(path):
-        files = [regular_file(path, "dataset file", error=ConfigError)]
+        files, root = [regular_file(path, "dataset file", error=ConfigError)], path.parent
     else:
         check_tree(path, "dataset folder", error=ConfigError)
         names = {entry.name for entry in list_folder(path, "dataset folder", error=ConfigError)}
+        root = path
         if DATASET_DICT in names:
             listed = read_json(path / DATASET_DICT, "dataset dict", path, error=ConfigError)
             splits = listed.get("splits") if isinstance(listed, dict) else None
@@ -81,7 +90,7 @@ def open_table(path: Union[str, Path], split: str = "train"):
             names = {entry.name for entry in list_folder(path, "dataset folder", error=ConfigError)}
         if DATASET_STATE in names:
             _check_state(path)
-            return _loaded(lambda: datasets.load_from_disk(str(path)), path)
+            return _loaded(lambda: datasets.load_from_disk(str(path)), path), root.parent
         files = [path / name for name in sorted(names) if name.lower().endswith(FILES)]
         if not files:
             raise ConfigError(f"{path} holds no {DATASET_STATE} (a save_to_disk folder) and no Parquet or Arrow file")
@@ -90,33 +99,68 @@ def open_table(path: Union[str, Path], split: str = "train"):
         raise ConfigError(f"{path} mixes Parquet and Arrow files; give a folder of one kind")
     if kinds == {".arrow"}:
         return _loaded(lambda: datasets.concatenate_datasets([datasets.Dataset.from_file(str(file)) for file in files]),
-                       path)
-    return _loaded(lambda: datasets.Dataset.from_parquet([str(file) for file in files]), path)
+                       path), root
+    if not sum(_parquet_rows(file) for file in files):  # datasets would say "Instruction train corresponds to no data"
+        raise ConfigError(f"{path} has no rows ({SETTINGS['path']})")
+    return _loaded(lambda: datasets.Dataset.from_parquet([str(file) for file in files]), path), root
+
+
+def _parquet_rows(file: Path) -> int:
+    """The rows a Parquet file's footer says it holds; ConfigError when it has none readable."""
+    import pyarrow.parquet
+
+    try:
+        return pyarrow.parquet.read_metadata(str(file)).num_rows
+    except Exception as error:  # pyarrow's ArrowInvalid, OSError for what is not Parquet
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(f"{file} cannot be read as Parquet ({first[:160]}); is it what to_parquet wrote?") from None
 
 
 def _loaded(load, path: Path):
+    datasets = _datasets()
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # its bars are for each worker and each check here: noise before a run's own
     try:
         table = load()
     except Exception as error:  # pyarrow and datasets raise many types for a file that is not what it says
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ConfigError(f"{path} cannot be read as a dataset ({first[:160]}); is it what save_to_disk or "
                           f"to_parquet wrote?") from None
-    if not isinstance(table, _datasets().Dataset):  # a DatasetDict's folder given below its dict
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+    if not isinstance(table, datasets.Dataset):  # a DatasetDict's folder given below its dict
         raise ConfigError(f"{path} holds several splits; give the folder of one ({SETTINGS['split']})")
     return table
 
 
+def _kind(feature, datasets) -> str:
+    """"image", "bytes", "text", "texts" or "" (none of them) for a column's feature."""
+    if isinstance(feature, datasets.Image):
+        return "image"
+    if isinstance(feature, datasets.Value):
+        return {"binary": "bytes", "large_binary": "bytes", "string": "text", "large_string": "text"}.get(feature.dtype, "")
+    inner = getattr(feature, "feature", None)  # Sequence / List / LargeList of a feature
+    return "texts" if inner is not None and _kind(inner, datasets) == "text" else ""
+
+
 class HfRows:
-    """The (image: bytes or a path as written, caption or None) rows of a `datasets` table's two columns."""
+    """The (image: bytes or a path as written, caption or None) rows of a `datasets` table's two columns; `root` is
+    the folder an image path resolves in."""
 
     def __init__(self, path: Union[str, Path], image_column: str = "image", caption_column: str = "text",
                  split: str = "train"):
-        table = open_table(path, split)
-        for column, setting in ((image_column, "image_key"), (caption_column, "caption_key")):
+        table, self.root = open_table(path, split)
+        datasets = _datasets()
+        for column, setting, kinds, wanted in (
+                (image_column, "image_key", ("image", "bytes", "text"), "an Image feature, bytes or image paths"),
+                (caption_column, "caption_key", ("text", "texts"), "text, or lists of texts")):
             if column not in table.column_names:
                 raise ConfigError(f"{path} has no column {column!r} ({SETTINGS[setting]}); columns found: "
                                   f"{table.column_names[:20]}")
-        datasets = _datasets()
+            if _kind(table.features[column], datasets) not in kinds:
+                raise ConfigError(f"{path}: column {column!r} holds {str(table.features[column])[:80]}, not {wanted} "
+                                  f"({SETTINGS[setting]})")
         if isinstance(table.features[image_column], datasets.Image):  # its bytes and path, undecoded
             table = table.cast_column(image_column, datasets.Image(decode=False))
         self.table = table.select_columns([image_column, caption_column])
@@ -136,3 +180,29 @@ class HfRows:
 
     def captions(self, count: int) -> list[Optional[str]]:
         return [self[index][1] for index in range(min(len(self), count))]
+
+
+def check_first_rows(rows: HfRows, count: int, allow_outside: bool, path) -> None:
+    """ConfigError when none of the first `count` rows has a usable caption, or every image of them is a path
+    leading outside `rows.root` (what an Image feature cast from files stores: absolute paths)."""
+    from topoclip.data.images import clean_caption, resolve_image_path
+    from topoclip.data.quality import BadSample
+
+    first = [rows[index] for index in range(min(len(rows), count))]
+
+    def usable(read, value) -> bool:
+        try:
+            read(value)
+            return True
+        except BadSample:
+            return False
+
+    if not any(usable(clean_caption, caption) for _, caption in first):
+        raise ConfigError(f"{path}: column {rows.caption_column!r} has no usable caption in its first {len(first):,} "
+                          f"rows ({SETTINGS['caption_key']})")
+    paths = [image for image, _ in first if isinstance(image, str) and image.strip()]
+    if paths and len(paths) == len(first) and not allow_outside and not any(
+            usable(lambda image: resolve_image_path(image, rows.root), image) for image in paths):
+        raise ConfigError(f"{path}: the image paths of its first {len(first):,} rows lead outside {rows.root} (e.g. "
+                          f"{paths[0][:80]!r}); embed the images in the dataset (an Image feature with bytes), or set "
+                          f"data.csv_allow_outside_paths=true for a dataset you trust")

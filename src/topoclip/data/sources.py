@@ -189,7 +189,8 @@ def open_hf(data, **options):
     a CSV's are (topoclip.data.hf)."""
     from topoclip.data.csv import CsvDataset
 
-    return CsvDataset(data.train_data, rows=hf_rows(data), drop_last=True,
+    rows = hf_rows(data)
+    return CsvDataset(data.train_data, rows=rows, image_root=rows.root, drop_last=True,
                       allow_outside_paths=data.csv_allow_outside_paths, **options)
 
 
@@ -198,14 +199,18 @@ def hf_captions(data, count: int) -> list[str]:
 
 
 def hf_ready(data, batch_size: int) -> None:
-    """The dataset opens, has the image and caption columns (HfRows' checks) and at least one batch of rows."""
+    """The dataset opens, has image and caption columns of usable types (HfRows' checks), at least one batch of
+    rows, and captions and reachable images among its first batch (hf.check_first_rows)."""
+    from topoclip.data.hf import check_first_rows
+
     try:
-        rows = len(hf_rows(data))
+        rows = hf_rows(data)
     except FileNotFoundError as error:
         raise SourceError(str(error)) from None
-    if not rows:
+    if not len(rows):
         raise SourceError(f"{data.train_data} has no rows (setting data.train_data)")
-    check_one_batch(data, rows, batch_size)
+    check_one_batch(data, len(rows), batch_size)
+    check_first_rows(rows, batch_size, data.csv_allow_outside_paths, data.train_data)
 
 
 def hf_size(data) -> Optional[int]:

@@ -205,7 +205,11 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
     if layout == "openclip":
         from topoclip.io.convert.openai import OPENCLIP_CONFIG
 
-        weights = fetch(OPENCLIP_WEIGHTS[0], required=False) or fetch(OPENCLIP_WEIGHTS[1])
+        weights = fetch(OPENCLIP_WEIGHTS[0], required=False) or fetch(OPENCLIP_WEIGHTS[1], required=False)
+        if weights is None:
+            where = "in the local Hugging Face cache (offline)" if offline else "in the repository"
+            raise CheckpointError(f"{repo_id}: neither {' nor '.join(OPENCLIP_WEIGHTS)} is {where}; OpenCLIP's "
+                                  f"weights are one of them")
         fetch(OPENCLIP_CONFIG)
         return weights.parent
     weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)

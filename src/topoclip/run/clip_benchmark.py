@@ -117,23 +117,45 @@ def register() -> None:
         models.MODEL_TYPES.append(MODEL_TYPE)
 
 
+def benchmark_datasets(entries: Sequence[str]) -> list[str]:
+    """The datasets CLIP_benchmark's --dataset values name, expanded as its main_eval does: a file of names (one a
+    line; read through the door), a collection, or a name."""
+    from clip_benchmark.datasets.builder import dataset_collection
+
+    from topoclip.core.door import is_regular, read_text
+
+    names = []
+    for entry in entries:
+        if is_regular(entry):
+            names += [line.strip() for line in read_text(entry, "CLIP_benchmark dataset list").splitlines()
+                      if line.strip()]
+        else:
+            names += dataset_collection.get(entry, [entry])
+    return names
+
+
 def workers_for_shards(cli) -> list[str]:
     """["--num_workers", K] when CLIP_benchmark's eval arguments in sys.argv ask for more loader workers (its
     default is 4) than a local WebDataset set they name has shards: CLIP_benchmark's WebDataset has no node
     splitter, so each worker takes its share of the shards, and webdataset ≥ 1 stops a worker left without one
     ("No samples found in dataset; perhaps you have fewer shards than workers"). A set's missing or bad
     nshards.txt is one line here too (CLIP_benchmark's own reading of it is a traceback)."""
-    from clip_benchmark.datasets.builder import dataset_collection
-
     from topoclip.data.benchmark_sets import wds_shard_count
 
     _, base = cli.get_parser_args()
     if getattr(base, "which", None) != "eval":
         return []
     fewest = None
-    for name in (name for entry in base.dataset for name in dataset_collection.get(entry, [entry])):
-        root = base.dataset_root.format(dataset=name, dataset_cleaned=name.replace("/", "-"))
-        if not name.startswith("wds/") or "://" in root:
+    for name in benchmark_datasets(base.dataset):
+        if not name.startswith("wds/"):
+            continue
+        cleaned = name.replace("wds/", "", 1)  # as CLIP_benchmark's run() fills --dataset_root's template
+        try:
+            root = base.dataset_root.format(dataset=cleaned, dataset_cleaned=cleaned.replace("/", "-"))
+        except (KeyError, IndexError, ValueError) as error:
+            raise UserError(f"--dataset_root {base.dataset_root!r:.80}: CLIP_benchmark fills in {{dataset}} and "
+                            f"{{dataset_cleaned}} only ({type(error).__name__}: {error})") from None
+        if "://" in root:
             continue
         try:
             shards = wds_shard_count(Path(root), base.split)
