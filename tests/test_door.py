@@ -36,6 +36,7 @@ ALLOWED = {
     ("config/loading.py", "describe_preset", "read_text"): "reads a preset shipped in the package",
     ("io/convert/files.py", "read_state_dict", "load_file"): "the path comes from door.regular_file just before",
     ("model/lora.py", "load_adapters", "load_file"): "the path comes from door.regular_file just before",
+    ("model/lora.py", "load_adapters", "safe_open"): "the path comes from door.regular_file just before",
     ("io/convert/files.py", "read_state_dict", "torch.load"): "reads the file object door.open_regular opened",
     ("data/benchmark_sets.py", "_samples", "tarfile.open"): "the shard was opened through door.open_regular first",
     ("data/benchmark_sets.py", "_header_ok", "Image.open"): "decodes bytes already read (BytesIO)",
