@@ -95,6 +95,25 @@ def test_image_paths_resolve_inside_the_folder_and_a_path_outside_is_counted(for
     assert counts["bad"] == {"path_outside_root": 1} and counts["kept"] == 3 * BATCH
 
 
+def test_an_image_struct_another_tool_wrote_and_a_relative_dataset_path_train(tmp_path, monkeypatch):
+    """An Image column as pyarrow writes it (a struct of bytes and path, no datasets metadata), and the dataset given
+    as "." from inside its folder: its images resolve where the same absolute path's do."""
+    import pyarrow
+    import pyarrow.parquet
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    samples = scene_samples(12)
+    images = pyarrow.array([{"bytes": png, "path": None} for png, _ in samples],
+                           type=pyarrow.struct([("bytes", pyarrow.binary()), ("path", pyarrow.string())]))
+    (tmp_path / "data").mkdir()
+    pyarrow.parquet.write_table(pyarrow.table({"image": images, "text": [caption for _, caption in samples]}),
+                                str(tmp_path / "data" / "0.parquet"))
+    assert isinstance(HfRows(tmp_path / "data")[0][0], bytes)
+    monkeypatch.chdir(tmp_path / "data")
+    assert HfRows(".").root == tmp_path / "data"
+    assert train_on(".", tmp_path)["kept"] == 3 * BATCH
+
+
 def test_dataset_type_auto_finds_a_dataset_as_no_flag_does(tmp_path, capsys):
     table().save_to_disk(str(tmp_path / "data"))
     assert main(["train", "--preset", "tiny", "--train-data", str(tmp_path / "data"), "--dataset-type", "auto",

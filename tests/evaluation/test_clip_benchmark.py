@@ -221,6 +221,7 @@ def test_a_one_shard_set_with_clip_benchmark_s_default_workers(run, sets, tmp_pa
                      "--no_amp", "--quiet"])
         error = capsys.readouterr().err
         assert code == 0 and "--num_workers 1 (was 4)" in error, error
-    code = main(["benchmark", str(run), "--", "--dataset", "wds/shape1", "--dataset_root", f"{sets}/{{other}}"])
-    error = capsys.readouterr().err
-    assert code == 2 and error.count("\n") == 1 and "{dataset} and {dataset_cleaned} only" in error, error
+    for template in ("{other}", "{dataset.x}", "{dataset[a]}", "{0}"):  # str.format's KeyError, AttributeError, ...
+        code = main(["benchmark", str(run), "--", "--dataset", "wds/shape1", "--dataset_root", f"{sets}/{template}"])
+        error = capsys.readouterr().err
+        assert code == 2 and error.count("\n") == 1 and "{dataset} and {dataset_cleaned} only" in error, error

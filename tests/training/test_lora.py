@@ -138,6 +138,21 @@ def test_a_lora_run_loads_without_peft_and_says_it_is_needed_to_train(tuned, mon
     assert error.count("\n") == 1 and "pip install 'topoclip[lora]'" in error, error
 
 
+def test_adapters_of_another_type_are_one_line_before_they_are_read(tuned, tmp_path, capsys):
+    """Checked by name, shape and type from the file's header: int8 adapters would load, truncated, without it."""
+    from safetensors.torch import save_file
+
+    again = tmp_path / "again"
+    shutil.copytree(tuned, again)
+    shutil.rmtree(final(again))
+    (again / "eval.json").unlink()
+    earlier = sorted((again / "checkpoints").glob("step-*"))[-1] / "lora" / "adapter_model.safetensors"
+    save_file({name: tensor.to(torch.int8) for name, tensor in load_file(earlier).items()}, str(earlier))
+    assert main(["train", "--resume", str(again)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "does not hold this run's adapters" in error, error
+
+
 def test_a_lora_run_exports_the_merged_model(tuned, tmp_path):
     import topoclip
 

@@ -67,7 +67,7 @@ def open_table(path: Union[str, Path], split: str = "train"):
     """(the `datasets.Dataset` at `path`, the folder its image paths resolve in: the folder that holds the data —
     a file's folder, a folder of Parquet / Arrow files itself, a save_to_disk folder's parent); see the module
     docstring. ConfigError naming the problem and the fix."""
-    path = Path(path)
+    path = Path(path).absolute()  # its parent is a folder's, not the text's ("." has none)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist ({SETTINGS['path']}: a save_to_disk folder, or Parquet / "
                                 f"Arrow files)")
@@ -118,8 +118,8 @@ def _parquet_rows(file: Path) -> int:
 
 def _loaded(load, path: Path):
     datasets = _datasets()
-    shown = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # its bars are for each worker and each check here: noise before a run's own
+    shown = datasets.is_progress_bar_enabled()  # (the singular names: datasets 2.14 has no plural ones)
+    datasets.disable_progress_bar()  # its bars are for each worker and each check here: noise before a run's own
     try:
         table = load()
     except Exception as error:  # pyarrow and datasets raise many types for a file that is not what it says
@@ -128,7 +128,7 @@ def _loaded(load, path: Path):
                           f"to_parquet wrote?") from None
     finally:
         if shown:
-            datasets.enable_progress_bars()
+            datasets.enable_progress_bar()
     if not isinstance(table, datasets.Dataset):  # a DatasetDict's folder given below its dict
         raise ConfigError(f"{path} holds several splits; give the folder of one ({SETTINGS['split']})")
     return table
@@ -136,8 +136,9 @@ def _loaded(load, path: Path):
 
 def _kind(feature, datasets) -> str:
     """"image", "bytes", "text", "texts" or "" (none of them) for a column's feature."""
-    if isinstance(feature, datasets.Image):
-        return "image"
+    if isinstance(feature, datasets.Image) or (isinstance(feature, dict) and "bytes" in feature
+                                                and set(feature) <= {"bytes", "path"}):
+        return "image"  # (the struct of bytes and path an Image column is, written by another tool than datasets)
     if isinstance(feature, datasets.Value):
         return {"binary": "bytes", "large_binary": "bytes", "string": "text", "large_string": "text"}.get(feature.dtype, "")
     inner = getattr(feature, "feature", None)  # Sequence / List / LargeList of a feature
@@ -179,7 +180,26 @@ class HfRows:
         return (image if isinstance(image, (bytes, str)) else ""), (caption if isinstance(caption, str) else None)
 
     def captions(self, count: int) -> list[Optional[str]]:
-        return [self[index][1] for index in range(min(len(self), count))]
+        """The first `count` rows' captions, read from their column alone (no image is loaded)."""
+        values = self.table.select_columns([self.caption_column])[:count][self.caption_column]
+        return [value[0] if isinstance(value, (list, tuple)) and value else
+                value if isinstance(value, str) else None for value in values]
+
+    def image_paths(self, count: int) -> list[str]:
+        """The image paths among the first `count` rows (rows whose image is embedded have none), read without
+        their bytes: an Image column's "path" field where its "bytes" are null, or a column of paths."""
+        import pyarrow.compute
+        import pyarrow.types
+
+        if self.table._indices is not None:  # rows picked from a larger table (not what is read from disk): by row
+            return [image for image, _ in (self[index] for index in range(min(len(self), count)))
+                    if isinstance(image, str) and image.strip()]
+        column = self.table.data.column(self.image_column).slice(0, count).combine_chunks()
+        if pyarrow.types.is_struct(column.type):
+            column = column.field("path").filter(pyarrow.compute.is_null(column.field("bytes")))
+        elif not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)):
+            return []
+        return [value for value in column.to_pylist() if isinstance(value, str) and value.strip()]
 
 
 def check_first_rows(rows: HfRows, count: int, allow_outside: bool, path) -> None:
@@ -188,7 +208,7 @@ def check_first_rows(rows: HfRows, count: int, allow_outside: bool, path) -> Non
     from topoclip.data.images import clean_caption, resolve_image_path
     from topoclip.data.quality import BadSample
 
-    first = [rows[index] for index in range(min(len(rows), count))]
+    count = min(len(rows), count)
 
     def usable(read, value) -> bool:
         try:
@@ -197,12 +217,12 @@ def check_first_rows(rows: HfRows, count: int, allow_outside: bool, path) -> Non
         except BadSample:
             return False
 
-    if not any(usable(clean_caption, caption) for _, caption in first):
-        raise ConfigError(f"{path}: column {rows.caption_column!r} has no usable caption in its first {len(first):,} "
+    if not any(usable(clean_caption, caption) for caption in rows.captions(count)):
+        raise ConfigError(f"{path}: column {rows.caption_column!r} has no usable caption in its first {count:,} "
                           f"rows ({SETTINGS['caption_key']})")
-    paths = [image for image, _ in first if isinstance(image, str) and image.strip()]
-    if paths and len(paths) == len(first) and not allow_outside and not any(
+    paths = rows.image_paths(count)
+    if len(paths) == count and not allow_outside and not any(
             usable(lambda image: resolve_image_path(image, rows.root), image) for image in paths):
-        raise ConfigError(f"{path}: the image paths of its first {len(first):,} rows lead outside {rows.root} (e.g. "
+        raise ConfigError(f"{path}: the image paths of its first {count:,} rows lead outside {rows.root} (e.g. "
                           f"{paths[0][:80]!r}); embed the images in the dataset (an Image feature with bytes), or set "
                           f"data.csv_allow_outside_paths=true for a dataset you trust")

@@ -118,11 +118,14 @@ def load_adapters(wrapped, folder: Path) -> None:
     from topoclip.core.errors import CheckpointError
 
     file = folder / "adapter_model.safetensors"
-    expected = {name: tuple(tensor.shape) for name, tensor in get_peft_model_state_dict(wrapped).items()}
+    kinds = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+    expected = {name: (tuple(tensor.shape), kinds.get(tensor.dtype)) for name, tensor in
+                get_peft_model_state_dict(wrapped).items()}
     try:
         regular_file(file, "LoRA adapters", folder.parent, error=CheckpointError)
-        with safe_open(str(file), framework="pt") as header:  # the names and shapes alone: nothing allocated yet
-            stored = {name: tuple(header.get_slice(name).get_shape()) for name in header.keys()}
+        with safe_open(str(file), framework="pt") as header:  # names, shapes and types alone: nothing allocated yet
+            stored = {name: (tuple(header.get_slice(name).get_shape()), header.get_slice(name).get_dtype())
+                      for name in header.keys()}
         if stored != expected:
             wrong = sorted(set(stored) ^ set(expected)) or [name for name in stored if stored[name] != expected[name]]
             raise CheckpointError(f"{file} does not hold this run's adapters ({len(wrong)} differ, e.g. "

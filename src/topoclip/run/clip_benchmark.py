@@ -152,7 +152,7 @@ def workers_for_shards(cli) -> list[str]:
         cleaned = name.replace("wds/", "", 1)  # as CLIP_benchmark's run() fills --dataset_root's template
         try:
             root = base.dataset_root.format(dataset=cleaned, dataset_cleaned=cleaned.replace("/", "-"))
-        except (KeyError, IndexError, ValueError) as error:
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as error:  # what str.format raises
             raise UserError(f"--dataset_root {base.dataset_root!r:.80}: CLIP_benchmark fills in {{dataset}} and "
                             f"{{dataset_cleaned}} only ({type(error).__name__}: {error})") from None
         if "://" in root:
