@@ -86,31 +86,36 @@ def test_peft_loads_the_adapters_onto_the_base_with_the_merged_model_s_features(
         torch.testing.assert_close(with_adapters.base_model.model.encode_text(ids), merged.model.encode_text(ids), **bound)
 
 
-def test_a_lora_run_resumes_bit_for_bit(tuned, tmp_path):
-    again = tmp_path / "again"
-    shutil.copytree(tuned, again)
-    shutil.rmtree(final(again))
-    (again / "eval.json").unlink()
-    assert main(["train", "--resume", str(again)]) == 0
+def without_its_last_checkpoint(run, folder):
+    """A copy of the finished `run` at `folder` as a run killed before its last checkpoint leaves it."""
+    shutil.copytree(run, folder)
+    shutil.rmtree(final(folder))
+    (folder / "eval.json").unlink()
+    return folder
+
+
+def assert_same_final_weights(run, other):
     for name in ("model.safetensors", "lora/adapter_model.safetensors"):
-        ours, theirs = load_file(final(again) / name), load_file(final(tuned) / name)
+        ours, theirs = load_file(final(run) / name), load_file(final(other) / name)
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours), name
+
+
+def test_a_lora_run_resumes_bit_for_bit(tuned, tmp_path):
+    again = without_its_last_checkpoint(tuned, tmp_path / "again")
+    assert main(["train", "--resume", str(again)]) == 0
+    assert_same_final_weights(again, tuned)
 
 
 def test_a_lora_run_with_dropout_resumes_bit_for_bit(pretrained, table, tmp_path):
     """Dropout draws from torch's global RNG, which a resume restores: nothing may draw from it in between (a data
     loader's base seed did: topoclip.data.batch.loader_generator)."""
     dropout = ["--set", "train.lora_dropout=0.3", "--set", 'train.lora_targets=["mlp.c_fc","mlp.c_proj","attn.out_proj"]']
-    whole, again = tmp_path / "whole", tmp_path / "again"
+    whole = tmp_path / "whole"
     assert main(["train", "--init-from", str(pretrained), "--train-data", str(table), *TUNE, *dropout,
                  "--out", str(whole)]) == 0
-    shutil.copytree(whole, again)
-    shutil.rmtree(final(again))
-    (again / "eval.json").unlink()
+    again = without_its_last_checkpoint(whole, tmp_path / "again")
     assert main(["train", "--resume", str(again)]) == 0
-    for name in ("model.safetensors", "lora/adapter_model.safetensors"):
-        ours, theirs = load_file(final(again) / name), load_file(final(whole) / name)
-        assert all(torch.equal(ours[key], theirs[key]) for key in ours), name
+    assert_same_final_weights(again, whole)
 
 
 def test_the_packed_projection_alone_is_adapted(pretrained, table, tmp_path):
@@ -142,10 +147,7 @@ def test_adapters_of_another_type_are_one_line_before_they_are_read(tuned, tmp_p
     """Checked by name, shape and type from the file's header: int8 adapters would load, truncated, without it."""
     from safetensors.torch import save_file
 
-    again = tmp_path / "again"
-    shutil.copytree(tuned, again)
-    shutil.rmtree(final(again))
-    (again / "eval.json").unlink()
+    again = without_its_last_checkpoint(tuned, tmp_path / "again")
     earlier = sorted((again / "checkpoints").glob("step-*"))[-1] / "lora" / "adapter_model.safetensors"
     save_file({name: tensor.to(torch.int8) for name, tensor in load_file(earlier).items()}, str(earlier))
     assert main(["train", "--resume", str(again)]) == 2
