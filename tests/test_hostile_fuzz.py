@@ -200,6 +200,67 @@ def test_a_transformers_config_imports_or_is_one_line(tmp_path_factory, config, 
 
 
 @FUZZ
+@given(config=st.dictionaries(st.sampled_from(["text_config", "vision_config", "architectures", "projection_dim"]),
+                              values, max_size=3),
+       towers=st.dictionaries(st.sampled_from(["hidden_act", "layer_norm_eps", "num_attention_heads", "hidden_size",
+                                               "intermediate_size", "vision_use_head", "num_channels",
+                                               "projection_size", "max_position_embeddings"]), values, max_size=4))
+def test_a_siglip_config_imports_or_is_one_line(tmp_path_factory, config, towers):
+    """Any config.json of a transformers SiglipModel folder: refused in one line, never a traceback."""
+    from topoclip.io.convert.hf import import_hf
+
+    folder = tmp_path_factory.mktemp("siglip")
+    values = {"model_type": "siglip", "text_config": dict(towers), "vision_config": dict(towers), **config}
+    (folder / "config.json").write_text(as_text(values), encoding="utf-8", errors="surrogatepass")
+    try:
+        import_hf(folder)
+    except (UserError, OSError) as error:
+        assert "\n" not in str(error) or isinstance(error, OSError)
+
+
+def protobuf_field(number: int, payload) -> bytes:
+    """One protobuf field: a varint (int) or a length-delimited one (bytes)."""
+    def varint(value: int) -> bytes:
+        out = b""
+        while True:
+            out += bytes([(value & 0x7F) | (0x80 if value > 0x7F else 0)])
+            value >>= 7
+            if not value:
+                return out
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+PIECE = st.builds(lambda text, score, kind: protobuf_field(1, protobuf_field(1, text.encode("utf-8", "surrogatepass"))
+                                                           + b"\x15" + score + protobuf_field(3, kind)),
+                  st.text(max_size=6), st.binary(min_size=4, max_size=4), st.integers(0, 7))
+
+
+@FUZZ
+@given(pieces=st.lists(PIECE, max_size=8), extra=st.binary(max_size=40), unk=st.integers(0, 9) | st.integers(0, 2**40),
+       charsmap=st.binary(max_size=64))
+def test_a_sentencepiece_file_reads_or_is_one_line(tmp_path_factory, pieces, extra, unk, charsmap):
+    """Any spiece.model (pieces of any text, score and type; any unknown id; any character map; trailing bytes):
+    a tokenizer that tokenizes, or one line, never a traceback or a Rust panic."""
+    from topoclip.preprocess.tokenizer import Tokenizer
+
+    file = tmp_path_factory.mktemp("spm") / "spiece.model"
+    end = protobuf_field(1, protobuf_field(1, b"</s>") + b"\x15\x00\x00\x00\x00" + protobuf_field(3, 3))
+    file.write_bytes(b"".join(pieces) + end + protobuf_field(2, protobuf_field(40, unk))
+                     + protobuf_field(3, protobuf_field(2, charsmap)) + extra)
+    try:
+        tokenizer = Tokenizer.from_sentencepiece(file, context_length=8)
+    except (ValueError, UserError) as error:
+        assert "\n" not in str(error)
+        return
+    try:
+        assert tokenizer(["a photo of a cat", "", "ünï\x00"]).input_ids.shape == (3, 8)
+    except UserError as error:
+        assert "\n" not in str(error)
+
+
+@FUZZ
 @given(name=st.text(max_size=120) | st.sampled_from(["../../etc", "org/name@..", "a/b@main", "a" * 200 + "/b",
                                                      "org/name@refs/pr/1", "org//name", "-org/name"]))
 def test_a_hub_id_is_taken_or_refused_in_one_line(name):

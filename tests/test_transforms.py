@@ -235,4 +235,11 @@ def test_the_two_eval_resizes_crop_the_same_box():
     two_steps = eval_transform(64, resize="shortest", **plain)(ramp)
     assert (one_step - two_steps).abs().max() < 4 / 255
     with pytest.raises(ValueError, match="resize must be one of"):
-        eval_transform(64, resize="squash")
+        eval_transform(64, resize="stretch")
+
+
+def test_squash_keeps_the_whole_image():
+    """SigLIP's resize: the ramp's ends stay in the picture (a crop would cut its sides) and rows stay equal."""
+    ramp = np.tile(np.linspace(0, 255, 500).astype(np.uint8)[None, :, None], (300, 1, 3))
+    pixels = eval_transform(64, resize="squash", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))(ramp)
+    assert pixels.shape == (3, 64, 64) and float(pixels[0, :, 0].max()) < 4 / 255 and float(pixels[0, :, -1].min()) > 251 / 255

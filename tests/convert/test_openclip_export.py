@@ -290,7 +290,8 @@ def test_a_pretrained_name_in_open_clip_s_hub_layout_loads_with_open_clip_s_feat
 @pytest.mark.torchvision
 def test_every_pretrained_name_is_open_clip_s_and_its_hub_files_are_open_clip_s():
     """Each name of `topoclip pretrained` is one of open_clip.list_pretrained()'s; where topoclip reads OpenCLIP's
-    own Hub files, the repository and the QuickGELU flag are those of OpenCLIP's table."""
+    own Hub files, the repository and the QuickGELU flag are those of OpenCLIP's table; where it reads Google's
+    SigLIP repositories, their size, patch and resolution are those of the timm tower OpenCLIP builds for the name."""
     open_clip = pytest.importorskip("open_clip")
     from topoclip.io.pretrained import PRETRAINED
 
@@ -301,6 +302,9 @@ def test_every_pretrained_name_is_open_clip_s_and_its_hub_files_are_open_clip_s(
             model, tag = entry.name.split(":")
             theirs = open_clip.get_pretrained_cfg(model, tag)
             assert (theirs["hf_hub"].rstrip("/"), bool(theirs.get("quick_gelu"))) == (entry.repo, entry.quick_gelu)
+        elif entry.repo.startswith("google/siglip-"):
+            timm_name = open_clip.get_model_config(entry.name.split(":")[0])["vision_cfg"]["timm_model_name"]
+            assert timm_name == "vit_{}_{}_siglip_{}".format(*entry.repo.removeprefix("google/siglip-").split("-"))
 
 
 def test_an_open_clip_layout_name_without_its_weights_in_the_cache_names_both_files(tmp_path):

@@ -103,13 +103,13 @@ def grad_cam(model, tokenizer, pixels: torch.Tensor, caption: str, layer: int = 
             u = model.encode_image(pixels)
             v = model.encode_text(batch)
             names, scores = pair_scores(model, u, v)
-            image_tokens, text_tokens = image_input.value, text_input.value  # (1, m + grid², w), (1, T, w)
+            image_tokens, text_tokens = image_input.value, text_input.value  # (1, [m +] grid², w), (1, T, w)
             ids, positions = text_positions(model, batch, text_tokens.shape[1])
             image_maps, text_maps = [], []
+            patches = 0 if model.visual.attention_pooling else model.visual.class_tokens  # where the patches start
             for p in range(len(names)):
                 image_grad, text_grad = torch.autograd.grad(scores[p], [image_tokens, text_tokens], retain_graph=True)
-                image_maps.append(cam(image_tokens[0, model.visual.class_tokens:].detach().float(),
-                                      image_grad[0, model.visual.class_tokens:].float()))
+                image_maps.append(cam(image_tokens[0, patches:].detach().float(), image_grad[0, patches:].float()))
                 text_maps.append(cam(text_tokens[0, positions].detach().float(), text_grad[0, positions].float()))
     finally:
         image_input.remove()

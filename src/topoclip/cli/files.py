@@ -33,7 +33,7 @@ def add_convert(commands) -> None:
                          "folder with --from topoclip")
     convert.add_argument("destination", help="new (or empty) folder to write")
     convert.add_argument("--from", dest="source_format", choices=FORMATS, default="topoclip",
-                         help="the source's format (default topoclip; hf: a transformers CLIPModel folder)")
+                         help="the source's format (default topoclip; hf: a transformers CLIPModel or SiglipModel folder)")
     convert.add_argument("--vocab", help="its tokenizer: a BERT vocab.txt (mtob), bpe_simple_vocab_16e6.txt.gz "
                          "(openai, openclip) or a tokenizer.json")
     convert.add_argument("--activation", choices=["gelu", "quick_gelu"], help="openclip: the activation the weights "

@@ -73,6 +73,8 @@ NUMERIC_RANGES: dict[str, Range] = {
     "model.vision.layers": Range(1, 1024, note="each layer holds about 12 · width² fp32 weights"),
     "model.vision.heads": AT_LEAST_ONE,
     "model.vision.mlp_ratio": POSITIVE,
+    "model.vision.layer_norm_eps": Range(0, 0.1, low_inclusive=False,
+                                          note="ε keeps the LayerNorm's variance off 0: 1e-5 (CLIP) or 1e-6 (SigLIP)"),
     "model.vision.mean": FINITE,
     "model.vision.std": POSITIVE,
     "model.text.vocab_size": Range(1, 2**22, note="the token embedding is vocab_size · model.text.width fp32 "
@@ -82,6 +84,8 @@ NUMERIC_RANGES: dict[str, Range] = {
     "model.text.layers": Range(1, 1024, note="each layer holds about 12 · width² fp32 weights"),
     "model.text.heads": AT_LEAST_ONE,
     "model.text.mlp_ratio": POSITIVE,
+    "model.text.layer_norm_eps": Range(0, 0.1, low_inclusive=False,
+                                        note="ε keeps the LayerNorm's variance off 0: 1e-5 (CLIP) or 1e-6 (SigLIP)"),
     "model.text.cls_token_id": NON_NEGATIVE,
     "model.text.end_token_id": NON_NEGATIVE,
     "model.temperature.init": FINITE,
@@ -211,7 +215,8 @@ def validate_model(config: ModelConfig) -> None:
     if vision.image_size % vision.patch_size:
         raise ConfigError(f"model.vision.image_size={vision.image_size} is not a multiple of "
                           f"model.vision.patch_size={vision.patch_size}; pick a patch size dividing it")
-    positions = (vision.image_size // vision.patch_size) ** 2 + config.class_tokens
+    positions = (vision.image_size // vision.patch_size) ** 2 + (config.class_tokens if vision.pooling == "class_tokens"
+                                                                 else 0)
     if positions > MAX_POSITIONS:
         raise ConfigError(f"model.vision.image_size={vision.image_size} with patch_size={vision.patch_size} makes "
                           f"{positions:,} positions, over {MAX_POSITIONS:,} (attention is positions² a head); raise "

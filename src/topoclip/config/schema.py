@@ -31,15 +31,24 @@ class VisionConfig:
     layers: int = 12
     heads: int = 12
     mlp_ratio: float = 4.0
-    activation: Literal["gelu", "quick_gelu"] = "gelu"
+    activation: Literal["gelu", "quick_gelu", "gelu_tanh"] = "gelu"
     norm_first: bool = True
+    # ε of every LayerNorm of the tower: torch's and OpenAI's 1e-5; SigLIP's (big_vision's) 1e-6.
+    layer_norm_eps: float = 1e-5
+    # How the m output tokens are made (topoclip.model.vision): "class_tokens" prepends m learned tokens (ViT, CLIP);
+    # "attention" has no class token and pools the patches with m learned queries (SigLIP's attention-pooling head,
+    # one query a token).
+    pooling: Literal["class_tokens", "attention"] = "class_tokens"
+    patch_bias: bool = False  # a bias in the patch embedding (SigLIP's; CLIP's has none)
+    pre_norm: bool = True  # the LayerNorm before the blocks (CLIP's ln_pre; SigLIP has none)
     # Normalisation of input pixels (OpenAI CLIP's statistics).
     mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
     # Evaluation geometry (topoclip.preprocess.transforms.eval_transform): "crop-box" resizes the centred crop box in
     # one step; "shortest" is OpenCLIP's Resize(shorter side) then CenterCrop, PIL's own two steps, which
-    # imported OpenAI / OpenCLIP models use so their published zero-shot numbers reproduce.
-    eval_resize: Literal["crop-box", "shortest"] = "crop-box"
+    # imported OpenAI / OpenCLIP models use so their published zero-shot numbers reproduce; "squash" resizes the
+    # whole image to image_size × image_size, no crop (SigLIP's).
+    eval_resize: Literal["crop-box", "shortest", "squash"] = "crop-box"
 
 
 @dataclass(frozen=True)
@@ -52,16 +61,19 @@ class TextConfig:
     layers: int = 12
     heads: int = 8
     mlp_ratio: float = 4.0
-    activation: Literal["gelu", "quick_gelu"] = "gelu"
+    activation: Literal["gelu", "quick_gelu", "gelu_tanh"] = "gelu"
     norm_first: bool = False
     embedding_norm: bool = True
+    layer_norm_eps: float = 1e-5  # as model.vision.layer_norm_eps
+    projection_bias: bool = False  # a bias after the text projection (SigLIP's text head)
     # The m class tokens are this id repeated m times; the tokenizer's [CLS] ([CLS] = 101 in BERT
     # vocabularies, 2 in vocabularies topoclip trains).
     cls_token_id: int = 101
     # OpenAI CLIP's text tower is "causal" (each token attends to itself and earlier ones) and
-    # pooled at its end-of-text token; see topoclip.model.pooling for the two layouts of the m tokens.
+    # pooled at its end-of-text token; SigLIP's reads the last position of the padded text ("last"); see
+    # topoclip.model.pooling for the layouts of the m tokens.
     attention: Literal["bidirectional", "causal"] = "bidirectional"
-    pooling: Literal["class_tokens", "end_of_text"] = "class_tokens"
+    pooling: Literal["class_tokens", "end_of_text", "last"] = "class_tokens"
     # pooling=end_of_text reads the first token of this id (the tokenizer's end token: [SEP] in a WordPiece
     # vocabulary); None reads the largest id of the text, OpenAI's end-of-text (its vocabulary numbers it last).
     end_token_id: Optional[int] = None

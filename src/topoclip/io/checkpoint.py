@@ -151,7 +151,7 @@ STEP_NAME = re.compile(re.escape(STEP_PREFIX) + r"[0-9]{1,12}")  # step-000200; 
 
 def transformers_folder(path: Path) -> bool:
     """Whether `path` is a transformers CLIPModel folder rather than a topoclip one (read by convert.hf)."""
-    from topoclip.io.convert.hf import is_hf_clip
+    from topoclip.io.convert.hf_layout import is_hf_clip
 
     return path.is_dir() and not (path / MODEL_CONFIG).is_file() and is_hf_clip(path)
 

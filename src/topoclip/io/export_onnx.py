@@ -61,7 +61,10 @@ class TextEncoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # Padding reads as id 0. It changes nothing (padding is masked, or follows the pooled token in a
         # causal tower), but keeps attention_mask an input of every export: a causal tower needs no key mask.
-        input_ids = input_ids * attention_mask.to(input_ids.dtype)
+        # A tower that attends its padding (SigLIP's, pooled at the last position) reads every id as it is (the
+        # mask, ≥ 0 throughout, multiplies by 1: it stays the graph's input).
+        kept = attention_mask.ge(0) if self.model.text.pooling.attends_padding else attention_mask
+        input_ids = input_ids * kept.to(input_ids.dtype)
         raw = self.model.text.encode_tokens(input_ids, attention_mask.bool())  # (B, class tokens, embed_dim)
         points = self.model.project(raw, "text")
         return self.model.flatten(points) if self.flat else points

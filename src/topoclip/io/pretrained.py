@@ -1,7 +1,8 @@
 """Pretrained models by name, as OpenCLIP names them (`MODEL:TAG`, its `--model MODEL --pretrained TAG`).
 
-Each name is a Hugging Face Hub repository in transformers' CLIPModel layout (its weights, config, BPE merges and
-pixel statistics side by side; topoclip.io.convert.hf reads it) or in OpenCLIP's own (open_clip_config.json and
+Each name is a Hugging Face Hub repository in transformers' CLIPModel or SiglipModel layout (its weights, config,
+tokenizer — BPE merges, or SigLIP's spiece.model — and pixel statistics side by side; topoclip.io.convert.hf and
+.siglip read it) or in OpenCLIP's own (open_clip_config.json and
 open_clip_model.safetensors, or its .bin: DFN, DataComp, MetaCLIP; topoclip.io.convert.openai reads it, with OpenAI's
 BPE, which OpenCLIP ships in its package, from OPENAI_BPE's merges.txt). `topoclip.load(NAME)`, `topoclip train --pretrained
 NAME` and `topoclip pretrained` use this table. The files are fetched on first use into the Hugging Face cache
@@ -61,7 +62,8 @@ class PretrainedModel:
     name: str  # OpenCLIP's MODEL:TAG
     repo: str  # the Hub repository
     note: str
-    layout: str = "hf"  # "hf": transformers' CLIPModel files; "openclip": open_clip_config.json and OpenCLIP's weights
+    # "hf": transformers' CLIPModel or SiglipModel files; "openclip": open_clip_config.json and OpenCLIP's weights
+    layout: str = "hf"
     # OpenCLIP's table says QuickGELU (its quick_gelu=True), which open_clip.create_model sets over the repository's
     # open_clip_config.json; so does topoclip.
     quick_gelu: bool = False
@@ -94,6 +96,16 @@ PRETRAINED = {entry.name: entry for entry in [
                     "Meta's MetaCLIP 2.5B", "openclip", quick_gelu=True),
     PretrainedModel("ViT-L-14:metaclip_fullcc", "timm/vit_large_patch14_clip_224.metaclip_2pt5b",
                     "Meta's MetaCLIP 2.5B", "openclip", quick_gelu=True),
+    # Google's SigLIP in transformers' SiglipModel layout (topoclip.io.convert.siglip), under OpenCLIP's names
+    PretrainedModel("ViT-B-16-SigLIP:webli", "google/siglip-base-patch16-224", "Google's SigLIP, WebLI"),
+    PretrainedModel("ViT-B-16-SigLIP-256:webli", "google/siglip-base-patch16-256", "Google's SigLIP at 256 px"),
+    PretrainedModel("ViT-B-16-SigLIP-384:webli", "google/siglip-base-patch16-384", "Google's SigLIP at 384 px"),
+    PretrainedModel("ViT-B-16-SigLIP-512:webli", "google/siglip-base-patch16-512", "Google's SigLIP at 512 px"),
+    PretrainedModel("ViT-L-16-SigLIP-256:webli", "google/siglip-large-patch16-256", "Google's SigLIP at 256 px"),
+    PretrainedModel("ViT-L-16-SigLIP-384:webli", "google/siglip-large-patch16-384", "Google's SigLIP at 384 px"),
+    PretrainedModel("ViT-SO400M-14-SigLIP:webli", "google/siglip-so400m-patch14-224", "Google's SigLIP SO400M"),
+    PretrainedModel("ViT-SO400M-14-SigLIP-384:webli", "google/siglip-so400m-patch14-384",
+                    "Google's SigLIP SO400M at 384 px"),
 ]}
 
 
@@ -155,7 +167,7 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
                layout: str = "topoclip") -> Path:
     """The local snapshot folder of a Hub repo (downloaded, or from the cache offline) with the files of `layout`:
     "topoclip" (an export: weights, its config, its tokenizer; also transformers' CLIPModel, said by its config),
-    "hf" (transformers' CLIPModel), "openclip" (open_clip_config.json and OpenCLIP's weights) or "bpe" (OpenAI's
+    "hf" (transformers' CLIPModel or SiglipModel), "openclip" (open_clip_config.json and OpenCLIP's weights) or "bpe" (OpenAI's
     merges.txt alone)."""
     try:
         from huggingface_hub import hf_hub_download
@@ -215,12 +227,18 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
     weights = fetch(WEIGHTS, required=False) or fetch(HF_BIN_WEIGHTS, required=False) or fetch(WEIGHTS)
     if fetch(MODEL_CONFIG, required=False) is None:
         fetch(CONFIG)  # a repository pushed with the earlier layout, or transformers' CLIPModel
-    from topoclip.io.convert.hf import MERGES, PREPROCESSOR, VOCAB, is_hf_clip
+    from topoclip.io.convert.hf_layout import MERGES, PREPROCESSOR, VOCAB, hf_model_type
+    from topoclip.io.convert.siglip import SPIECE, TOKENIZER_CONFIG
 
     tokenizer = fetch(TOKENIZER, required=False)
-    if is_hf_clip(weights.parent):  # transformers' layout: its BPE merges, the text's tokenizer (unless a
+    kind = hf_model_type(weights.parent)
+    if kind == "clip":  # transformers' layout: its BPE merges, the text's tokenizer (unless a
         fetch(MERGES, required=tokenizer is None)  # tokenizer.json is there), said by name when missing
         for name in (VOCAB, PREPROCESSOR):  # the vocabulary beside the merges, the pixel statistics
+            fetch(name, required=False)
+    elif kind == "siglip":  # SigLIP's SentencePiece file (its text's tokenizer), its settings, the pixel statistics
+        fetch(SPIECE)
+        for name in (TOKENIZER_CONFIG, PREPROCESSOR):
             fetch(name, required=False)
     return weights.parent
 

@@ -13,7 +13,11 @@ Two layouts, chosen by ``model.text.pooling``:
   OpenAI's pooled token sees, whatever m is, so a single-token OpenAI model upcycled to m tokens
   keeps its first output.
 
-Both lengthen a (B, L) sequence to L + m − 1: the positional table has context + m − 1 rows.
+- ``"last"`` (SigLIP): the text padded to the full context is read at its last position, whatever stands there
+  (the end token or padding); the padding is attended (SigLIP was trained so), so the tower takes the whole padded
+  context and no key mask. m tokens: the last id repeated m − 1 more times at the end; the outputs are the last m.
+
+All lengthen a (B, L) sequence to L + m − 1: the positional table has context + m − 1 rows.
 Neither branches on values, so both trace (ONNX export). Each is built from (m, the TextConfig).
 """
 from __future__ import annotations
@@ -24,6 +28,8 @@ from torch import nn
 
 class ClassTokenPooling(nn.Module):
     """[CLS]×m at the start; reads positions 0 … m − 1."""
+
+    attends_padding = False  # padding is masked as a key, and may be trimmed off
 
     def __init__(self, class_tokens: int, config):
         super().__init__()
@@ -46,6 +52,8 @@ class ClassTokenPooling(nn.Module):
 
 class EndOfTextPooling(nn.Module):
     """The end-of-text token (config.end_token_id, else the largest id) ×m where it stands; reads those m positions."""
+
+    attends_padding = False
 
     def __init__(self, class_tokens: int, config):
         super().__init__()
@@ -83,7 +91,30 @@ class EndOfTextPooling(nn.Module):
         return x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
 
 
-POOLINGS = {"class_tokens": ClassTokenPooling, "end_of_text": EndOfTextPooling}
+class LastPooling(nn.Module):
+    """The last id ×m at the end of the padded text; reads the last m positions (SigLIP's, for m = 1)."""
+
+    attends_padding = True  # the whole padded context is read, padding unmasked
+
+    def __init__(self, class_tokens: int, config):
+        super().__init__()
+        self.class_tokens = class_tokens
+        self.output_tokens = 0
+
+    def insert(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, mask (B, L) -> (B, L + m − 1): the last id m − 1 more times."""
+        extra = self.class_tokens - 1
+        if not extra:
+            return input_ids, attention_mask
+        return (torch.cat([input_ids, input_ids[:, -1:].expand(-1, extra)], dim=1),
+                torch.cat([attention_mask, attention_mask[:, -1:].expand(-1, extra)], dim=1))
+
+    def select(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L, w) -> (B, m, w): the last m positions."""
+        return x[:, x.shape[1] - self.class_tokens:]
+
+
+POOLINGS = {"class_tokens": ClassTokenPooling, "end_of_text": EndOfTextPooling, "last": LastPooling}
 
 
 def end_of_text_id(config, id_bound: int):

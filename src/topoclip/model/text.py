@@ -47,15 +47,18 @@ class TextTransformer(nn.Module):
         self.config = config
         self.class_tokens = class_tokens
         width = config.width
+        eps = config.layer_norm_eps
         self.token_embedding = nn.Embedding(config.vocab_size, width)
         self.positional_embedding = nn.Parameter(torch.empty(config.context_length + class_tokens - 1, width))
-        self.ln_embedding = nn.LayerNorm(width) if config.embedding_norm else nn.Identity()
+        self.ln_embedding = nn.LayerNorm(width, eps=eps) if config.embedding_norm else nn.Identity()
         self.causal = config.attention == "causal"
         self.transformer = Transformer(width, config.layers, config.heads, config.mlp_ratio,
-                                       config.activation, config.norm_first, self.causal)
+                                       config.activation, config.norm_first, self.causal, eps)
         self.pooling = POOLINGS[config.pooling](class_tokens, config)
-        self.ln_final = nn.LayerNorm(width)
+        self.ln_final = nn.LayerNorm(width, eps=eps)
         self.text_projection = projection(width, embed_dim)
+        # SigLIP's text head is a biased linear layer: x @ text_projection + text_projection_bias.
+        self.text_projection_bias = nn.Parameter(torch.zeros(embed_dim)) if config.projection_bias else None
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.positional_embedding, std=0.01)
 
@@ -67,6 +70,11 @@ class TextTransformer(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
         attention_mask = attention_mask.bool()
+        if self.pooling.attends_padding:  # SigLIP's layout reads the whole padded context, padding unmasked
+            if length != self.config.context_length:
+                raise ValueError(f"text has {length} tokens; this model reads texts padded to its full context of "
+                                 f"{self.config.context_length} (tokenize with the model's tokenizer)")
+            return self.encode_tokens(input_ids, attention_mask, padded=False)
         if torch.compiler.is_compiling():
             # Under torch.compile the context stays fixed: reading the mask on the host would break
             # the graph, and a length per batch would recompile it. Padding is masked: exact.
@@ -79,12 +87,14 @@ class TextTransformer(nn.Module):
     def encode_tokens(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool = True) -> torch.Tensor:
         """ids (B, L), mask (B, L) bool as given -> (B, m, embed_dim); no branch on values (traceable).
 
-        padded=False promises that the mask is all True (no key mask is applied).
+        padded=False promises that the mask is all True (no key mask is applied); a tower pooled at the last position
+        (SigLIP's) never masks: its padding is attended.
         """
         ids, mask = self.pooling.insert(input_ids, attention_mask)  # (B, L + m − 1)
         x = self.token_embedding(ids) + self.positional_embedding[: ids.shape[1]]  # (B, L + m − 1, w)
         x = self.ln_embedding(x)
-        key_mask = mask if padded and not self.causal else None
+        key_mask = mask if padded and not self.causal and not self.pooling.attends_padding else None
         x = self.transformer(x, key_mask, output_tokens=self.pooling.output_tokens)  # (B, m or L + m − 1, w)
         x = self.ln_final(self.pooling.select(x, ids))  # (B, m, w)
-        return x @ self.text_projection  # (B, m, embed_dim)
+        x = x @ self.text_projection  # (B, m, embed_dim)
+        return x if self.text_projection_bias is None else x + self.text_projection_bias.to(x.dtype)

@@ -21,7 +21,14 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
-ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU}
+def TanhGELU() -> nn.Module:
+    """GELU by its tanh approximation: SigLIP's ("gelu_pytorch_tanh" in transformers, jax's default gelu)."""
+    return nn.GELU(approximate="tanh")
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU, "gelu_tanh": TanhGELU}
+# LayerNorm's ε when a tower does not set its own (model.*.layer_norm_eps): torch's default, OpenAI's and OpenCLIP's.
+LAYER_NORM_EPS = 1e-5
 
 
 class Attention(nn.Module):
@@ -43,11 +50,17 @@ class Attention(nn.Module):
         """x (B, L, w); key_mask (B, L) bool, True where a key may be attended -> (B, L, w).
 
         queries > 0: only the first `queries` positions attend (keys and values still come from all
-        L), and the output is (B, queries, w).
+        L), and the output is (B, queries, w). queries a tensor (B, Q, w): those attend to x instead (the
+        attention-pooling head's learned queries), and the output is (B, Q, w).
         """
         batch, length, width = x.shape
         head_width = width // self.heads
-        if queries:
+        if isinstance(queries, torch.Tensor):  # cross-attention: given queries (B, Q, w) attend to x
+            q = F.linear(queries, self.in_proj_weight[:width], self.in_proj_bias[:width])  # (B, Q, w)
+            kv = F.linear(x, self.in_proj_weight[width:], self.in_proj_bias[width:])  # (B, L, 2w)
+            q = q.view(batch, -1, self.heads, head_width).transpose(1, 2)  # (B, h, Q, w/h)
+            k, v = kv.view(batch, length, 2, self.heads, head_width).permute(2, 0, 3, 1, 4)  # 2 × (B, h, L, w/h)
+        elif queries:
             q = F.linear(x[:, :queries], self.in_proj_weight[:width], self.in_proj_bias[:width])  # (B, Q, w)
             kv = F.linear(x, self.in_proj_weight[width:], self.in_proj_bias[width:])  # (B, L, 2w)
             q = q.view(batch, queries, self.heads, head_width).transpose(1, 2)  # (B, h, Q, w/h)
@@ -76,12 +89,12 @@ class Block(nn.Module):
     """Residual block: pre-norm x + f(ln(x)) (ViT) or post-norm ln(x + f(x)) (BERT)."""
 
     def __init__(self, width: int, heads: int, mlp_ratio: float, activation: str, norm_first: bool,
-                 causal: bool = False):
+                 causal: bool = False, eps: float = LAYER_NORM_EPS):
         super().__init__()
         self.norm_first = norm_first
-        self.ln_1 = nn.LayerNorm(width)
+        self.ln_1 = nn.LayerNorm(width, eps=eps)
         self.attn = Attention(width, heads, causal)
-        self.ln_2 = nn.LayerNorm(width)
+        self.ln_2 = nn.LayerNorm(width, eps=eps)
         self.mlp = MLP(width, int(width * mlp_ratio), activation)
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None, queries: int = 0) -> torch.Tensor:
@@ -98,9 +111,9 @@ class Transformer(nn.Module):
     """A stack of blocks; `gradient_checkpointing` recomputes each block in backward."""
 
     def __init__(self, width: int, layers: int, heads: int, mlp_ratio: float = 4.0,
-                 activation: str = "gelu", norm_first: bool = True, causal: bool = False):
+                 activation: str = "gelu", norm_first: bool = True, causal: bool = False, eps: float = LAYER_NORM_EPS):
         super().__init__()
-        self.resblocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, norm_first, causal)
+        self.resblocks = nn.ModuleList(Block(width, heads, mlp_ratio, activation, norm_first, causal, eps)
                                        for _ in range(layers))
         self.gradient_checkpointing = False
         self.init_weights(width, layers)

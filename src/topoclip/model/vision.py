@@ -1,7 +1,11 @@
-"""ViT image tower with m class tokens: patches → m class tokens + positions → blocks.
+"""ViT image tower with m output tokens, made in one of two ways (``model.vision.pooling``):
 
-Keys match the reference release (``conv1``, ``class_embedding`` (m, w), ``positional_embedding``
-(grid² + m, w), ``ln_pre``, ``transformer.resblocks.*``, ``ln_post``, ``proj``).
+- ``"class_tokens"`` (ViT, CLIP, the paper's): patches → m class tokens + positions → blocks; the m class tokens
+  are read. Keys match the reference release (``conv1``, ``class_embedding`` (m, w), ``positional_embedding``
+  (grid² + m, w), ``ln_pre``, ``transformer.resblocks.*``, ``ln_post``, ``proj``).
+- ``"attention"`` (SigLIP's attention-pooling head, "MAP"): patches + positions (grid², w) → blocks → ``ln_post`` on
+  every patch → m learned queries (``head.probe`` (m, w)) attend to the patches → x + MLP(LayerNorm(x)) → ``proj``.
+  SigLIP has one query; m queries are its multi-token form, as m class tokens are CLIP's.
 """
 from __future__ import annotations
 
@@ -9,7 +13,24 @@ import torch
 from torch import nn
 
 from topoclip.config.schema import VisionConfig
-from topoclip.model.transformer import Transformer, projection
+from topoclip.model.transformer import MLP, Attention, Transformer, projection
+
+
+class AttentionPooling(nn.Module):
+    """SigLIP's attention-pooling head with m queries: (B, L, w) -> (B, m, w)."""
+
+    def __init__(self, tokens: int, width: int, heads: int, mlp_ratio: float, activation: str, eps: float):
+        super().__init__()
+        self.probe = nn.Parameter(torch.randn(tokens, width) * width**-0.5)
+        self.attn = Attention(width, heads)
+        self.layernorm = nn.LayerNorm(width, eps=eps)
+        self.mlp = MLP(width, int(width * mlp_ratio), activation)
+        nn.init.normal_(self.attn.in_proj_weight, std=width**-0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probe = self.probe.to(x.dtype).expand(x.shape[0], -1, -1)  # (B, m, w)
+        x = self.attn(x, queries=probe)  # (B, m, w)
+        return x + self.mlp(self.layernorm(x))
 
 
 class VisionTransformer(nn.Module):
@@ -22,13 +43,19 @@ class VisionTransformer(nn.Module):
         width = config.width
         grid = config.image_size // config.patch_size
         scale = width**-0.5
-        self.conv1 = nn.Conv2d(3, width, kernel_size=config.patch_size, stride=config.patch_size, bias=False)
-        self.class_embedding = nn.Parameter(torch.randn(class_tokens, width) * scale)
-        self.positional_embedding = nn.Parameter(torch.randn(grid * grid + class_tokens, width) * scale)
-        self.ln_pre = nn.LayerNorm(width)
+        eps = config.layer_norm_eps
+        self.attention_pooling = config.pooling == "attention"
+        self.conv1 = nn.Conv2d(3, width, kernel_size=config.patch_size, stride=config.patch_size, bias=config.patch_bias)
+        if not self.attention_pooling:
+            self.class_embedding = nn.Parameter(torch.randn(class_tokens, width) * scale)
+        prepended = 0 if self.attention_pooling else class_tokens
+        self.positional_embedding = nn.Parameter(torch.randn(grid * grid + prepended, width) * scale)
+        self.ln_pre = nn.LayerNorm(width, eps=eps) if config.pre_norm else nn.Identity()
         self.transformer = Transformer(width, config.layers, config.heads, config.mlp_ratio,
-                                       config.activation, config.norm_first)
-        self.ln_post = nn.LayerNorm(width)
+                                       config.activation, config.norm_first, eps=eps)
+        self.ln_post = nn.LayerNorm(width, eps=eps)
+        if self.attention_pooling:
+            self.head = AttentionPooling(class_tokens, width, config.heads, config.mlp_ratio, config.activation, eps)
         self.proj = projection(width, embed_dim)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -38,6 +65,9 @@ class VisionTransformer(nn.Module):
                              f"(use the model's transform, or set model.vision.image_size)")
         x = self.conv1(images.to(self.conv1.weight.dtype))  # (B, w, grid, grid)
         x = x.flatten(2).transpose(1, 2)  # (B, grid², w)
+        if self.attention_pooling:
+            x = self.transformer(self.ln_pre(x + self.positional_embedding.to(x.dtype)))  # (B, grid², w)
+            return self.head(self.ln_post(x)) @ self.proj  # (B, m, embed_dim)
         cls = self.class_embedding.to(x.dtype).expand(x.shape[0], -1, -1)  # (B, m, w)
         x = torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)  # (B, m + grid², w)
         x = self.transformer(self.ln_pre(x), output_tokens=self.class_tokens)  # (B, m, w): only class tokens are read

@@ -26,8 +26,11 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from topoclip.core.errors import UserError
+from topoclip.preprocess.sentencepiece import PATTERNS as SIGLIP_PATTERNS
+from topoclip.preprocess.sentencepiece import SPIECE_END
 
 DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context
+SIGLIP_CONTEXT_LENGTH = 64  # SigLIP's (its text tower's positions)
 CONTINUATION_PREFIX = "##"  # WordPiece marker for a piece that continues a word
 # Trained vocabularies start with these, in this order: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -40,7 +43,7 @@ OPENAI_START, OPENAI_END = "<|startoftext|>", "<|endoftext|>"
 OPENAI_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 # The regular expressions a tokenizer.json may hold: those topoclip's own tokenizers use. Any other is refused on
 # loading, since a pattern can backtrack catastrophically on a caption (the library then panics at its retry limit).
-KNOWN_PATTERNS = frozenset({r"\s+", OPENAI_SPLIT_PATTERN})
+KNOWN_PATTERNS = frozenset({r"\s+", OPENAI_SPLIT_PATTERN, *SIGLIP_PATTERNS})
 # The longest context a tokenizer.json may set: model.text.context_length's bound in topoclip.config.
 MAX_CONTEXT_LENGTH = 65536
 # The most characters of one text the tokenizer reads (see __call__); a caption longer than this is no caption
@@ -104,6 +107,11 @@ class Tokenizer:
         if backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
             start, end = OPENAI_START, OPENAI_END
             self.pad_id, self.unk_id = 0, None
+        elif isinstance(backend.model, models.Unigram) and backend.token_to_id(SPIECE_END) is not None:
+            # SigLIP's SentencePiece framing (topoclip.preprocess.sentencepiece): no start token, `pieces… </s>`,
+            # padded with </s>; its tower reads the last position, never a start token.
+            start, end = None, SPIECE_END
+            self.pad_id, self.unk_id = backend.token_to_id(end), backend.token_to_id("<unk>")
         else:
             missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
             if missing:
@@ -113,13 +121,14 @@ class Tokenizer:
                 )
             self.pad_id = backend.token_to_id("[PAD]")
             self.unk_id = backend.token_to_id("[UNK]")
-        self.cls_id = backend.token_to_id(start)
+        self.cls_id = None if start is None else backend.token_to_id(start)  # None: SigLIP's framing has none
         self.sep_id = backend.token_to_id(end)
         mask_id = backend.token_to_id("[MASK]")
         # Ids that `decode` drops; [UNK] stays visible because it says something was lost.
-        self._control_ids = {self.pad_id, self.cls_id, self.sep_id} | ({mask_id} if mask_id is not None else set())
+        self._control_ids = {self.pad_id, self.cls_id, self.sep_id, mask_id} - {None}
+        framing = [(start, self.cls_id), (end, self.sep_id)] if start is not None else [(end, self.sep_id)]
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{start} $A {end}", special_tokens=[(start, self.cls_id), (end, self.sep_id)]
+            single=" ".join([start, "$A", end] if start is not None else ["$A", end]), special_tokens=framing
         )
         if backend.decoder is None:
             backend.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
@@ -142,6 +151,8 @@ class Tokenizer:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no tokenizer vocabulary file at {str(path)!r} (expected vocab.txt or tokenizer.json)")
+        if path.suffix == ".model":
+            return cls.from_sentencepiece(path, context_length)
         try:
             text = read_bytes(path, "tokenizer vocabulary", limit=JSON_BYTES, error=ValueError).decode("utf-8")
         except UnicodeDecodeError:
@@ -160,6 +171,20 @@ class Tokenizer:
             )
         backend = _bert_backend(models.WordPiece(vocab=vocab, unk_token="[UNK]", continuing_subword_prefix=CONTINUATION_PREFIX))
         return cls(backend, DEFAULT_CONTEXT_LENGTH if context_length is None else context_length)
+
+    @classmethod
+    def from_sentencepiece(cls, path: Union[str, Path], context_length: Optional[int] = None,
+                           lowercase: bool = True) -> "Tokenizer":
+        """SigLIP's tokenizer from its SentencePiece file (spiece.model): its texts canonicalized as SigLIP's are
+        (topoclip.preprocess.sentencepiece), framed `pieces… </s>` and padded with </s> to context_length (64 when
+        None, SigLIP's). lowercase: transformers' do_lower_case."""
+        from topoclip.core.door import JSON_BYTES, read_bytes
+        from topoclip.preprocess.sentencepiece import siglip_backend
+
+        path = Path(path)
+        data = read_bytes(path, "SentencePiece model", limit=JSON_BYTES, error=ValueError)
+        backend = siglip_backend(data, repr(str(path)), lowercase=lowercase)
+        return cls(backend, SIGLIP_CONTEXT_LENGTH if context_length is None else context_length)
 
     @classmethod
     def train(
@@ -229,6 +254,17 @@ class Tokenizer:
         if inserted:
             raise ValueError(f"{str(path)!r}: its normalizer or pre-tokenizer inserts a string of {len(inserted[0]):,} "
                              f"characters into every text (at most {MAX_INSERTED_CHARS}); use a tokenizer topoclip wrote")
+        for key, value in _strings(data.get("normalizer")):  # a SentencePiece character map (SigLIP's): checked as read
+            if key == "precompiled_charsmap":
+                import base64
+                import binascii
+
+                from topoclip.preprocess.sentencepiece import check_charsmap
+
+                try:
+                    check_charsmap(base64.b64decode(value, validate=True), repr(str(path)))
+                except binascii.Error:
+                    raise ValueError(f"{str(path)!r}: its precompiled_charsmap is not base64; {expected}") from None
         unknown = sorted(set(_patterns(data)) - KNOWN_PATTERNS)
         if unknown:
             raise ValueError(f"{str(path)!r} uses the regular expression {unknown[0][:80]!r}, which topoclip does not "
@@ -265,8 +301,9 @@ class Tokenizer:
         (the tower reads nothing after the end token, so the embeddings are the same)."""
         name = self._backend.id_to_token
         pad = name(self.pad_id) if self.unk_id is not None else name(self.sep_id)
+        start = name(self.cls_id) if self.cls_id is not None else None
         return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": self.context_length,
-                "bos_token": name(self.cls_id), "cls_token": name(self.cls_id), "eos_token": name(self.sep_id),
+                "bos_token": start, "cls_token": start, "eos_token": name(self.sep_id),
                 "sep_token": name(self.sep_id), "pad_token": pad,
                 "unk_token": name(self.unk_id) if self.unk_id is not None else None,
                 "clean_up_tokenization_spaces": False}
@@ -275,7 +312,7 @@ class Tokenizer:
 
     @property
     def is_wordpiece(self) -> bool:
-        """True for a WordPiece vocabulary (topoclip's own), False for OpenAI's byte-level BPE."""
+        """True for a WordPiece vocabulary (topoclip's own), False for OpenAI's byte-level BPE or SigLIP's Unigram."""
         return isinstance(self._backend.model, models.WordPiece)
 
     @property

@@ -244,6 +244,17 @@ class ResizeThenCenterCrop(Resize):
         return f"ResizeThenCenterCrop({self.size}, {self.interpolation})"
 
 
+class ResizeSquash(Resize):
+    """The whole image resized to size × size, its aspect ratio not kept and nothing cropped (SigLIP's evaluation
+    geometry: transformers' SiglipImageProcessor resizes to {height, width})."""
+
+    def __call__(self, image: ImageLike) -> Image.Image:
+        return to_pil(image).resize((self.size, self.size), INTERPOLATIONS[self.interpolation])
+
+    def __repr__(self) -> str:
+        return f"ResizeSquash({self.size}, {self.interpolation})"
+
+
 class ToTensor:
     """uint8 image (H, W, 3) -> float tensor (3, H, W) in [0, 1]."""
 
@@ -404,7 +415,7 @@ def train_transform(
     )
 
 
-EVAL_RESIZES = {"crop-box": ResizeCenterCrop, "shortest": ResizeThenCenterCrop}
+EVAL_RESIZES = {"crop-box": ResizeCenterCrop, "shortest": ResizeThenCenterCrop, "squash": ResizeSquash}
 
 
 def eval_transform(
@@ -417,7 +428,8 @@ def eval_transform(
     """Evaluation transform: image -> float tensor (3, image_size, image_size): shorter side resize, centre crop.
 
     resize: "crop-box" (one resize of the crop box) or "shortest" (OpenCLIP's two steps; see
-    model.vision.eval_resize). The two give the same box; their pixels differ by resampling only.
+    model.vision.eval_resize): the two give the same box, their pixels differ by resampling only; or "squash"
+    (the whole image to size × size, SigLIP's).
     """
     if resize not in EVAL_RESIZES:
         raise ValueError(f"resize must be one of {sorted(EVAL_RESIZES)}, got {resize!r}")

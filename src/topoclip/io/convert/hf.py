@@ -21,14 +21,10 @@ import torch
 from safetensors.torch import save_file
 
 from topoclip.config import Config, ConfigError
-from topoclip.core.door import read_json
 from topoclip.core.errors import CheckpointError
+from topoclip.io.convert.hf_layout import (BLOCK_RENAMES, HF_CONFIG, MERGES, PREPROCESSOR, TOKENIZER_JSON, _read_json,
+                                           foreign_field, hf_model_type)
 
-HF_CONFIG = "config.json"
-MERGES = "merges.txt"
-VOCAB = "vocab.json"  # the BPE vocabulary beside MERGES
-PREPROCESSOR = "preprocessor_config.json"
-TOKENIZER_JSON = "tokenizer.json"
 LEGACY_EOS = 2  # transformers' CLIPTextTransformer pools at argmax(ids) for this eos_token_id
 TRANSFORMERS_EOS = 49407  # CLIPTextConfig's default eos_token_id (OpenAI's <|endoftext|>)
 LAYER_NORM_EPSILON = 1e-5  # OpenAI's, and topoclip's towers'
@@ -47,39 +43,7 @@ RENAMES = [
     (r"text_model\.encoder\.layers\.(\d+)\.(.+)", r"transformer.resblocks.\1.\2"),
     (r"logit_scale", "logit_scale"),
 ]
-BLOCK_RENAMES = {"self_attn.out_proj": "attn.out_proj", "layer_norm1": "ln_1", "layer_norm2": "ln_2",
-                 "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
 IGNORED = ("position_ids",)  # buffers some versions save
-
-
-def is_hf_clip(folder: Union[str, Path]) -> bool:
-    """Whether `folder` holds a transformers CLIPModel (its config.json says so)."""
-    file = Path(folder) / HF_CONFIG
-    if not file.exists():
-        return False
-    try:
-        config = read_json(file, "transformers config", Path(folder), expect=dict, error=CheckpointError)
-    except CheckpointError:  # unreadable, a FIFO, not an object: not a CLIPModel folder (its own reader says why)
-        return False
-    architectures = config.get("architectures")
-    return config.get("model_type") == "clip" or (isinstance(architectures, list) and "CLIPModel" in architectures)
-
-
-def _read_json(file: Path) -> dict:
-    return read_json(file, "transformers file", file.parent, expect=dict, error=CheckpointError)
-
-
-def foreign_field(values: dict, key: str, kind: Union[type, tuple], default, where: str):
-    """values[key] (or `default` when absent) of a foreign config (transformers', OpenCLIP's), checked to be of `kind`
-    (bool is never a number); CheckpointError naming the field otherwise. Every field a foreign config gives is read
-    through this."""
-    value = values.get(key, default)
-    number = kind in (int, float) or (isinstance(kind, tuple) and set(kind) & {int, float})
-    if not isinstance(value, kind) or (number and isinstance(value, bool)):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise CheckpointError(f"{where}.{key} is {json.dumps(value)[:60]}, not a {names}; the file is not a model "
-                              f"topoclip can import")
-    return value
 
 
 def to_openai(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -153,14 +117,21 @@ def from_openai(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str = ""):
-    """(model, tokenizer or None, config) from a transformers CLIPModel folder."""
+    """(model, tokenizer or None, config) from a transformers CLIPModel (or SiglipModel: topoclip.io.convert.siglip)
+    folder."""
     from topoclip.io.convert.files import read_state_dict
     from topoclip.io.convert.openai import bpe_tokenizer, import_openai
     from topoclip.preprocess.tokenizer import Tokenizer
 
     folder = Path(folder)
-    if not is_hf_clip(folder):
-        raise ConfigError(f"{folder} is not a transformers CLIPModel folder (its {HF_CONFIG} names no CLIPModel)")
+    kind = hf_model_type(folder)
+    if kind is None:
+        raise ConfigError(f"{folder} is not a transformers CLIPModel or SiglipModel folder (its {HF_CONFIG} names "
+                          f"neither)")
+    if kind == "siglip":
+        from topoclip.io.convert.siglip import import_siglip
+
+        return import_siglip(folder, overrides, name)
     file = folder / HF_CONFIG
     values = _read_json(file)
     text = foreign_field(values, "text_config", dict, {}, str(file)) or {}

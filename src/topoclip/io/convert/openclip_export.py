@@ -44,6 +44,18 @@ def openclip_refusal(config: Config) -> str:
     if model.class_tokens != 1 or model.topology != "sphere":
         return (f"OpenCLIP's CLIP has one class token per tower on one sphere; this model is {model.topology} with "
                 f"{model.class_tokens} class tokens")
+    # SigLIP's settings (topoclip.io.convert.siglip), none of which OpenCLIP's CLIP class has
+    siglip = [f"model.{name}={json.dumps(value)}" for name, value, differs in (
+        ("vision.pooling", vision.pooling, vision.pooling != "class_tokens"),
+        ("vision.patch_bias", vision.patch_bias, vision.patch_bias), ("vision.pre_norm", vision.pre_norm, not vision.pre_norm),
+        ("text.pooling", text.pooling, text.pooling == "last"),
+        ("text.projection_bias", text.projection_bias, text.projection_bias),
+        ("vision.layer_norm_eps", vision.layer_norm_eps, vision.layer_norm_eps != 1e-5),
+        ("text.layer_norm_eps", text.layer_norm_eps, text.layer_norm_eps != 1e-5),
+        ("vision.activation", vision.activation, vision.activation == "gelu_tanh")) if differs]
+    if siglip:
+        return (f"it has SigLIP's layout or part of it ({', '.join(siglip)}), which OpenCLIP builds from timm's ViT "
+                f"and its own text settings, not the CLIP class topoclip exports to")
     layout = {"attention": "causal", "pooling": "end_of_text", "norm_first": True, "embedding_norm": False}
     differing = {key: getattr(text, key) for key, value in layout.items() if getattr(text, key) != value}
     if differing:

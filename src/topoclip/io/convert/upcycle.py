@@ -77,9 +77,12 @@ def upcycle(model: CLIP, config: Config, class_tokens: int, embed_dim: Optional[
     m = class_tokens
     state = {name: tensor.detach().clone().cpu() for name, tensor in model.state_dict().items()}
 
-    state["visual.class_embedding"] = _copies(state["visual.class_embedding"][0], m, noise, generator)
-    positions = state["visual.positional_embedding"]  # (1 + grid², w)
-    state["visual.positional_embedding"] = torch.cat([positions[:1].repeat(m, 1), positions[1:]])
+    if source.vision.pooling == "attention":  # m queries of the attention-pooling head instead of m class tokens
+        state["visual.head.probe"] = _copies(state["visual.head.probe"][0], m, noise, generator)
+    else:
+        state["visual.class_embedding"] = _copies(state["visual.class_embedding"][0], m, noise, generator)
+        positions = state["visual.positional_embedding"]  # (1 + grid², w)
+        state["visual.positional_embedding"] = torch.cat([positions[:1].repeat(m, 1), positions[1:]])
     positions = state["text.positional_embedding"]  # (context, w)
     if source.text.pooling == "class_tokens":
         state["text.positional_embedding"] = torch.cat([_copies(positions[0], m, noise, generator), positions[1:]])
@@ -87,8 +90,9 @@ def upcycle(model: CLIP, config: Config, class_tokens: int, embed_dim: Optional[
         state["text.positional_embedding"] = torch.cat([positions, _copies(positions[-1], m, noise, generator)[1:]])
     if embed_dim != source.embed_dim:
         basis = shared_basis([state["visual.proj"], state["text.text_projection"]], embed_dim)  # (d, n)
-        for name in ("visual.proj", "text.text_projection"):
-            state[name] = (state[name].double() @ basis).to(state[name].dtype)
+        for name in ("visual.proj", "text.text_projection", "text.text_projection_bias"):
+            if name in state:  # (the bias: SigLIP's text head)
+                state[name] = (state[name].double() @ basis).to(state[name].dtype)
 
     values = to_dict(config)
     model_values = values["model"]

@@ -5,9 +5,9 @@ A tower is cut into groups, first to last, as OpenCLIP cuts its own (open_clip.t
 VisionTransformer.lock, lock_text_tower):
 
 - image: [patch embedding, class tokens, positions, ln_pre], each block but the last, [the last block,
-  ln_post], the projection;
+  ln_post (and SigLIP's attention-pooling head)], the projection;
 - text: [token embedding, positions (and the embedding LayerNorm of a BERT-style tower)], each block but
-  the last, [the last block, ln_final], the projection.
+  the last, [the last block, ln_final], the projection (and SigLIP's bias of it).
 
 Locking sets requires_grad=False on every parameter of the tower, then unlocks the last N groups.
 Locked parameters are left out of the optimiser (so of its weight decay: AdamW's decay is part of its
@@ -27,14 +27,16 @@ def tower_groups(tower: nn.Module, kind: str) -> list[list]:
     """OpenCLIP's groups of a topoclip tower ("image" or "text"), first to last; each a list of modules/parameters."""
     blocks = list(tower.transformer.resblocks)
     if kind == "image":
-        first = [tower.conv1, tower.class_embedding, tower.positional_embedding, tower.ln_pre]
-        last = [blocks[-1], tower.ln_post]
-        projection = tower.proj
+        head = tower.attention_pooling
+        first = [tower.conv1, *([] if head else [tower.class_embedding]), tower.positional_embedding, tower.ln_pre]
+        last = [blocks[-1], tower.ln_post, *([tower.head] if head else [])]
+        projection = [tower.proj]
     else:
         first = [tower.token_embedding, tower.positional_embedding, tower.ln_embedding]
         last = [blocks[-1], tower.ln_final]
-        projection = tower.text_projection
-    return [first, *([block] for block in blocks[:-1]), last, [projection]]
+        projection = [tower.text_projection, *([tower.text_projection_bias] if tower.text_projection_bias is not None
+                                               else [])]
+    return [first, *([block] for block in blocks[:-1]), last, projection]
 
 
 def _parameters(items) -> list[nn.Parameter]:

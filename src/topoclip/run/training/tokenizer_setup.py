@@ -48,7 +48,11 @@ def check_tokenizer(tokenizer: Tokenizer, config: Config) -> None:
     if tokenizer.id_bound > text.vocab_size:
         raise ConfigError(f"the tokenizer gives ids up to {tokenizer.id_bound - 1} but model.text.vocab_size="
                           f"{text.vocab_size}; set model.text.vocab_size={tokenizer.id_bound}")
-    if tokenizer.cls_id != text.cls_token_id:
+    if tokenizer.cls_id is None:  # SigLIP's framing: no start token, so only a tower that reads none takes it
+        if text.pooling != "last":
+            raise ConfigError(f"this tokenizer (SigLIP's SentencePiece) frames a text without a start token, which "
+                              f"model.text.pooling={text.pooling} needs; set model.text.pooling=last (SigLIP's)")
+    elif tokenizer.cls_id != text.cls_token_id:
         raise ConfigError(f"the tokenizer's [CLS] id is {tokenizer.cls_id} but model.text.cls_token_id={text.cls_token_id}; "
                           f"set model.text.cls_token_id={tokenizer.cls_id}")
     pooled = end_of_text_id(text, tokenizer.id_bound)
@@ -68,7 +72,8 @@ def fit_to_trained_tokenizer(config: Config, tokenizer: Tokenizer) -> Config:
     """
     text = config.model.text
     end = tokenizer.sep_id if text.pooling == "end_of_text" else text.end_token_id  # pooled where the text ends
-    if config.data.tokenizer or (tokenizer.cls_id, end) == (text.cls_token_id, text.end_token_id):
+    if config.data.tokenizer or tokenizer.cls_id is None or (tokenizer.cls_id, end) == (text.cls_token_id,
+                                                                                        text.end_token_id):
         return config
     text = dataclasses.replace(text, cls_token_id=tokenizer.cls_id, end_token_id=end)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, text=text))
