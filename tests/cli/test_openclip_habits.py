@@ -128,7 +128,10 @@ def test_logs_and_name_make_the_run_folder_as_openclip_s(tmp_path, capsys, monke
     assert main(["train", "--resume", "latest", "--print-config"]) == 2
     assert "give --logs LOGS --name NAME" in capsys.readouterr().err
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "logs" / "taken").write_text("")
     for flags, said in ((["--logs", "a-file"], "--logs a-file: not a folder"),
+                        (["--logs", "logs", "--name", "taken"], "is a file, not a folder; choose another --out (or "
+                                                                "--logs/--name)"),
                         (["--logs", "logs", "--name", "a/b"], "with --logs LOGS it names the run folder LOGS/NAME"),
                         (["--logs", "logs", "--name", "..", "--resume", "latest"], "must be a plain folder name")):
         assert main([*quick, *flags]) == 2

@@ -322,3 +322,27 @@ def test_an_open_clip_layout_name_without_its_weights_in_the_cache_names_both_fi
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "neither open_clip_model.safetensors nor open_clip_pytorch_model.bin" in refused.stderr
     assert not (tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-16--dfn2b" / "main").exists()
+
+
+def test_an_open_clip_layout_name_whose_cached_weights_do_not_fit_says_where_they_are(tmp_path):
+    """A name's cached weights that are not OpenCLIP's CLIP: one line naming the repository and the cache, not the
+    --from the user never typed."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("huggingface_hub")
+    from safetensors.torch import save_file
+
+    snapshot = hub_snapshot(tmp_path / "hub", "apple/DFN2B-CLIP-ViT-B-16")
+    (snapshot / "open_clip_config.json").write_text(json.dumps({"model_cfg": {"embed_dim": 16}}))
+    save_file({"not.a.clip.weight": torch.zeros(2)}, str(snapshot / "open_clip_model.safetensors"))
+    (hub_snapshot(tmp_path / "hub", "openai/clip-vit-base-patch32") / "merges.txt").write_text(
+        "#version: 0.2\n" + "\n".join(MERGES) + "\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
+           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    refused = subprocess.run([sys.executable, "-m", "topoclip", "train", "--pretrained", "ViT-B-16:dfn2b",
+                              "--print-config"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "apple/DFN2B-CLIP-ViT-B-16 is not the model" in refused.stderr and "--from" not in refused.stderr
+    assert not (tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-16--dfn2b" / "main").exists()

@@ -130,6 +130,8 @@ def test_dataset_type_auto_finds_a_dataset_as_no_flag_does(tmp_path, capsys):
     ("empty_folder", "no Parquet or Arrow file"),
     ("int_images", "column 'image' holds Value('int64')"),
     ("no_captions", "has no usable caption in its first"),
+    ("blank_paths", "column 'image' has no image in its first"),
+    ("empty_struct", "column 'image' has no image in its first"),
     ("absolute_paths", "set data.csv_allow_outside_paths=true"),
     ("empty_parquet", "has no rows"),
     ("empty_saved", "has no rows"),
@@ -162,6 +164,17 @@ def test_a_bad_dataset_is_one_line_before_any_folder(damage, message, tmp_path, 
         datasets.Dataset.from_list([{"image": index, "text": "a caption"} for index in range(8)]).save_to_disk(str(path))
     elif damage == "no_captions":
         table([{**row, "text": None} for row in rows(8)]).save_to_disk(str(path))
+    elif damage == "blank_paths":  # a column of image paths, each empty or blank
+        datasets.Dataset.from_dict({"image": ["", " "] * 4, "text": ["a caption"] * 8}).save_to_disk(str(path))
+    elif damage == "empty_struct":  # an Image column with neither bytes nor a path in any row
+        import pyarrow
+        import pyarrow.parquet
+
+        images = pyarrow.array([{"bytes": None, "path": None}] * 8,
+                               type=pyarrow.struct([("bytes", pyarrow.binary()), ("path", pyarrow.string())]))
+        path.mkdir()
+        path = path / "0.parquet"
+        pyarrow.parquet.write_table(pyarrow.table({"image": images, "text": ["a caption"] * 8}), str(path))
     elif damage == "absolute_paths":
         (tmp_path / "elsewhere").mkdir()
         for index, (png, _) in enumerate(scene_samples(8)):

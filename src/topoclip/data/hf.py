@@ -185,6 +185,24 @@ class HfRows:
         return [value[0] if isinstance(value, (list, tuple)) and value else
                 value if isinstance(value, str) else None for value in values]
 
+    def has_images(self, count: int) -> bool:
+        """Whether any of the first `count` rows has an image (bytes, or a path that is not blank), read without the
+        bytes where the table allows."""
+        import pyarrow.compute as compute
+        import pyarrow.types
+
+        if self.table._indices is not None:  # rows picked from a larger table: by row, as image_paths
+            return any(image.strip() if isinstance(image, str) else image
+                       for image, _ in (self[index] for index in range(min(len(self), count))))
+        column = self.table.data.column(self.image_column).slice(0, count).combine_chunks()
+        if pyarrow.types.is_struct(column.type):
+            if bool(compute.any(compute.greater(compute.binary_length(column.field("bytes")), 0)).as_py()):
+                return True
+            column = column.field("path")
+        if pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type):
+            return any(isinstance(value, str) and value.strip() for value in column.to_pylist())
+        return bool(compute.any(compute.greater(compute.binary_length(column), 0)).as_py())
+
     def image_paths(self, count: int) -> list[str]:
         """The image paths among the first `count` rows (rows whose image is embedded have none), read without
         their bytes: an Image column's "path" field where its "bytes" are null, or a column of paths."""
@@ -203,8 +221,8 @@ class HfRows:
 
 
 def check_first_rows(rows: HfRows, count: int, allow_outside: bool, path) -> None:
-    """ConfigError when none of the first `count` rows has a usable caption, or every image of them is a path
-    leading outside `rows.root` (what an Image feature cast from files stores: absolute paths)."""
+    """ConfigError when none of the first `count` rows has a usable caption or any image, or every image of them is
+    a path leading outside `rows.root` (what an Image feature cast from files stores: absolute paths)."""
     from topoclip.data.images import clean_caption, resolve_image_path
     from topoclip.data.quality import BadSample
 
@@ -220,6 +238,9 @@ def check_first_rows(rows: HfRows, count: int, allow_outside: bool, path) -> Non
     if not any(usable(clean_caption, caption) for caption in rows.captions(count)):
         raise ConfigError(f"{path}: column {rows.caption_column!r} has no usable caption in its first {count:,} "
                           f"rows ({SETTINGS['caption_key']})")
+    if not rows.has_images(count):
+        raise ConfigError(f"{path}: column {rows.image_column!r} has no image in its first {count:,} rows (each empty: "
+                          f"no bytes, no path) ({SETTINGS['image_key']})")
     paths = rows.image_paths(count)
     if len(paths) == count and not allow_outside and not any(
             usable(lambda image: resolve_image_path(image, rows.root), image) for image in paths):

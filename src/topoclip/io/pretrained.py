@@ -146,9 +146,16 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
             from topoclip.io.checkpoint import save_checkpoint
             from topoclip.io.convert.openai import import_openai
 
+            from topoclip.io.convert.architecture import FORMAT_HINT
+
             merges = hub_folder(OPENAI_BPE, layout="bpe") / "merges.txt"
-            model, tokenizer, config = import_openai(snapshot, "openclip", vocab=merges, quick_gelu=entry.quick_gelu,
-                                                     name=name)
+            try:
+                model, tokenizer, config = import_openai(snapshot, "openclip", vocab=merges,
+                                                         quick_gelu=entry.quick_gelu, name=name)
+            except CheckpointError as error:  # the format is the table's, not the user's: say where the files are
+                raise CheckpointError(f"{name}: {str(error).removesuffix(FORMAT_HINT)}; the Hugging Face cache's "
+                                      f"{entry.repo} is not the model OpenCLIP's table names: delete its folder in "
+                                      f"HF_HUB_CACHE to download it again") from None
             save_checkpoint(staging, model, config, tokenizer)
         else:
             convert("hf", snapshot, staging)

@@ -156,7 +156,8 @@ def claim_run_folder(run_dir, resuming: bool) -> RunFolderLock:
     metrics and checkpoints. Call on the process that writes (rank 0) only.
     """
     run_dir = Path(run_dir)
-    fix = "make it writable" if resuming else "choose a writable --out"
+    # the folder comes from --out, or from OpenCLIP's --logs and --name: the fix names both
+    fix = "make it writable" if resuming else "choose a writable --out (or --logs/--name)"
     try:
         if not resuming:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +165,8 @@ def claim_run_folder(run_dir, resuming: bool) -> RunFolderLock:
             raise RunFolderError(f"cannot resume {run_dir}: it is not a folder")
         lock = _lock(run_dir) if fcntl is not None else RunFolderLock(run_dir, None)
     except FileExistsError:
-        raise RunFolderError(f"--out {run_dir} is a file, not a folder; choose another --out") from None
+        raise RunFolderError(f"the run folder {run_dir} is a file, not a folder; choose another --out (or "
+                             f"--logs/--name)") from None
     except OSError as error:  # permission denied, read-only file system, ...
         raise RunFolderError(f"cannot write to the run folder {run_dir} ({error.strerror or error}); {fix}") from None
     if not resuming:
@@ -173,7 +175,8 @@ def claim_run_folder(run_dir, resuming: bool) -> RunFolderLock:
             lock.release()
             shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")
             raise RunFolderError(f"run folder {run_dir} is not empty ({shown}); continue that run with "
-                                 f"`topoclip train --resume {run_dir}`, or start a new one with another --out")
+                                 f"`topoclip train --resume {run_dir}`, or start a new one with another --out (or "
+                                 f"--logs/--name)")
     if lock.previous_owner:
         print(f"topoclip: note: took over the lock of {run_dir} left by process {lock.previous_owner.split()[0]}, "
               f"which ended without releasing it", file=sys.stderr)

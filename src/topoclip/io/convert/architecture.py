@@ -19,6 +19,7 @@ from topoclip.core.geometry import implied_topology
 from topoclip.model.clip import CLIP
 
 HEAD_WIDTH = 64  # width per attention head in every released CLIP
+FORMAT_HINT = "; is --from the right format?"  # rename_keys' fix, which a caller that chose the format itself drops
 
 
 def rename_keys(state: dict[str, torch.Tensor], rules: Sequence[tuple[str, str]], ignored: Sequence[str] = (),
@@ -42,7 +43,7 @@ def rename_keys(state: dict[str, torch.Tensor], rules: Sequence[tuple[str, str]]
     if unknown:
         raise CheckpointError(f"{source} has tensors this format does not have: {', '.join(unknown[:8])}"
                               + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
-                              + "; is --from the right format?")
+                              + FORMAT_HINT)
     return renamed
 
 
