@@ -49,7 +49,7 @@ def test_overrides_are_type_checked():
     (["model.topology=hyperbolic"], "model.topology='hyperbolic' is unknown"),
     (["model.spheres=3"], "not divisible by model.spheres=3"),
     (["model.topology=sphere", "model.spheres=4"], "only applies to product-sphere"),
-    (["model.vision.patch_size=5"], "not a multiple of model.vision.patch_size=5"),
+    (["model.vision.patch_size=4096"], "is smaller than one patch (model.vision.patch_size=4096)"),
     (["train.batch_size=10", "train.accumulation_steps=3"], "not divisible by train.accumulation_steps"),
     (["data.scenes.train_size=16"], "data.scenes.train_size=16 is smaller than train.batch_size=32"),
     (["data.scenes.test_size=0"], "data.scenes.test_size=0 leaves the final evaluation no image"),
@@ -137,8 +137,9 @@ def test_messages_name_the_range_and_a_fix():
         load_config("tiny", ["train.weight_decay=NaN"])
     with pytest.raises(ConfigError, match=r"model.vision.patch_size=0 must be an integer ≥ 1"):
         load_config("tiny", ["model.vision.patch_size=0"])
-    with pytest.raises(ConfigError, match=r"not a multiple of model.vision.patch_size=5; pick a patch size dividing it"):
-        load_config("tiny", ["model.vision.patch_size=5"])
+    with pytest.raises(ConfigError, match=r"smaller than one patch \(model.vision.patch_size=4096\); pick a patch size at "
+                                          r"most the image size"):
+        load_config("tiny", ["model.vision.patch_size=4096"])
 
 
 def _is_numeric(annotation) -> bool:

@@ -101,6 +101,28 @@ def test_a_siglip_folder_gives_transformers_ids_pixels_embeddings_and_logits(sig
     torch.testing.assert_close(ours_logits, logits, rtol=0, atol=4 * float(scale) * BOUND["atol"])
 
 
+def test_an_image_size_past_a_multiple_of_the_patch_drops_its_last_pixels_as_transformers_does(siglip_folder,
+                                                                                              tmp_path):
+    """SigLIP SO400M/14 at 384 px is 27 patches a side with 6 pixels left over: a strided convolution reads none of
+    them. The same here, at 36 px and patches of 8 (4 left over)."""
+    import shutil
+
+    import topoclip
+
+    folder = tmp_path / "odd"
+    shutil.copytree(siglip_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vision_config"]["image_size"] = 36
+    (folder / "config.json").write_text(json.dumps(config))
+    clip = topoclip.load(folder)
+    assert clip.config.model.vision.image_size == 36
+    pixels = torch.randn(2, 3, 36, 36, generator=torch.Generator().manual_seed(5))
+    model = transformers.SiglipModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = torch.nn.functional.normalize(model.get_image_features(pixel_values=pixels).pooler_output, dim=-1)
+        torch.testing.assert_close(clip.model.encode_image(pixels)[:, 0], expected, **BOUND)
+
+
 def test_the_tokenizer_is_siglip_s_on_hard_strings_and_survives_a_save(siglip_folder, tmp_path):
     """The SentencePiece reader (no sentencepiece, no protobuf) against transformers' SiglipTokenizer: punctuation,
     case, runs of whitespace, NFKC forms, unknown characters, truncation keeping </s>, the empty text; and the same

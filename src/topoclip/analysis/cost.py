@@ -81,7 +81,7 @@ def tower_formula_flops(tokens: int, layers: int, width: int) -> int:
 def formula_flops(config: ModelConfig) -> dict[str, int]:
     """The FLOP formula's estimate per tower and in total."""
     vision, text, m = config.vision, config.text, config.class_tokens
-    image_tokens = (vision.image_size // vision.patch_size) ** 2 + m
+    image_tokens = (vision.image_size // vision.patch_size) ** 2 + (m if vision.pooling == "class_tokens" else 0)
     text_tokens = text.context_length + m - 1
     counts = {"image": tower_formula_flops(image_tokens, vision.layers, vision.width),
               "text": tower_formula_flops(text_tokens, text.layers, text.width),

@@ -212,9 +212,12 @@ def validate_model(config: ModelConfig) -> None:
             raise ConfigError(f"model.{tower}.width={sub.width} is not divisible by model.{tower}.heads={sub.heads}; "
                               f"pick heads dividing {sub.width}")
     vision = config.vision
-    if vision.image_size % vision.patch_size:
-        raise ConfigError(f"model.vision.image_size={vision.image_size} is not a multiple of "
-                          f"model.vision.patch_size={vision.patch_size}; pick a patch size dividing it")
+    # An image size that is not a multiple of the patch size drops its last image_size mod patch_size rows and columns
+    # of pixels, as a strided convolution does (transformers', timm's, OpenCLIP's ViTs): SigLIP SO400M/14 at 384 px is
+    # 27 patches of 14 a side, its last 6 pixels unread.
+    if vision.image_size < vision.patch_size:
+        raise ConfigError(f"model.vision.image_size={vision.image_size} is smaller than one patch "
+                          f"(model.vision.patch_size={vision.patch_size}); pick a patch size at most the image size")
     positions = (vision.image_size // vision.patch_size) ** 2 + (config.class_tokens if vision.pooling == "class_tokens"
                                                                  else 0)
     if positions > MAX_POSITIONS:
