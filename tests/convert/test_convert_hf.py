@@ -10,6 +10,7 @@ import torch
 from topoclip.cli import main
 from topoclip.io.convert.openai import bytes_to_unicode
 
+from _hub import hub_snapshot
 from _tolerance import fp32_pair, network_roundings
 
 transformers = pytest.importorskip("transformers")
@@ -163,14 +164,7 @@ def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder,
     import sys
 
     pytest.importorskip("huggingface_hub")
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "hub" / "models--openai--clip-vit-base-patch32"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for file in hf_folder.iterdir():  # a tiny CLIPModel in the real repository's file names
-        (snapshot / file.name).write_bytes(file.read_bytes())
+    hub_snapshot(tmp_path / "hub", "openai/clip-vit-base-patch32", hf_folder)  # a tiny CLIPModel in its file names
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
            "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
     script = ("import topoclip, torch\n"
@@ -194,12 +188,7 @@ def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder,
 
 def hub_cache(hf_folder, root, names):
     """A Hugging Face cache holding `names` of the tiny CLIPModel, as openai/clip-vit-base-patch32's snapshot."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = root / "models--openai--clip-vit-base-patch32"
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True, exist_ok=True)
+    snapshot = hub_snapshot(root, "openai/clip-vit-base-patch32")
     for name in names:
         (snapshot / name).write_bytes((hf_folder / name).read_bytes())
     return snapshot

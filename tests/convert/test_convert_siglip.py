@@ -13,6 +13,7 @@ from PIL import Image
 
 from topoclip.cli import main
 
+from _hub import hub_snapshot
 from _tolerance import fp32_pair, network_roundings
 
 transformers = pytest.importorskip("transformers")
@@ -253,14 +254,7 @@ def test_a_siglip_name_loads_from_an_offline_hub_cache(siglip_folder, tmp_path):
     import sys
 
     pytest.importorskip("huggingface_hub")
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "hub" / "models--google--siglip-base-patch16-224"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for file in siglip_folder.iterdir():
-        (snapshot / file.name).write_bytes(file.read_bytes())
+    hub_snapshot(tmp_path / "hub", "google/siglip-base-patch16-224", siglip_folder)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
            "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
     script = ("import topoclip\n"

@@ -11,6 +11,7 @@ from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.model.clip import CLIP
 
+from _hub import hub_snapshot
 from _tolerance import TINY, fp32_pair, model_roundings
 
 OPENAI_LAYOUT = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
@@ -224,16 +225,6 @@ def test_a_model_trained_here_exports_to_open_clip_with_its_own_tokenizer(tmp_pa
     with torch.no_grad():
         bound = fp32_pair(model_roundings(TINY, len(TEXTS)))
         torch.testing.assert_close(theirs.encode_text(ids, normalize=True), ours.encode_text(TEXTS)[:, 0], **bound)
-
-
-def hub_snapshot(cache, repo_id: str):
-    """An empty snapshot of `repo_id` in a Hugging Face cache at `cache` (its refs/main pointing at it)."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    return repo / "snapshots" / commit
 
 
 @pytest.mark.torchvision

@@ -1,0 +1,17 @@
+"""A Hugging Face cache the tests build: a repository's snapshot folder, offline, as huggingface_hub lays it out."""
+from pathlib import Path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_snapshot(cache: Path, repo_id: str, files: Path = None) -> Path:
+    """The snapshot folder of `repo_id` in a Hugging Face cache at `cache` (its refs/main pointing at it), holding a
+    copy of every file of the folder `files` when given."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for file in (files.iterdir() if files is not None else ()):
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    return snapshot
