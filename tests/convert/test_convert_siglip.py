@@ -21,6 +21,7 @@ spm = pytest.importorskip("sentencepiece")
 pytest.importorskip("google.protobuf")  # transformers' SiglipTokenizer reads spiece.model through it
 
 WORDS = "a photo of the red blue green small large square circle triangle cat dog at top left right bottom two".split()
+WORDS += ["\u03bf\u03b4\u03bf\u03c2"]  # a Greek word ending in final sigma: Python's lower case writes it so
 TEXTS = ["A photo of a cat.", "  two   RED squares, at the top-left!! ", "dog", "Zebra xylophone café ünïcode",
          "a\tb\nc", "ﬁ ① Ｆｕｌｌ-width", "", "red " * 40]
 CONTEXT = 16
@@ -132,7 +133,8 @@ def test_the_tokenizer_is_siglip_s_on_hard_strings_and_survives_a_save(siglip_fo
 
     theirs_tokenizer = transformers.AutoTokenizer.from_pretrained(siglip_folder)
     ours = Tokenizer.from_sentencepiece(siglip_folder / "spiece.model", context_length=CONTEXT)
-    hard = TEXTS + ["Ⅻ ｱｲｳ ½", "don't stop—never", "#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", "x" * 300, "\u00a0 \u3000 a"]
+    hard = TEXTS + ["Ⅻ ｱｲｳ ½", "don't stop—never", "#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", "x" * 300, "\u00a0 \u3000 a",
+                    "\u039f\u0394\u039f\u03a3 cat", "a\x1cb\x1fc", "x\u03a3 a\u0301b\u200bc"]  # final sigma, \x1c–\x1f
     expected = theirs_tokenizer(hard, padding="max_length", max_length=CONTEXT, truncation=True,
                                 return_tensors="pt").input_ids
     assert torch.equal(ours(hard).input_ids, expected)
@@ -142,14 +144,17 @@ def test_the_tokenizer_is_siglip_s_on_hard_strings_and_survives_a_save(siglip_fo
     assert torch.equal(reloaded(hard).input_ids, expected)
     # a tokenizer.json handed over with a damaged character map: refused as read (the Rust library would panic on
     # the first caption, reading past its trie)
-    damaged = json.loads(saved.read_text())
-    for step in damaged["normalizer"]["normalizers"]:
-        if step["type"] == "Precompiled":
-            step["precompiled_charsmap"] = "AAAAAAAAAAA="  # a trie of 0 units
-    (tmp_path / "damaged.json").write_text(json.dumps(damaged))
-    with pytest.raises(ValueError, match="character map") as refused:
-        Tokenizer.load(tmp_path / "damaged.json")
-    assert "\n" not in str(refused.value)
+    for charsmap in ("AAAAAAAAAAA=", None, 7, "missing"):  # a trie of 0 units, not a string, no map at all
+        damaged = json.loads(saved.read_text())
+        for step in damaged["normalizer"]["normalizers"]:
+            if step["type"] == "Precompiled":
+                step["precompiled_charsmap"] = charsmap
+                if charsmap == "missing":
+                    del step["precompiled_charsmap"]
+        (tmp_path / "damaged.json").write_text(json.dumps(damaged))
+        with pytest.raises(ValueError, match="character map|precompiled_charsmap") as refused:
+            Tokenizer.load(tmp_path / "damaged.json")
+        assert "\n" not in str(refused.value)
     assert ours.decode(ours("A photo of a cat.").input_ids[0]) == "a photo of a cat"
 
 
@@ -179,6 +184,11 @@ def test_convert_upcycle_and_train_a_siglip_model(siglip_folder, tmp_path, capsy
         pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
         many, one = multi.model.visual(pixels), single.model.visual(pixels)  # (2, 4, 32), (2, 1, 32)
         torch.testing.assert_close(many, one.expand_as(many), **BOUND)
+        from topoclip.analysis.probe import class_token_features
+
+        # the linear probe reads the m pooled tokens (the head's output), not ln_post's grid of 16 patches
+        assert class_token_features(single.model, pixels).shape == (2, 32)
+        assert class_token_features(multi.model, pixels).shape == (2, 4 * 32)
         assert multi.model.encode_text(multi.tokenizer(TEXTS)).isfinite().all()
     out = tmp_path / "run"
     assert main(["train", "--init-from", str(tmp_path / "converted"), "--out", str(out), "--quiet",
@@ -246,6 +256,64 @@ def test_a_folder_without_its_tokenizer_or_head_is_one_line(siglip_folder, tmp_p
         assert not (tmp_path / f"out-{case}").exists()
 
 
+@pytest.mark.parametrize("key, damaged", [
+    ("text_model.encoder.layers.0.self_attn.k_proj.weight", torch.zeros(32, 16)),
+    ("text_model.encoder.layers.0.self_attn.k_proj.weight", torch.zeros(32)),
+    ("logit_scale", torch.zeros(2)), ("logit_bias", torch.zeros(())),
+    ("vision_model.head.probe", torch.zeros(())), ("text_model.head.weight", torch.zeros(2, 32, 32)),
+    ("vision_model.post_layernorm.weight", torch.zeros(20000)),
+])
+def test_weights_that_do_not_fit_their_config_are_one_line(siglip_folder, tmp_path, capsys, monkeypatch, key, damaged):
+    """Each tensor is held to its shape before it is joined, transposed or reshaped, and the identity projection is
+    never larger than a weight the file holds (a 316 KB file once asked for 1.9 GB)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(siglip_folder, folder)
+    state = load_file(str(folder / "model.safetensors"))
+    state[key] = damaged
+    save_file(state, str(folder / "model.safetensors"))
+    eye = torch.eye
+    monkeypatch.setattr(torch, "eye", lambda n, *args, **kwargs: eye(n, *args, **kwargs) if n <= 32 else pytest.fail(
+        f"an identity of {n} rows"))
+    assert main(["convert", "--from", "hf", str(folder), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and ("do not fit" in error), error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_that_leads_out_or_asks_for_another_pooling_is_one_line(siglip_folder, tmp_path, capsys):
+    """spiece.model through a link out of the folder is refused as every other file of it is; a text pooling its
+    tokenizer cannot feed is refused at conversion, not only at training; a character map past its bound is said."""
+    import os
+    import shutil
+
+    folder = tmp_path / "linked"
+    shutil.copytree(siglip_folder, folder)
+    (tmp_path / "outside.model").write_bytes((folder / "spiece.model").read_bytes())
+    (folder / "spiece.model").unlink()
+    os.symlink(tmp_path / "outside.model", folder / "spiece.model")
+    assert main(["convert", "--from", "hf", str(folder), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "link" in error and error.count("spiece.model") == 1, error
+    assert main(["convert", "--from", "hf", str(siglip_folder), str(tmp_path / "out"), "--set",
+                 "model.text.pooling=class_tokens"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "keeps model.text.pooling=last" in error, error
+    big = tmp_path / "big"
+    shutil.copytree(siglip_folder, big)
+    # a second normalizer spec (protobuf field 3: tag 0x1a) after the first, its character map (3.2: tag 0x12) 2 MiB;
+    # lengths as protobuf varints: 2^21 and 2^21 + 5
+    charsmap = bytes([0x12, 0x80, 0x80, 0x80, 0x01]) + bytes(2**21)
+    (big / "spiece.model").write_bytes((big / "spiece.model").read_bytes() + bytes([0x1a, 0x85, 0x80, 0x80, 0x01])
+                                       + charsmap)
+    assert main(["convert", "--from", "hf", str(big), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "character map is 2,097,152 bytes" in error, error
+
+
 def test_a_siglip_name_loads_from_an_offline_hub_cache(siglip_folder, tmp_path):
     """`ViT-B-16-SigLIP:webli` -> google/siglip-base-patch16-224 (transformers' layout) in the Hugging Face cache,
     offline -> converted once into TOPOCLIP_CACHE with its SentencePiece tokenizer -> transformers' embeddings."""
@@ -266,3 +334,26 @@ def test_a_siglip_name_loads_from_an_offline_hub_cache(siglip_folder, tmp_path):
     torch.testing.assert_close(torch.tensor(json.loads(loaded.stdout.strip().splitlines()[-1])), text_embeds, **BOUND)
     converted = tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-16-SigLIP--webli" / "main"
     assert (converted / "tokenizer.json").is_file()
+
+
+def test_a_siglip_2_repository_by_hub_id_says_its_tokenizer_is_not_read(siglip_folder, tmp_path):
+    """SigLIP 2's fixed-resolution repositories (SiglipModel weights, Gemma's tokenizer.json, no spiece.model) from an
+    offline cache: the importer's line naming the tokenizer, not "spiece.model is not in the cache" (downloading
+    cannot help)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("huggingface_hub")
+    snapshot = hub_snapshot(tmp_path / "hub", "google/siglip2-base-patch16-224", siglip_folder)
+    (snapshot / "spiece.model").unlink()
+    (snapshot / "tokenizer.json").write_text("{}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")}
+    script = ("import topoclip\n"
+              "try:\n"
+              "    topoclip.load('google/siglip2-base-patch16-224')\n"
+              "except Exception as error:\n"
+              "    print(type(error).__name__, error)\n")
+    loaded = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert "SigLIP 2's Gemma tokenizer" in loaded.stdout and "not in the local" not in loaded.stdout, loaded.stdout

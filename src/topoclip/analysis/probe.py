@@ -30,9 +30,11 @@ TASKS = ("shape", "colour", "composition")
 
 
 def class_token_features(model, pixels: torch.Tensor) -> torch.Tensor:
-    """pixels (B, 3, S, S) -> (B, m·width): the image class tokens after ln_post, before the projection."""
+    """pixels (B, 3, S, S) -> (B, m·width): the image class tokens after ln_post, before the projection (with
+    attention pooling, SigLIP's, the m pooled tokens: the head's output, not ln_post's grid of patches)."""
     captured = {}
-    handle = model.visual.ln_post.register_forward_hook(lambda module, args, output: captured.update(value=output))
+    pooled = model.visual.head if model.visual.attention_pooling else model.visual.ln_post
+    handle = pooled.register_forward_hook(lambda module, args, output: captured.update(value=output))
     try:
         model.visual(pixels)
     finally:

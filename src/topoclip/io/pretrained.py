@@ -244,7 +244,7 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
         for name in (VOCAB, PREPROCESSOR):  # the vocabulary beside the merges, the pixel statistics
             fetch(name, required=False)
     elif kind == "siglip":  # SigLIP's SentencePiece file (its text's tokenizer), its settings, the pixel statistics
-        fetch(SPIECE)
+        fetch(SPIECE, required=tokenizer is None)  # (SigLIP 2 has a tokenizer.json: the importer says why not)
         for name in (TOKENIZER_CONFIG, PREPROCESSOR):
             fetch(name, required=False)
     return weights.parent

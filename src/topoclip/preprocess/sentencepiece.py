@@ -12,6 +12,7 @@ context (64): SigLIP's framing, which ``Tokenizer`` recognises by its tokens (no
 from __future__ import annotations
 
 import math
+import re
 import string
 import struct
 
@@ -29,6 +30,21 @@ PUNCTUATION_PATTERN = "[" + "".join("\\" + char for char in string.punctuation) 
 END_SPACES_PATTERN, SPACE_RUNS_PATTERN = r"\A +| +\z", " {2,}"
 PATTERNS = (PUNCTUATION_PATTERN, END_SPACES_PATTERN, SPACE_RUNS_PATTERN)
 MAX_PIECES = 2**22  # as model.text.vocab_size's bound: a larger vocabulary is no tokenizer topoclip could use
+# The largest precompiled character map read: sentencepiece's nmt_nfkc map is 240 KB. Checking one walks every trie
+# node in Python (~10 µs each), so the bound is also the bound on that time: about 3 s for a crafted 1 MiB chain.
+MAX_CHARSMAP_BYTES = 2**20
+
+
+def canonicalize(text: str, lowercase: bool) -> str:
+    """SigLIP's text canonicalisation, as transformers' SiglipTokenizer.canonicalize_text does it (in Python, so
+    Python's own lower case (Greek final sigma) and whitespace (\x1c–\x1f are whitespace to `str.split`) hold):
+    lower case, ASCII punctuation removed, runs of whitespace one space, the ends stripped."""
+    if lowercase:
+        text = text.lower()
+    return re.sub(r"\s+", " ", text.translate(PUNCTUATION_TABLE)).strip()
+
+
+PUNCTUATION_TABLE = str.maketrans("", "", string.punctuation)
 
 
 class _Reader:
@@ -121,8 +137,9 @@ def check_charsmap(blob: bytes, where: str) -> None:
     character inside the strings."""
     import numpy as np
 
-    if len(blob) < 4:
-        raise ValueError(f"{where}: its character map is {len(blob)} bytes; not a SentencePiece model")
+    if not 4 <= len(blob) <= MAX_CHARSMAP_BYTES:
+        raise ValueError(f"{where}: its character map is {len(blob):,} bytes, not 4 … {MAX_CHARSMAP_BYTES:,} (sentencepiece's "
+                         f"own is 240 KB); not a SentencePiece model topoclip reads")
     size = int.from_bytes(blob[:4], "little")
     if not size or size % 4 or 4 + size > len(blob):
         raise ValueError(f"{where}: its character map's trie is {size} bytes of {len(blob) - 4}; not a SentencePiece "

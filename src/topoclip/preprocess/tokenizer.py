@@ -17,6 +17,7 @@ so a caption can never inject control tokens.
 from __future__ import annotations
 
 import collections
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -27,7 +28,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from topoclip.core.errors import UserError
 from topoclip.preprocess.sentencepiece import PATTERNS as SIGLIP_PATTERNS
-from topoclip.preprocess.sentencepiece import SPIECE_END
+from topoclip.preprocess.sentencepiece import SPIECE_END, canonicalize
 
 DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context
 SIGLIP_CONTEXT_LENGTH = 64  # SigLIP's (its text tower's positions)
@@ -103,6 +104,7 @@ class Tokenizer:
         `context_length`; prefer the constructors `from_vocab`, `train` and `load`.
         """
         self.context_length = _check_context_length(context_length)
+        self._siglip_lowercase = None  # SigLIP's framing: whether its canonicalisation lower-cases (see below)
         start, end = "[CLS]", "[SEP]"
         if backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
             start, end = OPENAI_START, OPENAI_END
@@ -112,6 +114,11 @@ class Tokenizer:
             # padded with </s>; its tower reads the last position, never a start token.
             start, end = None, SPIECE_END
             self.pad_id, self.unk_id = backend.token_to_id(end), backend.token_to_id("<unk>")
+            # SigLIP's canonicalisation runs in Python first, as transformers runs it (Python's lower case and
+            # whitespace); the normalizer's own steps (a Lowercase among them when do_lower_case) then change nothing.
+            steps = json.loads(backend.to_str()).get("normalizer") or {}
+            self._siglip_lowercase = any(step.get("type") == "Lowercase" for step in steps.get("normalizers", [])
+                                         if isinstance(step, dict))
         else:
             missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
             if missing:
@@ -174,15 +181,15 @@ class Tokenizer:
 
     @classmethod
     def from_sentencepiece(cls, path: Union[str, Path], context_length: Optional[int] = None,
-                           lowercase: bool = True) -> "Tokenizer":
+                           lowercase: bool = True, root: Optional[Union[str, Path]] = None) -> "Tokenizer":
         """SigLIP's tokenizer from its SentencePiece file (spiece.model): its texts canonicalized as SigLIP's are
         (topoclip.preprocess.sentencepiece), framed `pieces… </s>` and padded with </s> to context_length (64 when
-        None, SigLIP's). lowercase: transformers' do_lower_case."""
+        None, SigLIP's). lowercase: transformers' do_lower_case; root: the folder the file must not lead out of."""
         from topoclip.core.door import JSON_BYTES, read_bytes
         from topoclip.preprocess.sentencepiece import siglip_backend
 
         path = Path(path)
-        data = read_bytes(path, "SentencePiece model", limit=JSON_BYTES, error=ValueError)
+        data = read_bytes(path, "SentencePiece model", root, limit=JSON_BYTES, error=ValueError)
         backend = siglip_backend(data, repr(str(path)), lowercase=lowercase)
         return cls(backend, SIGLIP_CONTEXT_LENGTH if context_length is None else context_length)
 
@@ -254,17 +261,21 @@ class Tokenizer:
         if inserted:
             raise ValueError(f"{str(path)!r}: its normalizer or pre-tokenizer inserts a string of {len(inserted[0]):,} "
                              f"characters into every text (at most {MAX_INSERTED_CHARS}); use a tokenizer topoclip wrote")
-        for key, value in _strings(data.get("normalizer")):  # a SentencePiece character map (SigLIP's): checked as read
-            if key == "precompiled_charsmap":
+        for step in _objects(data.get("normalizer")):  # a SentencePiece character map (SigLIP's): checked as read
+            if step.get("type") == "Precompiled":
                 import base64
                 import binascii
 
                 from topoclip.preprocess.sentencepiece import check_charsmap
 
+                value = step.get("precompiled_charsmap")
                 try:
+                    if not isinstance(value, str):
+                        raise binascii.Error
                     check_charsmap(base64.b64decode(value, validate=True), repr(str(path)))
                 except binascii.Error:
-                    raise ValueError(f"{str(path)!r}: its precompiled_charsmap is not base64; {expected}") from None
+                    raise ValueError(f"{str(path)!r}: its Precompiled normalizer's precompiled_charsmap is not a base64 "
+                                     f"string; {expected}") from None
         unknown = sorted(set(_patterns(data)) - KNOWN_PATTERNS)
         if unknown:
             raise ValueError(f"{str(path)!r} uses the regular expression {unknown[0][:80]!r}, which topoclip does not "
@@ -347,6 +358,8 @@ class Tokenizer:
         # A text past MAX_TEXT_CHARS is cut there first: the context keeps its first few hundred characters anyway,
         # and the library's memory grows with the text (hundreds of bytes a character).
         texts = [text[:MAX_TEXT_CHARS] for text in texts]
+        if self._siglip_lowercase is not None:
+            texts = [canonicalize(text, self._siglip_lowercase) for text in texts]
         try:
             encodings = self._backend_for(length).encode_batch(texts)
         except BaseException as error:  # the library raises Exception, or panics (a BaseException) past its limits
@@ -412,6 +425,18 @@ def _strings(data) -> Iterable[tuple[str, str]]:
         node = stack.pop()
         if isinstance(node, dict):
             yield from ((key, value) for key, value in node.items() if isinstance(value, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _objects(data) -> Iterable[dict]:
+    """Every object (dict) in a parsed tokenizer.json (part), walked without recursion."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            yield node
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)

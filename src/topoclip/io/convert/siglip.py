@@ -59,9 +59,21 @@ RENAMES = [
 IGNORED = ("position_ids",)  # buffers some versions save
 
 
-def to_topoclip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _expect(name: str, tensor: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """`tensor` when its shape is `shape`; CheckpointError naming both otherwise (checked before it is reshaped)."""
+    if tuple(tensor.shape) != shape:
+        raise CheckpointError(f"{name} is {tuple(tensor.shape)}, but the folder's config.json makes it {shape}; the "
+                              f"weights do not fit their config")
+    return tensor
+
+
+def to_topoclip(state: dict[str, torch.Tensor], vision_width: int, text_width: int,
+                embed_dim: int) -> dict[str, torch.Tensor]:
     """A SiglipModel state dict in topoclip's names and shapes (q, k, v joined, the text head transposed, the
-    probe (1, 1, w) made (1, w), the logit scale and bias 0-d, the image projection the identity)."""
+    probe (1, 1, w) made (1, w), the logit scale and bias 0-d, the image projection the identity). Every tensor that
+    is reshaped or joined is first held to the shape config.json gives it; the rest are held to the model's by its
+    strict load (topoclip.io.convert.architecture.build_imported)."""
+    widths = {"vision": vision_width, "text": text_width}
     out, pending = {}, {}
     for name, tensor in state.items():
         if name.endswith(IGNORED):
@@ -71,7 +83,9 @@ def to_topoclip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             prefix = f"{'visual' if block.group(1) == 'vision' else 'text'}.transformer.resblocks.{block.group(2)}"
             attention = re.fullmatch(r"self_attn\.([qkv])_proj\.(weight|bias)", block.group(3))
             if attention:
-                pending.setdefault((prefix, attention.group(2)), {})[attention.group(1)] = tensor
+                width = widths[block.group(1)]
+                shape = (width, width) if attention.group(2) == "weight" else (width,)
+                pending.setdefault((prefix, attention.group(2)), {})[attention.group(1)] = _expect(name, tensor, shape)
                 continue
             rest = block.group(3)
             for old, new in BLOCK_RENAMES.items():
@@ -81,11 +95,11 @@ def to_topoclip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 raise CheckpointError(f"{name} is not a weight of transformers' SiglipModel")
             out[f"{prefix}.{rest}"] = tensor
         elif name == "vision_model.head.probe":
-            out["visual.head.probe"] = tensor.reshape(-1, tensor.shape[-1])  # (1, 1, w) -> (1, w)
+            out["visual.head.probe"] = _expect(name, tensor, (1, 1, vision_width))[0]  # (1, 1, w) -> (1, w)
         elif name == "text_model.head.weight":
-            out["text.text_projection"] = tensor.t().contiguous()  # (embed, w) -> (w, embed)
+            out["text.text_projection"] = _expect(name, tensor, (embed_dim, text_width)).t().contiguous()  # (w, embed)
         elif name in ("logit_scale", "logit_bias"):
-            out["temperature.t" if name == "logit_scale" else "temperature.bias"] = tensor.reshape(())
+            out["temperature.t" if name == "logit_scale" else "temperature.bias"] = _expect(name, tensor, (1,))[0]
         else:
             for pattern, replacement in RENAMES:
                 if re.fullmatch(pattern, name):
@@ -98,9 +112,10 @@ def to_topoclip(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if set(parts) != {"q", "k", "v"}:
             raise CheckpointError(f"{prefix}: {sorted(parts)} of q, k, v ({kind}); not transformers' SiglipModel")
         out[f"{prefix}.attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])  # (3·width, …)
-    if "visual.ln_post.weight" in out:
-        width = out["visual.ln_post.weight"].shape[0]
-        out["visual.proj"] = torch.eye(width)  # SigLIP's image embedding is the head's output: x @ I = x exactly
+    # SigLIP's image embedding is the head's output: x @ I = x exactly. The identity is made only beside a block's
+    # (width, width) q, k, v the file holds: never more memory than the file's own weights.
+    if ("visual.transformer.resblocks.0", "weight") in pending:
+        out["visual.proj"] = torch.eye(vision_width)
     return out
 
 
@@ -143,7 +158,7 @@ def import_siglip(folder: Union[str, Path], overrides: Sequence[str] = (), name:
     if embed_dim != vision["width"]:
         raise CheckpointError(f"{file}: the text head gives {embed_dim} dimensions but the image tower {vision['width']}; "
                               f"SigLIP's embeddings must match")
-    state = to_topoclip(read_state_dict(folder))
+    state = to_topoclip(read_state_dict(folder), vision["width"], text["width"], embed_dim)
     mean, std = SIGLIP_PIXELS, SIGLIP_PIXELS
     if (folder / PREPROCESSOR).exists():
         pixels = _read_json(folder / PREPROCESSOR)
@@ -166,6 +181,9 @@ def import_siglip(folder: Union[str, Path], overrides: Sequence[str] = (), name:
     else:
         raise CheckpointError(f"{folder}: no logit_scale and logit_bias; not transformers' SiglipModel")
     model_out, config = build_imported(state, model, overrides, name or folder.name)
+    if config.model.text.pooling != "last":  # its tokenizer frames a text without the start token others read
+        raise ConfigError(f"model.text.pooling={config.model.text.pooling}: SigLIP's tokenizer has no start token for "
+                          f"it to read; a SigLIP model keeps model.text.pooling=last")
     tokenizer = siglip_tokenizer(folder, config.model.text.context_length)
     if tokenizer.id_bound > config.model.text.vocab_size:
         raise CheckpointError(f"{folder / SPIECE} gives ids up to {tokenizer.id_bound - 1}, past the text embedding's "
@@ -188,7 +206,8 @@ def siglip_tokenizer(folder: Path, context_length: int):
         lowercase = foreign_field(_read_json(folder / TOKENIZER_CONFIG), "do_lower_case", bool, True,
                                   str(folder / TOKENIZER_CONFIG))
     try:
-        return Tokenizer.from_sentencepiece(folder / SPIECE, context_length=context_length, lowercase=lowercase)
-    except ValueError as error:
-        raise CheckpointError(f"{folder / SPIECE}: {error}") from None
+        return Tokenizer.from_sentencepiece(folder / SPIECE, context_length=context_length, lowercase=lowercase,
+                                            root=folder)
+    except ValueError as error:  # (its messages name the file)
+        raise CheckpointError(str(error)) from None
 
