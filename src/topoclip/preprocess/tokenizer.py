@@ -28,7 +28,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from topoclip.core.errors import UserError
 from topoclip.preprocess.sentencepiece import PATTERNS as SIGLIP_PATTERNS
-from topoclip.preprocess.sentencepiece import SPIECE_END, canonicalize
+from topoclip.preprocess.sentencepiece import PUNCTUATION_PATTERN, SPIECE_END, canonicalize
 
 DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context
 SIGLIP_CONTEXT_LENGTH = 64  # SigLIP's (its text tower's positions)
@@ -104,7 +104,7 @@ class Tokenizer:
         `context_length`; prefer the constructors `from_vocab`, `train` and `load`.
         """
         self.context_length = _check_context_length(context_length)
-        self._siglip_lowercase = None  # SigLIP's framing: whether its canonicalisation lower-cases (see below)
+        self._siglip_lowercase = None  # SigLIP's tokenizer: whether its canonicalisation lower-cases (see below)
         start, end = "[CLS]", "[SEP]"
         if backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
             start, end = OPENAI_START, OPENAI_END
@@ -114,11 +114,12 @@ class Tokenizer:
             # padded with </s>; its tower reads the last position, never a start token.
             start, end = None, SPIECE_END
             self.pad_id, self.unk_id = backend.token_to_id(end), backend.token_to_id("<unk>")
-            # SigLIP's canonicalisation runs in Python first, as transformers runs it (Python's lower case and
-            # whitespace); the normalizer's own steps (a Lowercase among them when do_lower_case) then change nothing.
-            steps = json.loads(backend.to_str()).get("normalizer") or {}
-            self._siglip_lowercase = any(step.get("type") == "Lowercase" for step in steps.get("normalizers", [])
-                                         if isinstance(step, dict))
+            # SigLIP's canonicalisation (its normalizer removes the punctuation: siglip_backend wrote it) runs in
+            # Python first, as transformers runs it (Python's lower case and whitespace); the normalizer's own steps
+            # (a Lowercase among them when do_lower_case) then change nothing.
+            steps = list(_objects(json.loads(backend.to_str()).get("normalizer")))
+            if any(step.get("pattern") == {"Regex": PUNCTUATION_PATTERN} for step in steps):
+                self._siglip_lowercase = any(step.get("type") == "Lowercase" for step in steps)
         else:
             missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
             if missing:
