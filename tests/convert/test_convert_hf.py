@@ -275,3 +275,50 @@ def test_a_hub_that_answers_a_server_error_is_not_asked_again(status, reachable,
         assert hub_reachable() is reachable
     finally:
         server.shutdown()
+
+
+def test_an_image_size_past_a_multiple_of_the_patch_survives_import_and_export(hf_folder, tmp_path):
+    """A 36 px CLIP with patches of 8 (4 pixels unread): the size comes from config.json (the weights hold only the
+    grid of 4 × 4), in from transformers, out to transformers and OpenCLIP and back in, each time 36 px; and the
+    embeddings are transformers' own."""
+    import shutil
+
+    import topoclip
+
+    folder = tmp_path / "odd"
+    shutil.copytree(hf_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vision_config"]["image_size"] = 36
+    (folder / "config.json").write_text(json.dumps(config))
+    clip = topoclip.load(folder)
+    assert clip.config.model.vision.image_size == 36
+    images = torch.randn(3, 3, 36, 36, generator=torch.Generator().manual_seed(1))
+    _, image = transformers_embeddings(folder, TEXTS, images)
+    with torch.no_grad():
+        torch.testing.assert_close(clip.model.encode_image(images)[:, 0], image, **BOUND)
+    assert main(["convert", "--from", "hf", str(folder), str(tmp_path / "converted")]) == 0
+    assert main(["export", str(tmp_path / "converted"), "--hf", str(tmp_path / "hf"), "--openclip",
+                 str(tmp_path / "oc")]) == 0
+    for format, exported in (("hf", tmp_path / "hf"), ("openclip", tmp_path / "oc")):
+        assert main(["convert", "--from", format, str(exported), str(tmp_path / f"back-{format}")]) == 0
+        back = json.loads((tmp_path / f"back-{format}" / "topoclip_config.json").read_text())
+        assert back["model"]["vision"]["image_size"] == 36, format
+
+
+def test_a_name_whose_cached_weights_do_not_fit_names_the_repository_and_keeps_nothing(hf_folder, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("huggingface_hub")
+    from safetensors.torch import save_file
+
+    snapshot = hub_cache(hf_folder, tmp_path / "hub", ["config.json", "merges.txt", "vocab.json"])
+    save_file({"not.a.clip.weight": torch.zeros(2)}, str(snapshot / "model.safetensors"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
+           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    refused = subprocess.run([sys.executable, "-m", "topoclip", "train", "--pretrained", "ViT-B-32:openai",
+                              "--print-config"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "openai/clip-vit-base-patch32 is not what topoclip's table names" in refused.stderr
+    assert not any((tmp_path / "topoclip-cache" / "pretrained").rglob("model.safetensors"))

@@ -132,6 +132,8 @@ def test_dataset_type_auto_finds_a_dataset_as_no_flag_does(tmp_path, capsys):
     ("no_captions", "has no usable caption in its first"),
     ("blank_paths", "column 'image' has no image in its first"),
     ("empty_struct", "column 'image' has no image in its first"),
+    ("int_struct", "column 'image' holds"),
+    ("bytes_only_struct", "column 'image' holds"),
     ("absolute_paths", "set data.csv_allow_outside_paths=true"),
     ("empty_parquet", "has no rows"),
     ("empty_saved", "has no rows"),
@@ -175,6 +177,17 @@ def test_a_bad_dataset_is_one_line_before_any_folder(damage, message, tmp_path, 
         path.mkdir()
         path = path / "0.parquet"
         pyarrow.parquet.write_table(pyarrow.table({"image": images, "text": ["a caption"] * 8}), str(path))
+    elif damage in ("int_struct", "bytes_only_struct"):  # structs that are not an Image column's (bytes, path)
+        import pyarrow
+        import pyarrow.parquet
+
+        fields = ([("bytes", pyarrow.int64()), ("path", pyarrow.string())] if damage == "int_struct"
+                  else [("bytes", pyarrow.binary())])
+        values = [{"bytes": 1, "path": "a.png"} if damage == "int_struct" else {"bytes": b"x"}] * 8
+        path.mkdir()
+        path = path / "0.parquet"
+        pyarrow.parquet.write_table(pyarrow.table({"image": pyarrow.array(values, type=pyarrow.struct(fields)),
+                                                   "text": ["a caption"] * 8}), str(path))
     elif damage == "absolute_paths":
         (tmp_path / "elsewhere").mkdir()
         for index, (png, _) in enumerate(scene_samples(8)):

@@ -42,6 +42,9 @@ class GradCAM:
     scores: torch.Tensor  # (P,)
     image_maps: torch.Tensor  # (P, grid, grid), ≥ 0
     text_maps: torch.Tensor  # (P, L), ≥ 0
+    # The share of the image's side the patches read (grid · patch / image size): below 1 when the image size is past
+    # a multiple of the patch size, whose last pixels no patch reads.
+    coverage: float = 1.0
 
 
 def cam(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
@@ -114,10 +117,12 @@ def grad_cam(model, tokenizer, pixels: torch.Tensor, caption: str, layer: int = 
     finally:
         image_input.remove()
         text_input.remove()
-    grid = model.config.vision.image_size // model.config.vision.patch_size
+    vision = model.config.vision
+    grid = vision.image_size // vision.patch_size
     tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in ids[positions].tolist()]
     return GradCAM(caption, tokens, names, scores.detach().cpu(),
-                   torch.stack(image_maps).view(len(names), grid, grid).cpu(), torch.stack(text_maps).cpu())
+                   torch.stack(image_maps).view(len(names), grid, grid).cpu(), torch.stack(text_maps).cpu(),
+                   grid * vision.patch_size / vision.image_size)
 
 
 def _normalised(values: torch.Tensor) -> np.ndarray:
@@ -155,11 +160,13 @@ def plot_maps(results: Sequence[GradCAM], images: Sequence[np.ndarray], out_dir,
         caption_axis.set_axis_off()
         caption_axis.text(0, 0.9, textwrap.fill(result.caption, 30), fontsize=7, va="top", transform=caption_axis.transAxes)
         height, width = image.shape[:2]
+        read = (max(1, round(height * result.coverage)), max(1, round(width * result.coverage)))  # the patches' part
         for column, index in enumerate(order, start=1):
             axis = figure.add_subplot(grid[2 * row, column])
             axis.imshow(image)
-            heat = F.interpolate(result.image_maps[index][None, None], size=(height, width), mode="bilinear",
+            heat = F.interpolate(result.image_maps[index][None, None], size=read, mode="bilinear",
                                  align_corners=False)[0, 0]
+            heat = F.pad(heat, (0, width - read[1], 0, height - read[0]))  # no heat where no patch reads
             axis.imshow(_normalised(heat), cmap=colormap, alpha=0.5, vmin=0, vmax=1)
             axis.set_title(f"{result.score_names[index]}: {result.scores[index].item():.2f}", fontsize=8)
             axis.set_axis_off()

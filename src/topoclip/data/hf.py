@@ -136,8 +136,9 @@ def _loaded(load, path: Path):
 
 def _kind(feature, datasets) -> str:
     """"image", "bytes", "text", "texts" or "" (none of them) for a column's feature."""
-    if isinstance(feature, datasets.Image) or (isinstance(feature, dict) and "bytes" in feature
-                                                and set(feature) <= {"bytes", "path"}):
+    if isinstance(feature, datasets.Image) or (isinstance(feature, dict) and set(feature) == {"bytes", "path"}
+                                                and _kind(feature["bytes"], datasets) == "bytes"
+                                                and _kind(feature["path"], datasets) == "text"):
         return "image"  # (the struct of bytes and path an Image column is, written by another tool than datasets)
     if isinstance(feature, datasets.Value):
         return {"binary": "bytes", "large_binary": "bytes", "string": "text", "large_string": "text"}.get(feature.dtype, "")

@@ -142,23 +142,25 @@ def pretrained_folder(name: str, revision: Optional[str] = None) -> Path:
         snapshot = hub_folder(entry.repo, revision, layout=entry.layout)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = scratch_name(folder)  # the conversion lands whole or not at all
-        if entry.layout == "openclip":
-            from topoclip.io.checkpoint import save_checkpoint
-            from topoclip.io.convert.openai import import_openai
+        from topoclip.io.convert.architecture import FORMAT_HINT
 
-            from topoclip.io.convert.architecture import FORMAT_HINT
+        repositories = entry.repo + (f" (or {OPENAI_BPE}'s merges.txt)" if entry.layout == "openclip" else "")
+        try:
+            if entry.layout == "openclip":
+                from topoclip.io.checkpoint import save_checkpoint
+                from topoclip.io.convert.openai import import_openai
 
-            merges = hub_folder(OPENAI_BPE, layout="bpe") / "merges.txt"
-            try:
+                merges = hub_folder(OPENAI_BPE, layout="bpe") / "merges.txt"
                 model, tokenizer, config = import_openai(snapshot, "openclip", vocab=merges,
                                                          quick_gelu=entry.quick_gelu, name=name)
-            except CheckpointError as error:  # the format is the table's, not the user's: say where the files are
-                raise CheckpointError(f"{name}: {str(error).removesuffix(FORMAT_HINT)}; the Hugging Face cache's "
-                                      f"{entry.repo} is not the model OpenCLIP's table names: delete its folder in "
-                                      f"HF_HUB_CACHE to download it again") from None
-            save_checkpoint(staging, model, config, tokenizer)
-        else:
-            convert("hf", snapshot, staging)
+                save_checkpoint(staging, model, config, tokenizer)
+            else:
+                convert("hf", snapshot, staging)
+        except CheckpointError as error:  # the format is the table's, not the user's: say where the files are
+            shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(f"{name}: {str(error).removesuffix(FORMAT_HINT)}; the Hugging Face cache's "
+                                  f"{repositories} is not what topoclip's table names: delete that repository's "
+                                  f"folder in HF_HUB_CACHE to download it again") from None
         if not is_regular(staging / TOKENIZER, staging):  # (hub_folder fetched the tokenizer's files, or said why)
             shutil.rmtree(staging, ignore_errors=True)
             raise CheckpointError(f"{entry.repo}: its files gave no tokenizer, so {name} cannot read text; nothing "

@@ -29,6 +29,7 @@ PUNCTUATION_PATTERN = "[" + "".join("\\" + char for char in string.punctuation) 
 # SentencePiece's remove_extra_whitespaces, as transformers' converter writes it: spaces at the ends, runs of spaces.
 END_SPACES_PATTERN, SPACE_RUNS_PATTERN = r"\A +| +\z", " {2,}"
 PATTERNS = (PUNCTUATION_PATTERN, END_SPACES_PATTERN, SPACE_RUNS_PATTERN)
+WHITESPACE_PATTERN = r"\s+"  # canonicalize_text's re.sub(r"\s+", " ", …), as the Rust normalizer writes it
 MAX_PIECES = 2**22  # as model.text.vocab_size's bound: a larger vocabulary is no tokenizer topoclip could use
 # The largest precompiled character map read: sentencepiece's nmt_nfkc map is 240 KB. Checking one walks every trie
 # node in Python (~10 µs each), so the bound is also the bound on that time: about 3 s for a crafted 1 MiB chain.
@@ -179,6 +180,67 @@ def check_charsmap(blob: bytes, where: str) -> None:
         pending.extend(int(child) for child in children)
 
 
+class CharacterMap:
+    """sentencepiece's own normalizer over a precompiled character map (normalizer.cc, NormalizePrefix): at each
+    point of the text's UTF-8 bytes the longest rule of the trie that matches is replaced by its string, else one
+    character is kept. The Rust library's Precompiled step applies the same map one grapheme at a time (and one
+    character at a time in graphemes of 6 bytes or more), so it misses rules across graphemes — decomposed Hangul,
+    ligatures with combining marks — where sentencepiece, and so transformers' SiglipTokenizer, applies them."""
+
+    MAX_RESULTS = 32  # sentencepiece reads the first 32 matches of a prefix search (kMaxTrieResultsSize)
+
+    def __init__(self, blob: bytes, where: str):
+        check_charsmap(blob, where)  # every walk below stays inside the trie and its strings
+        size = int.from_bytes(blob[:4], "little")
+        self.units = list(struct.unpack(f"<{size // 4}I", blob[4:4 + size]))
+        self.strings = blob[4 + size:]
+
+    def _longest(self, data: bytes, start: int) -> tuple[int, int]:
+        """(length, string offset) of the longest rule matching data[start:], (0, 0) when none does."""
+        units, position = self.units, 0
+        position ^= (units[0] >> 10) << ((units[0] & (1 << 9)) >> 6)
+        best = (0, 0)
+        found = 0
+        for index in range(start, len(data)):
+            byte = data[index]
+            position ^= byte
+            unit = units[position]
+            if unit & ((1 << 31) | 0xFF) != byte:
+                break
+            position ^= (unit >> 10) << ((unit & (1 << 9)) >> 6)
+            if (unit >> 8) & 1:
+                found += 1
+                if found > self.MAX_RESULTS:
+                    break
+                best = (index + 1 - start, units[position] & ((1 << 31) - 1))
+        return best
+
+    def normalize(self, text: str) -> str:
+        data = text.encode("utf-8")
+        out, start = [], 0
+        while start < len(data):
+            length, offset = self._longest(data, start)
+            if length:
+                end = self.strings.find(b"\0", offset)  # each string ends with NUL (the last may not)
+                out.append(self.strings[offset:end if end >= 0 else len(self.strings)])
+                start += length
+            else:  # one UTF-8 character as it is (the text is valid UTF-8: its length from the lead byte)
+                lead = data[start]
+                length = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+                out.append(data[start:start + length])
+                start += length
+        return b"".join(out).decode("utf-8")
+
+
+def python_steps(step: dict) -> bool:
+    """Whether a normalizer step (as tokenizer.json writes it) of a tokenizer siglip_backend built is one that
+    `Tokenizer` runs in Python instead (canonicalize, then CharacterMap): Lowercase, the punctuation and whitespace
+    Replace, Strip, Precompiled. The Rust library runs the rest (SentencePiece's whitespace handling)."""
+    pattern = step.get("pattern")
+    return (step.get("type") in ("Lowercase", "Strip", "Precompiled")
+            or pattern in ({"Regex": PUNCTUATION_PATTERN}, {"Regex": WHITESPACE_PATTERN}))
+
+
 def siglip_backend(data: bytes, where: str, lowercase: bool = True) -> BackendTokenizer:
     """The `tokenizers` tokenizer of SigLIP's spiece.model bytes (no framing: Tokenizer adds `pieces </s>`).
 
@@ -207,7 +269,7 @@ def siglip_backend(data: bytes, where: str, lowercase: bool = True) -> BackendTo
         raise ValueError(f"{where}: {str(error)[:120]}; not a SentencePiece model sentencepiece wrote") from None
     steps = [normalizers.Lowercase()] if lowercase else []
     # canonicalize_text: punctuation out, whitespace runs to one space, the ends stripped
-    steps += [normalizers.Replace(Regex(PUNCTUATION_PATTERN), ""), normalizers.Replace(Regex(r"\s+"), " "),
+    steps += [normalizers.Replace(Regex(PUNCTUATION_PATTERN), ""), normalizers.Replace(Regex(WHITESPACE_PATTERN), " "),
               normalizers.Strip()]
     steps += precompiled
     if spec["extra_whitespace"]:

@@ -28,7 +28,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from topoclip.core.errors import UserError
 from topoclip.preprocess.sentencepiece import PATTERNS as SIGLIP_PATTERNS
-from topoclip.preprocess.sentencepiece import PUNCTUATION_PATTERN, SPIECE_END, canonicalize
+from topoclip.preprocess.sentencepiece import PUNCTUATION_PATTERN, SPIECE_END, CharacterMap, canonicalize, python_steps
 
 DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context
 SIGLIP_CONTEXT_LENGTH = 64  # SigLIP's (its text tower's positions)
@@ -105,6 +105,7 @@ class Tokenizer:
         """
         self.context_length = _check_context_length(context_length)
         self._siglip_lowercase = None  # SigLIP's tokenizer: whether its canonicalisation lower-cases (see below)
+        self._charsmap = None  # and its SentencePiece character map
         start, end = "[CLS]", "[SEP]"
         if backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
             start, end = OPENAI_START, OPENAI_END
@@ -114,12 +115,17 @@ class Tokenizer:
             # padded with </s>; its tower reads the last position, never a start token.
             start, end = None, SPIECE_END
             self.pad_id, self.unk_id = backend.token_to_id(end), backend.token_to_id("<unk>")
-            # SigLIP's canonicalisation (its normalizer removes the punctuation: siglip_backend wrote it) runs in
-            # Python first, as transformers runs it (Python's lower case and whitespace); the normalizer's own steps
-            # (a Lowercase among them when do_lower_case) then change nothing.
+            # SigLIP's canonicalisation (its normalizer removes the punctuation: siglip_backend wrote it) and
+            # SentencePiece's character map run in Python, as transformers and sentencepiece run them (Python's lower
+            # case and whitespace; the map's longest rule across graphemes); the Rust normalizer keeps the rest.
             steps = list(_objects(json.loads(backend.to_str()).get("normalizer")))
             if any(step.get("pattern") == {"Regex": PUNCTUATION_PATTERN} for step in steps):
                 self._siglip_lowercase = any(step.get("type") == "Lowercase" for step in steps)
+                charsmap = [step["precompiled_charsmap"] for step in steps if step.get("type") == "Precompiled"]
+                if charsmap:
+                    import base64
+
+                    self._charsmap = CharacterMap(base64.b64decode(charsmap[0]), "the tokenizer's character map")
         else:
             missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
             if missing:
@@ -141,8 +147,14 @@ class Tokenizer:
         if backend.decoder is None:
             backend.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
         _set_length(backend, self.context_length, self.pad_id)
-        self._backend = backend
-        self._backends_by_length = {self.context_length: backend}  # clones for per-call overrides
+        self._backend = backend  # what `save` writes
+        encoder = backend  # what encodes: SigLIP's without the steps Python runs first
+        if self._siglip_lowercase is not None:
+            data = json.loads(backend.to_str())
+            data["normalizer"] = {"type": "Sequence", "normalizers": [
+                step for step in data["normalizer"].get("normalizers", []) if not python_steps(step)]}
+            encoder = BackendTokenizer.from_str(json.dumps(data))
+        self._backends_by_length = {self.context_length: encoder}  # clones for per-call overrides
 
     # ----- constructors -----
 
@@ -358,9 +370,11 @@ class Tokenizer:
             return TextBatch(empty, empty.bool())
         # A text past MAX_TEXT_CHARS is cut there first: the context keeps its first few hundred characters anyway,
         # and the library's memory grows with the text (hundreds of bytes a character).
-        texts = [text[:MAX_TEXT_CHARS] for text in texts]
-        if self._siglip_lowercase is not None:
+        if self._siglip_lowercase is not None:  # before the cut: a long run of spaces or punctuation is then gone
             texts = [canonicalize(text, self._siglip_lowercase) for text in texts]
+            if self._charsmap is not None:
+                texts = [self._charsmap.normalize(text) for text in texts]
+        texts = [text[:MAX_TEXT_CHARS] for text in texts]
         try:
             encodings = self._backend_for(length).encode_batch(texts)
         except BaseException as error:  # the library raises Exception, or panics (a BaseException) past its limits
@@ -375,7 +389,7 @@ class Tokenizer:
     def _backend_for(self, length: int) -> BackendTokenizer:
         """The backend truncating/padding to `length` (a cached clone when it differs from the default)."""
         if length not in self._backends_by_length:
-            clone = BackendTokenizer.from_str(self._backend.to_str())
+            clone = BackendTokenizer.from_str(self._backends_by_length[self.context_length].to_str())
             _set_length(clone, length, self.pad_id)
             self._backends_by_length[length] = clone
         return self._backends_by_length[length]

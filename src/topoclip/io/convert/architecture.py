@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -100,11 +100,40 @@ def model_values(state: dict[str, torch.Tensor], activation: str, text_layout: d
     values = {"vision": vision, "text": text, "class_tokens": class_tokens, "embed_dim": embed_dim,
               "topology": implied_topology(class_tokens)}
     if "temperature.t" in state:
-        t = float(state["temperature.t"])
-        values["temperature"] = {"init": t, "max_scale": max(100.0, math.exp(t))}
-    if "temperature.bias" in state:
-        values["temperature"]["bias_init"] = float(state["temperature.bias"])
+        bias = state.get("temperature.bias")
+        values["temperature"] = temperature_values(float(state["temperature.t"]), None if bias is None else float(bias))
     return values
+
+
+# The largest |t| a checkpoint's logit scale τ = e^t may have: e^t must stay a finite fp32 number (fp32 overflows past
+# e^88.7). Trained models sit near 4.6 (τ = 100, CLIP's clamp).
+MAX_LOG_SCALE = 80.0
+
+
+def temperature_values(t: float, bias: Optional[float] = None) -> dict:
+    """The `temperature` section for a checkpoint's log scale `t` (and SigLIP's bias); CheckpointError when either is
+    not a finite number a model can hold."""
+    if not (math.isfinite(t) and abs(t) <= MAX_LOG_SCALE) or (bias is not None and not math.isfinite(bias)):
+        raise CheckpointError(f"the checkpoint's logit scale is e^{t:.4g}" + (f" and its bias {bias:.4g}" if bias is not None
+                              else "") + f"; a model holds |t| ≤ {MAX_LOG_SCALE:g} and a finite bias: not a trained model")
+    values = {"init": t, "max_scale": max(100.0, math.exp(t))}
+    if bias is not None:
+        values["bias_init"] = bias
+    return values
+
+
+def set_image_size(values: dict, size, where: str) -> None:
+    """Take the image size a foreign config gives (`size`: a whole number, else ignored as absent) over the one read
+    off the weights (patches × patch size): a size past a multiple of the patch leaves pixels unread, which no tensor
+    stores. CheckpointError when it does not make the weights' grid of patches."""
+    if not isinstance(size, int) or isinstance(size, bool):
+        return
+    vision = values["vision"]
+    if size // vision["patch_size"] != vision["image_size"] // vision["patch_size"]:
+        raise CheckpointError(f"{where} gives image_size {size}, but the weights hold a grid of "
+                              f"{vision['image_size'] // vision['patch_size']} patches of {vision['patch_size']} px: the "
+                              f"file belongs to other weights")
+    vision["image_size"] = size
 
 
 def build_imported(state: dict[str, torch.Tensor], values: dict, overrides: Sequence[str] = (),

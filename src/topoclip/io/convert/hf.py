@@ -148,6 +148,9 @@ def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str
                               f"topoclip's towers use {LAYER_NORM_EPSILON} (OpenAI's)")
     settings = [f"model.text.heads={foreign_field(text, 'num_attention_heads', int, 8, f'{file}: text_config')}",
                 f"model.vision.heads={foreign_field(vision, 'num_attention_heads', int, 12, f'{file}: vision_config')}"]
+    size = foreign_field(vision, "image_size", int, None, f"{file}: vision_config") if "image_size" in vision else None
+    if size is not None:  # past a multiple of the patch size, the weights cannot say it (a grid that differs: refused)
+        settings.append(f"model.vision.image_size={size}")
     eos = text.get("eos_token_id", TRANSFORMERS_EOS)  # a config without it takes transformers' default
     if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
         raise ConfigError(f"{folder / HF_CONFIG}: text_config.eos_token_id must be a token id, not {eos!r:.40}")

@@ -30,7 +30,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from topoclip.config import Config, ConfigError
-from topoclip.io.convert.architecture import build_imported, model_values, rename_keys
+from topoclip.io.convert.architecture import build_imported, model_values, rename_keys, set_image_size
 from topoclip.io.convert.files import read_state_dict, source_name, weights_file
 from topoclip.core.door import check_inside, open_regular, read_json
 from topoclip.core.errors import CheckpointError
@@ -168,6 +168,7 @@ def openclip_settings(folder: Path) -> dict:
             where = "vision_cfg" if section is vision else "text_cfg"
             raise ConfigError(f"{path}: model_cfg.{where}.{key} must be a whole number ≥ 1, not {value!r:.40}")
     settings["vision_head_width"], settings["text_heads"] = vision.get("head_width", 64), text.get("heads", 8)
+    settings["image_size"] = vision.get("image_size")  # (past a multiple of the patch, the weights cannot say it)
     if text.get("pool_type") == "eos":  # pooled at the first token of this id (OpenCLIP's default eos_id is 2)
         eos = text.get("eos_id", 2)
         if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
@@ -233,6 +234,7 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
                                       f"which do not divide its width {values[tower]['width']} in the weights: the "
                                       f"file belongs to other weights")
             values[tower]["heads"] = count
+    set_image_size(values, settings.get("image_size"), f"{OPENCLIP_CONFIG} beside the weights")
     values["vision"]["eval_resize"] = "shortest"  # OpenAI's and OpenCLIP's evaluation geometry
     if "pixels" in settings:
         values["vision"].update(settings["pixels"])

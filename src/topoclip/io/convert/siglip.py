@@ -16,7 +16,6 @@ BPE), which topoclip does not read yet: such a folder is refused, naming the fil
 """
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Sequence, Union
@@ -138,7 +137,7 @@ def _tower(settings: dict, defaults: dict, where: str) -> tuple[dict, dict]:
 
 def import_siglip(folder: Union[str, Path], overrides: Sequence[str] = (), name: str = ""):
     """(model, tokenizer, config) from a transformers SiglipModel folder."""
-    from topoclip.io.convert.architecture import build_imported
+    from topoclip.io.convert.architecture import build_imported, temperature_values
     from topoclip.io.convert.files import read_state_dict
 
     folder = Path(folder)
@@ -174,16 +173,14 @@ def import_siglip(folder: Union[str, Path], overrides: Sequence[str] = (), name:
                  "cls_token_id": 0},
         "class_tokens": 1, "embed_dim": embed_dim, "topology": "sphere",
     }
-    if "temperature.t" in state and "temperature.bias" in state:
-        t = float(state["temperature.t"])
-        model["temperature"] = {"init": t, "max_scale": max(100.0, math.exp(t)),
-                                "bias_init": float(state["temperature.bias"])}
-    else:
+    if "temperature.t" not in state or "temperature.bias" not in state:
         raise CheckpointError(f"{folder}: no logit_scale and logit_bias; not transformers' SiglipModel")
+    model["temperature"] = temperature_values(float(state["temperature.t"]), float(state["temperature.bias"]))
     model_out, config = build_imported(state, model, overrides, name or folder.name)
     if config.model.text.pooling != "last":  # its tokenizer frames a text without the start token others read
-        raise ConfigError(f"model.text.pooling={config.model.text.pooling}: SigLIP's tokenizer has no start token for "
-                          f"it to read; a SigLIP model keeps model.text.pooling=last")
+        raise ConfigError(f"model.text.pooling={config.model.text.pooling}: SigLIP's tokenizer frames a text as "
+                          f"`pieces… </s>` padded with </s>, which its tower reads at the last position; a SigLIP model "
+                          f"keeps model.text.pooling=last")
     tokenizer = siglip_tokenizer(folder, config.model.text.context_length)
     if tokenizer.id_bound > config.model.text.vocab_size:
         raise CheckpointError(f"{folder / SPIECE} gives ids up to {tokenizer.id_bound - 1}, past the text embedding's "
