@@ -1,4 +1,5 @@
 """A Hugging Face cache the tests build: a repository's snapshot folder, offline, as huggingface_hub lays it out."""
+import os
 from pathlib import Path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -15,3 +16,10 @@ def hub_snapshot(cache: Path, repo_id: str, files: Path = None) -> Path:
     for file in (files.iterdir() if files is not None else ()):
         (snapshot / file.name).write_bytes(file.read_bytes())
     return snapshot
+
+
+def offline_env(tmp_path: Path) -> dict:
+    """The environment of a subprocess that reads the Hugging Face cache at tmp_path/hub offline, with topoclip's
+    cache of converted models at tmp_path/topoclip-cache."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
+            "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}

@@ -10,7 +10,7 @@ import torch
 from topoclip.cli import main
 from topoclip.io.convert.openai import bytes_to_unicode
 
-from _hub import hub_snapshot
+from _hub import hub_snapshot, offline_env
 from _tolerance import fp32_pair, network_roundings
 
 transformers = pytest.importorskip("transformers")
@@ -159,14 +159,12 @@ def test_models_transformers_cannot_hold_are_refused_in_one_line(tmp_path, capsy
 def test_a_pretrained_name_loads_and_trains_from_an_offline_hub_cache(hf_folder, tmp_path):
     """OpenCLIP's name (ViT-B-32:openai) -> its Hub repository (openai/clip-vit-base-patch32, transformers' layout)
     in the Hugging Face cache, offline -> converted once into TOPOCLIP_CACHE -> loaded, and trained from."""
-    import os
     import subprocess
     import sys
 
     pytest.importorskip("huggingface_hub")
     hub_snapshot(tmp_path / "hub", "openai/clip-vit-base-patch32", hf_folder)  # a tiny CLIPModel in its file names
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
-           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    env = offline_env(tmp_path)
     script = ("import topoclip, torch\n"
               f"clip = topoclip.load('ViT-B-32:openai')\n"
               f"print(clip.encode_text({TEXTS!r})[:, 0].tolist())\n")
@@ -306,7 +304,6 @@ def test_an_image_size_past_a_multiple_of_the_patch_survives_import_and_export(h
 
 
 def test_a_name_whose_cached_weights_do_not_fit_names_the_repository_and_keeps_nothing(hf_folder, tmp_path):
-    import os
     import subprocess
     import sys
 
@@ -315,8 +312,7 @@ def test_a_name_whose_cached_weights_do_not_fit_names_the_repository_and_keeps_n
 
     snapshot = hub_cache(hf_folder, tmp_path / "hub", ["config.json", "merges.txt", "vocab.json"])
     save_file({"not.a.clip.weight": torch.zeros(2)}, str(snapshot / "model.safetensors"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
-           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    env = offline_env(tmp_path)
     refused = subprocess.run([sys.executable, "-m", "topoclip", "train", "--pretrained", "ViT-B-32:openai",
                               "--print-config"], env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr

@@ -13,7 +13,7 @@ from PIL import Image
 
 from topoclip.cli import main
 
-from _hub import hub_snapshot
+from _hub import hub_snapshot, offline_env
 from _tolerance import fp32_pair, network_roundings
 
 transformers = pytest.importorskip("transformers")
@@ -341,14 +341,12 @@ def test_a_folder_that_leads_out_or_asks_for_another_pooling_is_one_line(siglip_
 def test_a_siglip_name_loads_from_an_offline_hub_cache(siglip_folder, tmp_path):
     """`ViT-B-16-SigLIP:webli` -> google/siglip-base-patch16-224 (transformers' layout) in the Hugging Face cache,
     offline -> converted once into TOPOCLIP_CACHE with its SentencePiece tokenizer -> transformers' embeddings."""
-    import os
     import subprocess
     import sys
 
     pytest.importorskip("huggingface_hub")
     hub_snapshot(tmp_path / "hub", "google/siglip-base-patch16-224", siglip_folder)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
-           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    env = offline_env(tmp_path)
     script = ("import topoclip\n"
               "clip = topoclip.load('ViT-B-16-SigLIP:webli')\n"
               f"print(clip.encode_text({TEXTS!r})[:, 0].tolist())\n")
@@ -364,7 +362,6 @@ def test_a_siglip_2_repository_by_hub_id_says_its_tokenizer_is_not_read(siglip_f
     """SigLIP 2's fixed-resolution repositories (SiglipModel weights, Gemma's tokenizer.json, no spiece.model) from an
     offline cache: the importer's line naming the tokenizer, not "spiece.model is not in the cache" (downloading
     cannot help)."""
-    import os
     import subprocess
     import sys
 
@@ -372,7 +369,7 @@ def test_a_siglip_2_repository_by_hub_id_says_its_tokenizer_is_not_read(siglip_f
     snapshot = hub_snapshot(tmp_path / "hub", "google/siglip2-base-patch16-224", siglip_folder)
     (snapshot / "spiece.model").unlink()
     (snapshot / "tokenizer.json").write_text("{}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")}
+    env = offline_env(tmp_path)
     script = ("import topoclip\n"
               "try:\n"
               "    topoclip.load('google/siglip2-base-patch16-224')\n"

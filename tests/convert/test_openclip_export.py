@@ -11,7 +11,7 @@ from topoclip.cli import main
 from topoclip.config import load_config
 from topoclip.model.clip import CLIP
 
-from _hub import hub_snapshot
+from _hub import hub_snapshot, offline_env
 from _tolerance import TINY, fp32_pair, model_roundings
 
 OPENAI_LAYOUT = ["model.topology=sphere", "model.class_tokens=1", "model.text.attention=causal",
@@ -233,7 +233,6 @@ def test_a_pretrained_name_in_open_clip_s_hub_layout_loads_with_open_clip_s_feat
     tokenizer; QuickGELU by OpenCLIP's table, not by the file) from an offline cache, with OpenAI's BPE from
     openai/clip-vit-base-patch32's merges.txt: topoclip.load gives the features of OpenCLIP's own CLIP built as
     open_clip.create_model builds that name (quick_gelu=True) for the same ids and pixels."""
-    import os
     import subprocess
     import sys
 
@@ -254,8 +253,7 @@ def test_a_pretrained_name_in_open_clip_s_hub_layout_loads_with_open_clip_s_feat
               str(snapshot / "open_clip_model.safetensors"))
     (hub_snapshot(tmp_path / "hub", "openai/clip-vit-base-patch32") / "merges.txt").write_text(
         "#version: 0.2\n" + "\n".join(MERGES) + "\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
-           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    env = offline_env(tmp_path)
     script = ("import json, sys, torch, topoclip\n"
               "clip = topoclip.load('ViT-B-16:dfn2b')\n"
               f"ids = clip.tokenizer({TEXTS!r})\n"
@@ -299,15 +297,13 @@ def test_every_pretrained_name_is_open_clip_s_and_its_hub_files_are_open_clip_s(
 
 
 def test_an_open_clip_layout_name_without_its_weights_in_the_cache_names_both_files(tmp_path):
-    import os
     import subprocess
     import sys
 
     pytest.importorskip("huggingface_hub")
     snapshot = hub_snapshot(tmp_path / "hub", "apple/DFN2B-CLIP-ViT-B-16")
     (snapshot / "open_clip_config.json").write_text("{}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
-           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    env = offline_env(tmp_path)
     refused = subprocess.run([sys.executable, "-m", "topoclip", "train", "--pretrained", "ViT-B-16:dfn2b",
                               "--print-config"], env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
@@ -318,7 +314,6 @@ def test_an_open_clip_layout_name_without_its_weights_in_the_cache_names_both_fi
 def test_an_open_clip_layout_name_whose_cached_weights_do_not_fit_says_where_they_are(tmp_path):
     """A name's cached weights that are not OpenCLIP's CLIP: one line naming the repository and the cache, not the
     --from the user never typed."""
-    import os
     import subprocess
     import sys
 
@@ -330,8 +325,7 @@ def test_an_open_clip_layout_name_whose_cached_weights_do_not_fit_says_where_the
     save_file({"not.a.clip.weight": torch.zeros(2)}, str(snapshot / "open_clip_model.safetensors"))
     (hub_snapshot(tmp_path / "hub", "openai/clip-vit-base-patch32") / "merges.txt").write_text(
         "#version: 0.2\n" + "\n".join(MERGES) + "\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
-           "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+    env = offline_env(tmp_path)
     refused = subprocess.run([sys.executable, "-m", "topoclip", "train", "--pretrained", "ViT-B-16:dfn2b",
                               "--print-config"], env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr

@@ -232,7 +232,7 @@ class CharacterMap:
         return b"".join(out).decode("utf-8")
 
 
-def python_steps(step: dict) -> bool:
+def runs_in_python(step: dict) -> bool:
     """Whether a normalizer step (as tokenizer.json writes it) of a tokenizer siglip_backend built is one that
     `Tokenizer` runs in Python instead (canonicalize, then CharacterMap): Lowercase, the punctuation and whitespace
     Replace, Strip, Precompiled. The Rust library runs the rest (SentencePiece's whitespace handling)."""

@@ -28,7 +28,8 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from topoclip.core.errors import UserError
 from topoclip.preprocess.sentencepiece import PATTERNS as SIGLIP_PATTERNS
-from topoclip.preprocess.sentencepiece import PUNCTUATION_PATTERN, SPIECE_END, CharacterMap, canonicalize, python_steps
+from topoclip.preprocess.sentencepiece import (PUNCTUATION_PATTERN, SPIECE_END, CharacterMap, canonicalize,
+                                               runs_in_python)
 
 DEFAULT_CONTEXT_LENGTH = 77  # the paper's text context
 SIGLIP_CONTEXT_LENGTH = 64  # SigLIP's (its text tower's positions)
@@ -152,7 +153,7 @@ class Tokenizer:
         if self._siglip_lowercase is not None:
             data = json.loads(backend.to_str())
             data["normalizer"] = {"type": "Sequence", "normalizers": [
-                step for step in data["normalizer"].get("normalizers", []) if not python_steps(step)]}
+                step for step in data["normalizer"].get("normalizers", []) if not runs_in_python(step)]}
             encoder = BackendTokenizer.from_str(json.dumps(data))
         self._backends_by_length = {self.context_length: encoder}  # clones for per-call overrides
 
