@@ -11,6 +11,7 @@ context (64): SigLIP's framing, which ``Tokenizer`` recognises by its tokens (no
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import string
@@ -127,7 +128,16 @@ def read_model(data: bytes, where: str) -> dict:
 
 
 def check_charsmap(blob: bytes, where: str) -> None:
-    """ValueError unless `blob` is a precompiled character map the Rust library reads without indexing past its arrays.
+    """ValueError naming `where` unless `blob` passes `charsmap_fault`: a map is checked as it is read (siglip_backend,
+    a tokenizer.json) and again where it is used (CharacterMap), so the walk is remembered per map and runs once."""
+    fault = charsmap_fault(blob)
+    if fault:
+        raise ValueError(f"{where}: {fault}")
+
+
+@functools.lru_cache(maxsize=8)
+def charsmap_fault(blob: bytes) -> str:
+    """"" when `blob` is a precompiled character map the Rust library reads without indexing past its arrays.
 
     The map (sentencepiece's normalizer, as `tokenizers`' Precompiled reads it: crate spm_precompiled) is a u32 size,
     a darts-clone double-array trie of that many bytes, then the replacement strings, each ended by NUL. Looking a
@@ -135,28 +145,27 @@ def check_charsmap(blob: bytes, where: str) -> None:
     is c; a unit with a leaf names, in the unit at its child's base, where its replacement starts. The library indexes
     all of these unchecked and panics on a map that leads outside (a damaged file does), so every node reachable from
     the root is walked here once, for every byte: all its units inside the trie, every leaf's string starting at a
-    character inside the strings."""
+    character inside the strings; else what is wrong."""
     import numpy as np
 
     if not 4 <= len(blob) <= MAX_CHARSMAP_BYTES:
-        raise ValueError(f"{where}: its character map is {len(blob):,} bytes, not 4 … {MAX_CHARSMAP_BYTES:,} (sentencepiece's "
-                         f"own is 240 KB); not a SentencePiece model topoclip reads")
+        return (f"its character map is {len(blob):,} bytes, not 4 … {MAX_CHARSMAP_BYTES:,} (sentencepiece's own is "
+                f"240 KB); not a SentencePiece model topoclip reads")
     size = int.from_bytes(blob[:4], "little")
     if not size or size % 4 or 4 + size > len(blob):
-        raise ValueError(f"{where}: its character map's trie is {size} bytes of {len(blob) - 4}; not a SentencePiece "
-                         f"model sentencepiece wrote")
+        return (f"its character map's trie is {size} bytes of {len(blob) - 4}; not a SentencePiece model "
+                f"sentencepiece wrote")
     units = np.frombuffer(blob[4:4 + size], dtype="<u4").astype(np.int64)
     strings = blob[4 + size:]
     try:
         strings.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"{where}: its character map's strings are not UTF-8; not a SentencePiece model") from None
+        return "its character map's strings are not UTF-8; not a SentencePiece model"
 
     def offset(unit):  # darts-clone's DoubleArrayUnit::offset
         return (unit >> 10) << ((unit & (1 << 9)) >> 6)
 
-    damaged = ValueError(f"{where}: its character map leads outside itself (is the file whole?); not a SentencePiece "
-                         f"model sentencepiece wrote")
+    damaged = "its character map leads outside itself (is the file whole?); not a SentencePiece model sentencepiece wrote"
     labels = np.arange(256)
     pending, seen = [int(offset(units[0]))], set()
     while pending:
@@ -165,7 +174,7 @@ def check_charsmap(blob: bytes, where: str) -> None:
             continue
         seen.add(base)
         if (base | 0xFF) >= len(units):
-            raise damaged
+            return damaged
         positions = base ^ labels
         found = units[positions]
         matched = (found & ((1 << 31) | 0xFF)) == labels  # DoubleArrayUnit::label
@@ -173,11 +182,12 @@ def check_charsmap(blob: bytes, where: str) -> None:
         leaves = children[((found[matched] >> 8) & 1) == 1]  # has_leaf
         if leaves.size:
             if int(leaves.max()) >= len(units):
-                raise damaged
+                return damaged
             starts = units[leaves] & ((1 << 31) - 1)  # DoubleArrayUnit::value
             if int(starts.max()) >= len(strings) or any(strings[int(start)] & 0xC0 == 0x80 for start in starts):
-                raise damaged
+                return damaged
         pending.extend(int(child) for child in children)
+    return ""
 
 
 class CharacterMap:

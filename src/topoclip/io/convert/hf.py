@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from topoclip.config import Config, ConfigError
 from topoclip.core.errors import CheckpointError
-from topoclip.io.convert.hf_layout import (BLOCK_RENAMES, HF_CONFIG, MERGES, PREPROCESSOR, TOKENIZER_JSON, _read_json,
+from topoclip.io.convert.hf_layout import (BLOCK_RENAMES, HF_CONFIG, MERGES, PREPROCESSOR, TOKENIZER_JSON, read_config_json,
                                            foreign_field, hf_model_type)
 
 LEGACY_EOS = 2  # transformers' CLIPTextTransformer pools at argmax(ids) for this eos_token_id
@@ -133,7 +133,7 @@ def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str
 
         return import_siglip(folder, overrides, name)
     file = folder / HF_CONFIG
-    values = _read_json(file)
+    values = read_config_json(file)
     text = foreign_field(values, "text_config", dict, {}, str(file)) or {}
     vision = foreign_field(values, "vision_config", dict, {}, str(file)) or {}
     activations = {foreign_field(text, "hidden_act", str, "quick_gelu", f"{file}: text_config"),
@@ -148,9 +148,8 @@ def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str
                               f"topoclip's towers use {LAYER_NORM_EPSILON} (OpenAI's)")
     settings = [f"model.text.heads={foreign_field(text, 'num_attention_heads', int, 8, f'{file}: text_config')}",
                 f"model.vision.heads={foreign_field(vision, 'num_attention_heads', int, 12, f'{file}: vision_config')}"]
+    # past a multiple of the patch size the weights cannot say the image size (import_openai holds it to their grid)
     size = foreign_field(vision, "image_size", int, None, f"{file}: vision_config") if "image_size" in vision else None
-    if size is not None:  # past a multiple of the patch size, the weights cannot say it (a grid that differs: refused)
-        settings.append(f"model.vision.image_size={size}")
     eos = text.get("eos_token_id", TRANSFORMERS_EOS)  # a config without it takes transformers' default
     if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
         raise ConfigError(f"{folder / HF_CONFIG}: text_config.eos_token_id must be a token id, not {eos!r:.40}")
@@ -158,14 +157,14 @@ def import_hf(folder: Union[str, Path], overrides: Sequence[str] = (), name: str
         settings.append(f"model.text.end_token_id={eos}")
     preprocessor = folder / PREPROCESSOR
     if preprocessor.exists():
-        pixels = _read_json(preprocessor)
+        pixels = read_config_json(preprocessor)
         for key, setting in (("image_mean", "mean"), ("image_std", "std")):
             if key in pixels:
                 value = foreign_field(pixels, key, list, None, str(preprocessor))
                 settings.append(f"model.vision.{setting}={json.dumps(value)}")
     state = to_openai(read_state_dict(folder))
     model, _, config = import_openai(state, "openclip", activation=activations.pop(),
-                                     overrides=[*settings, *overrides], name=name or folder.name)
+                                     overrides=[*settings, *overrides], name=name or folder.name, image_size=size)
     context, vocab_size = config.model.text.context_length, config.model.text.vocab_size
     tokenizer = None
     try:

@@ -43,7 +43,7 @@ def is_hf_clip(folder: Union[str, Path]) -> bool:
     return hf_model_type(folder) is not None
 
 
-def _read_json(file: Path) -> dict:
+def read_config_json(file: Path) -> dict:
     return read_json(file, "transformers file", file.parent, expect=dict, error=CheckpointError)
 
 

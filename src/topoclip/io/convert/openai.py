@@ -185,19 +185,21 @@ def openclip_settings(folder: Path) -> dict:
 
 def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab: Optional[Union[str, Path]] = None,
                   activation: Optional[str] = None, overrides: Sequence[str] = (),
-                  name: str = "", quick_gelu: bool = False) -> tuple[CLIP, Optional[Tokenizer], Config]:
+                  name: str = "", quick_gelu: bool = False,
+                  image_size: Optional[int] = None) -> tuple[CLIP, Optional[Tokenizer], Config]:
     """(model, tokenizer or None, config) from an OpenAI / OpenCLIP ViT checkpoint (file, folder or state dict).
 
     format: "openai" (QuickGELU) or "openclip" (activation from open_clip_config.json beside the
     weights, or `activation`); vocab: bpe_simple_vocab_16e6.txt.gz or merges.txt (or a tokenizer.json);
     overrides: "key=value"; quick_gelu: QuickGELU whatever open_clip_config.json says, as open_clip.create_model
-    sets it for a pretrained tag its table marks quick_gelu (DFN's, MetaCLIP's).
+    sets it for a pretrained tag its table marks quick_gelu (DFN's, MetaCLIP's); image_size: the size a foreign
+    config gives weights passed as a state dict (open_clip_config.json's is read beside a file).
     """
     if format not in FORMATS:
         raise ConfigError(f"unknown format {format!r}; choose one of {FORMATS}")
     if activation is not None and activation not in ACTIVATIONS:
         raise ConfigError(f"activation={activation!r}; choose one of {ACTIVATIONS}")
-    settings = {}
+    settings = {"image_size": image_size}
     if not isinstance(source, dict):
         settings = openclip_settings(weights_file(source).parent)
         state = read_state_dict(source)
@@ -234,7 +236,7 @@ def import_openai(source: Union[str, Path, dict], format: str = "openai", vocab:
                                       f"which do not divide its width {values[tower]['width']} in the weights: the "
                                       f"file belongs to other weights")
             values[tower]["heads"] = count
-    set_image_size(values, settings.get("image_size"), f"{OPENCLIP_CONFIG} beside the weights")
+    set_image_size(values, settings.get("image_size"), "the model's config")
     values["vision"]["eval_resize"] = "shortest"  # OpenAI's and OpenCLIP's evaluation geometry
     if "pixels" in settings:
         values["vision"].update(settings["pixels"])

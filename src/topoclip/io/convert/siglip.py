@@ -24,7 +24,7 @@ import torch
 
 from topoclip.config import ConfigError
 from topoclip.core.errors import CheckpointError
-from topoclip.io.convert.hf_layout import (BLOCK_RENAMES, HF_CONFIG, PREPROCESSOR, TOKENIZER_JSON, _read_json,
+from topoclip.io.convert.hf_layout import (BLOCK_RENAMES, HF_CONFIG, PREPROCESSOR, TOKENIZER_JSON, read_config_json,
                                            foreign_field)
 
 SPIECE = "spiece.model"  # SigLIP's SentencePiece tokenizer
@@ -142,7 +142,7 @@ def import_siglip(folder: Union[str, Path], overrides: Sequence[str] = (), name:
 
     folder = Path(folder)
     file = folder / HF_CONFIG
-    values = _read_json(file)
+    values = read_config_json(file)
     text_settings = foreign_field(values, "text_config", dict, {}, str(file)) or {}
     vision_settings = foreign_field(values, "vision_config", dict, {}, str(file)) or {}
     text, read_text = _tower(text_settings, TEXT_DEFAULTS, f"{file}: text_config")
@@ -160,7 +160,7 @@ def import_siglip(folder: Union[str, Path], overrides: Sequence[str] = (), name:
     state = to_topoclip(read_state_dict(folder), vision["width"], text["width"], embed_dim)
     mean, std = SIGLIP_PIXELS, SIGLIP_PIXELS
     if (folder / PREPROCESSOR).exists():
-        pixels = _read_json(folder / PREPROCESSOR)
+        pixels = read_config_json(folder / PREPROCESSOR)
         mean = foreign_field(pixels, "image_mean", list, mean, str(folder / PREPROCESSOR))
         std = foreign_field(pixels, "image_std", list, std, str(folder / PREPROCESSOR))
     model = {
@@ -200,7 +200,7 @@ def siglip_tokenizer(folder: Path, context_length: int):
                               f"{found}; give the folder its {SPIECE}")
     lowercase = True
     if (folder / TOKENIZER_CONFIG).exists():
-        lowercase = foreign_field(_read_json(folder / TOKENIZER_CONFIG), "do_lower_case", bool, True,
+        lowercase = foreign_field(read_config_json(folder / TOKENIZER_CONFIG), "do_lower_case", bool, True,
                                   str(folder / TOKENIZER_CONFIG))
     try:
         return Tokenizer.from_sentencepiece(folder / SPIECE, context_length=context_length, lowercase=lowercase,
