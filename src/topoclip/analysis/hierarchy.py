@@ -198,7 +198,7 @@ def analyze_hierarchy(loaded: Pretrained, out_dir, size: int = 500, traversal_im
     untrained = CLIP(config.model).to(loaded.device).eval()
     result = {"analysis": "hierarchy", "model": loaded.name, "checkpoint": str(loaded.checkpoint),
               "topology": config.model.topology, "size": size, "template": TEMPLATE, "levels": LEVEL_NAMES,
-              "curvature": float(model.curvature_value) if model.curvature is not None else None}
+              "curvature": model.curvature_value.item() if model.curvature is not None else None}
     for name, subject in (("trained", model), ("untrained", untrained)):
         texts = embed_texts(subject, loaded.tokenizer, captions, batch_size, loaded.device)
         images = embed_images(subject, pixels, loaded.transform, batch_size, loaded.device)

@@ -73,7 +73,7 @@ class TextEncoder(nn.Module):
 def geometry_metadata(model: CLIP) -> dict[str, str]:
     """What a server needs beside a hyperbolic model's points to score them: its topology and learned curvature c (the
     distance is arcosh(−c⟨u, v⟩_L)/√c, the time component t = sqrt(1/c + ‖x‖²); topoclip.core.geometry)."""
-    return {"topoclip.topology": model.config.topology, "topoclip.curvature": repr(float(model.curvature_value))}
+    return {"topoclip.topology": model.config.topology, "topoclip.curvature": repr(model.curvature_value.item())}
 
 
 def _stamp(path: Path, metadata: dict[str, str]) -> None:

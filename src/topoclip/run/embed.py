@@ -295,7 +295,7 @@ def embed(model_source, out, images: Optional[str] = None, texts: Optional[str] 
         write_text_atomic(summary_path, json.dumps({"settings": settings}, indent=2))
         # What scores the vectors: the topology, and a hyperbolic model's learned c (its points are space components).
         summary = {"settings": settings, "shape": list(clip.model.embedding_shape), "topology": clip.model.config.topology,
-                   **({"curvature": float(clip.model.curvature_value)} if clip.model.curvature is not None else {})}
+                   **({"curvature": clip.model.curvature_value.item()} if clip.model.curvature is not None else {})}
         if images:
             summary["images"] = embed_images(clip, inputs, out, flat, batch_size, shard_size, num_workers, progress)
         if texts:
