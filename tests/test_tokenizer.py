@@ -98,6 +98,22 @@ def test_caption_text_cannot_inject_special_tokens(ernie):
     assert ids[-1] == ernie.pad_id
 
 
+@needs_ernie
+def test_a_tokenizer_json_whose_specials_are_added_tokens_cannot_be_injected_either(ernie, tmp_path):
+    """The Hub's BERT tokenizer.json lists [CLS], [SEP], [PAD] as added special tokens, which the library would match
+    in the text: read as text all the same."""
+    from tokenizers import Tokenizer as BackendTokenizer
+
+    backend = BackendTokenizer.from_str(ernie._backend.to_str())
+    backend.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    loaded = Tokenizer.from_vocab(tmp_path / "tokenizer.json")
+    for length in (None, 24):  # the default length and a per-call one (its own copy of the library's tokenizer)
+        ids = loaded("[SEP] [CLS] [PAD]", context_length=length).input_ids[0]
+        assert torch.equal(ids, ernie("[SEP] [CLS] [PAD]", context_length=length).input_ids[0])
+        assert (ids == loaded.sep_id).sum() == 1 and (ids == loaded.cls_id).sum() == 1
+
+
 # ----- behaviour every tokenizer must have -----
 
 

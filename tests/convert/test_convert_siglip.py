@@ -255,7 +255,7 @@ def test_a_siglip_model_exports_to_onnx_with_its_embeddings(siglip_folder, tmp_p
 
 
 def test_a_folder_without_its_tokenizer_or_head_is_one_line(siglip_folder, tmp_path, capsys):
-    """No spiece.model (SigLIP 2's Gemma tokenizer.json instead), a damaged one, a vision tower without its head."""
+    """No spiece.model and a tokenizer.json that is not Gemma's, a damaged spiece.model, a vision tower without its head."""
     import shutil
 
     cases = {}
@@ -270,7 +270,7 @@ def test_a_folder_without_its_tokenizer_or_head_is_one_line(siglip_folder, tmp_p
     config = json.loads((cases["headless"] / "config.json").read_text())
     config["vision_config"]["vision_use_head"] = False
     (cases["headless"] / "config.json").write_text(json.dumps(config))
-    expected = {"gemma": "SigLIP 2's Gemma tokenizer", "damaged": "is the file whole", "headless": "vision_use_head"}
+    expected = {"gemma": "not Gemma's tokenizer", "damaged": "is the file whole", "headless": "vision_use_head"}
     for case, folder in cases.items():
         capsys.readouterr()
         assert main(["convert", "--from", "hf", str(folder), str(tmp_path / f"out-{case}")]) == 2
@@ -356,25 +356,3 @@ def test_a_siglip_name_loads_from_an_offline_hub_cache(siglip_folder, tmp_path):
     torch.testing.assert_close(torch.tensor(json.loads(loaded.stdout.strip().splitlines()[-1])), text_embeds, **BOUND)
     converted = tmp_path / "topoclip-cache" / "pretrained" / "ViT-B-16-SigLIP--webli" / "main"
     assert (converted / "tokenizer.json").is_file()
-
-
-def test_a_siglip_2_repository_by_hub_id_says_its_tokenizer_is_not_read(siglip_folder, tmp_path):
-    """SigLIP 2's fixed-resolution repositories (SiglipModel weights, Gemma's tokenizer.json, no spiece.model) from an
-    offline cache: the importer's line naming the tokenizer, not "spiece.model is not in the cache" (downloading
-    cannot help)."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("huggingface_hub")
-    snapshot = hub_snapshot(tmp_path / "hub", "google/siglip2-base-patch16-224", siglip_folder)
-    (snapshot / "spiece.model").unlink()
-    (snapshot / "tokenizer.json").write_text("{}")
-    env = offline_env(tmp_path)
-    script = ("import topoclip\n"
-              "try:\n"
-              "    topoclip.load('google/siglip2-base-patch16-224')\n"
-              "except Exception as error:\n"
-              "    print(type(error).__name__, error)\n")
-    loaded = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert loaded.returncode == 0, loaded.stderr[-2000:]
-    assert "SigLIP 2's Gemma tokenizer" in loaded.stdout and "not in the local" not in loaded.stdout, loaded.stdout

@@ -2,6 +2,7 @@
 read back by topoclip's own importer everywhere, refused in one line where OpenCLIP cannot express it."""
 import gzip
 import json
+import re
 
 import pytest
 import torch
@@ -291,9 +292,13 @@ def test_every_pretrained_name_is_open_clip_s_and_its_hub_files_are_open_clip_s(
             model, tag = entry.name.split(":")
             theirs = open_clip.get_pretrained_cfg(model, tag)
             assert (theirs["hf_hub"].rstrip("/"), bool(theirs.get("quick_gelu"))) == (entry.repo, entry.quick_gelu)
-        elif entry.repo.startswith("google/siglip-"):
+        elif entry.repo.startswith(("google/siglip-", "google/siglip2-")):  # e.g. siglip2-giant-opt-patch16-256
             timm_name = open_clip.get_model_config(entry.name.split(":")[0])["vision_cfg"]["timm_model_name"]
-            assert timm_name == "vit_{}_{}_siglip_{}".format(*entry.repo.removeprefix("google/siglip-").split("-"))
+            size, patch, pixels = re.fullmatch(r"vit_(\w+)_patch(\d+)_siglip_(\d+)", timm_name).groups()
+            repo = re.fullmatch(r"google/siglip2?-([\w-]+)-patch(\d+)-(\d+)", entry.repo).groups()
+            # the same tower on the same grid of patches (OpenCLIP's SO400M/14 SigLIP 2 at 378 px, Google's at 384)
+            assert (repo[0].replace("-", ""), repo[1], int(repo[2]) // int(repo[1])) == (size, patch,
+                                                                                        int(pixels) // int(patch))
 
 
 def test_an_open_clip_layout_name_without_its_weights_in_the_cache_names_both_files(tmp_path):

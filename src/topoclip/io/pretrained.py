@@ -1,7 +1,7 @@
 """Pretrained models by name, as OpenCLIP names them (`MODEL:TAG`, its `--model MODEL --pretrained TAG`).
 
 Each name is a Hugging Face Hub repository in transformers' CLIPModel or SiglipModel layout (its weights, config,
-tokenizer — BPE merges, or SigLIP's spiece.model — and pixel statistics side by side; topoclip.io.convert.hf and
+tokenizer — BPE merges, SigLIP's spiece.model or SigLIP 2's Gemma tokenizer.json — and pixel statistics side by side; topoclip.io.convert.hf and
 .siglip read it) or in OpenCLIP's own (open_clip_config.json and
 open_clip_model.safetensors, or its .bin: DFN, DataComp, MetaCLIP; topoclip.io.convert.openai reads it, with OpenAI's
 BPE, which OpenCLIP ships in its package, from OPENAI_BPE's merges.txt). `topoclip.load(NAME)`, `topoclip train --pretrained
@@ -106,6 +106,20 @@ PRETRAINED = {entry.name: entry for entry in [
     PretrainedModel("ViT-SO400M-14-SigLIP:webli", "google/siglip-so400m-patch14-224", "Google's SigLIP SO400M"),
     PretrainedModel("ViT-SO400M-14-SigLIP-384:webli", "google/siglip-so400m-patch14-384",
                     "Google's SigLIP SO400M at 384 px"),
+    # SigLIP 2's fixed-resolution repositories: SigLIP's layout with Gemma's tokenizer.json. (OpenCLIP's SO400M/14 at
+    # 378 px reads the 27 × 27 patches Google's 384 px repository does; topoclip resizes to 384 as transformers does.)
+    *[PretrainedModel(f"ViT-{size}-SigLIP2{suffix}:webli", f"google/siglip2-{repo}", f"Google's SigLIP 2{note}")
+      for size, suffix, repo, note in [
+          ("B-32", "-256", "base-patch32-256", " at 256 px"), ("B-16", "", "base-patch16-224", ""),
+          ("B-16", "-256", "base-patch16-256", " at 256 px"), ("B-16", "-384", "base-patch16-384", " at 384 px"),
+          ("B-16", "-512", "base-patch16-512", " at 512 px"), ("L-16", "-256", "large-patch16-256", " at 256 px"),
+          ("L-16", "-384", "large-patch16-384", " at 384 px"), ("L-16", "-512", "large-patch16-512", " at 512 px"),
+          ("SO400M-14", "", "so400m-patch14-224", " SO400M"), ("SO400M-14", "-378", "so400m-patch14-384", " SO400M at 384 px"),
+          ("SO400M-16", "-256", "so400m-patch16-256", " SO400M at 256 px"),
+          ("SO400M-16", "-384", "so400m-patch16-384", " SO400M at 384 px"),
+          ("SO400M-16", "-512", "so400m-patch16-512", " SO400M at 512 px"),
+          ("gopt-16", "-256", "giant-opt-patch16-256", " g-opt at 256 px"),
+          ("gopt-16", "-384", "giant-opt-patch16-384", " g-opt at 384 px")]],
 ]}
 
 
@@ -246,7 +260,7 @@ def hub_folder(repo_id: str, revision: Optional[str] = None, cache_dir: Optional
         for name in (VOCAB, PREPROCESSOR):  # the vocabulary beside the merges, the pixel statistics
             fetch(name, required=False)
     elif kind == "siglip":  # SigLIP's SentencePiece file (its text's tokenizer), its settings, the pixel statistics
-        fetch(SPIECE, required=tokenizer is None)  # (SigLIP 2 has a tokenizer.json: the importer says why not)
+        fetch(SPIECE, required=tokenizer is None)  # (SigLIP 2's is its tokenizer.json, Gemma's)
         for name in (TOKENIZER_CONFIG, PREPROCESSOR):
             fetch(name, required=False)
     return weights.parent

@@ -4,6 +4,10 @@ Every caption becomes `[CLS] pieces... [SEP] [PAD]...`, exactly `context_length`
 that are too long lose their last pieces, never the final [SEP]. The text encoder reads `input_ids`
 and `attention_mask`; it builds its m class tokens from `cls_id` itself.
 
+Imported models bring their own framing instead: OpenAI's BPE `<|startoftext|> pieces… <|endoftext|>` padded with
+id 0, SigLIP's SentencePiece `pieces… </s>` padded with </s>, SigLIP 2's Gemma tokenizer what its tokenizer.json
+says (`from_gemma`), padded on the left.
+
 Three ways to get one:
 - `Tokenizer.from_vocab(path)`: a BERT `vocab.txt` (one token per line, id = line number) or a
   `tokenizer.json` — e.g. the paper's ERNIE-2.0-en vocabulary (30,522 tokens).
@@ -51,6 +55,10 @@ MAX_CONTEXT_LENGTH = 65536
 # The most characters of one text the tokenizer reads (see __call__); a caption longer than this is no caption
 # (topoclip.data.images.MAX_CAPTION_CHARS skips it in the training data).
 MAX_TEXT_CHARS = 65_536
+# SigLIP 2's Gemma vocabulary (`from_gemma`): byte-level BPE whose specials are <pad>=0, <eos>=1, <bos>=2, <unk>=3.
+GEMMA_EOS, GEMMA_PAD, GEMMA_UNK = "<eos>", "<pad>", "<unk>"
+GEMMA_SPACE = "▁"  # Gemma writes a space as this, and merges across it (no pre-tokenization)
+PADDING_SIDES = ("right", "left")
 # The longest string a tokenizer.json's normalizer or pre-tokenizer may insert (a Replace's content, a Prepend):
 # topoclip's own insert one character; a 3 MB one multiplies every text's memory by millions.
 MAX_INSERTED_CHARS = 16
@@ -107,7 +115,9 @@ class Tokenizer:
         self.context_length = _check_context_length(context_length)
         self._siglip_lowercase = None  # SigLIP's tokenizer: whether its canonicalisation lower-cases (see below)
         self._charsmap = None  # and its SentencePiece character map
+        self.padding_side = "right"
         start, end = "[CLS]", "[SEP]"
+        template = None  # SigLIP 2's: the tokenizer.json's own framing, kept
         if backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
             start, end = OPENAI_START, OPENAI_END
             self.pad_id, self.unk_id = 0, None
@@ -127,6 +137,17 @@ class Tokenizer:
                     import base64
 
                     self._charsmap = CharacterMap(base64.b64decode(charsmap[0]), "the tokenizer's character map")
+        elif isinstance(backend.model, models.BPE) and backend.token_to_id(GEMMA_EOS) is not None:
+            # SigLIP 2's Gemma framing (from_gemma): the special tokens its tokenizer.json's post-processor puts around
+            # the text, padded as its padding says; no start token the tower reads (it reads the last position).
+            template = _template(json.loads(backend.to_str()).get("post_processor"), backend, "the tokenizer")
+            padding = backend.padding or {}
+            self.pad_id = padding.get("pad_id", backend.token_to_id(GEMMA_PAD))
+            self.padding_side = padding.get("direction", "left")
+            self.unk_id = backend.token_to_id(GEMMA_UNK)
+            start, end = None, template[1]
+            if self.pad_id is None or backend.id_to_token(self.pad_id) is None:
+                raise ValueError(f"the tokenizer pads with id {self.pad_id}, which is not in its vocabulary")
         else:
             missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
             if missing:
@@ -137,17 +158,19 @@ class Tokenizer:
             self.pad_id = backend.token_to_id("[PAD]")
             self.unk_id = backend.token_to_id("[UNK]")
         self.cls_id = None if start is None else backend.token_to_id(start)  # None: SigLIP's framing has none
-        self.sep_id = backend.token_to_id(end)
+        self.sep_id = None if end is None else backend.token_to_id(end)  # None: a SigLIP 2 framing without an end
         mask_id = backend.token_to_id("[MASK]")
         # Ids that `decode` drops; [UNK] stays visible because it says something was lost.
-        self._control_ids = {self.pad_id, self.cls_id, self.sep_id, mask_id} - {None}
-        framing = [(start, self.cls_id), (end, self.sep_id)] if start is not None else [(end, self.sep_id)]
-        backend.post_processor = processors.TemplateProcessing(
-            single=" ".join([start, "$A", end] if start is not None else ["$A", end]), special_tokens=framing
-        )
+        framed = [backend.token_to_id(name) for name in template or () if name is not None]
+        self._control_ids = {self.pad_id, self.cls_id, self.sep_id, mask_id, *framed} - {None}
+        if template is None:
+            framing = [(start, self.cls_id), (end, self.sep_id)] if start is not None else [(end, self.sep_id)]
+            backend.post_processor = processors.TemplateProcessing(
+                single=" ".join([start, "$A", end] if start is not None else ["$A", end]), special_tokens=framing
+            )
         if backend.decoder is None:
             backend.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
-        _set_length(backend, self.context_length, self.pad_id)
+        _set_length(backend, self.context_length, self.pad_id, self.padding_side)
         self._backend = backend  # what `save` writes
         encoder = backend  # what encodes: SigLIP's without the steps Python runs first
         if self._siglip_lowercase is not None:
@@ -155,7 +178,7 @@ class Tokenizer:
             data["normalizer"] = {"type": "Sequence", "normalizers": [
                 step for step in data["normalizer"].get("normalizers", []) if not runs_in_python(step)]}
             encoder = BackendTokenizer.from_str(json.dumps(data))
-        self._backends_by_length = {self.context_length: encoder}  # clones for per-call overrides
+        self._backends_by_length = {self.context_length: _text_only(encoder)}  # clones for per-call overrides
 
     # ----- constructors -----
 
@@ -206,6 +229,55 @@ class Tokenizer:
         data = read_bytes(path, "SentencePiece model", root, limit=JSON_BYTES, error=ValueError)
         backend = siglip_backend(data, repr(str(path)), lowercase=lowercase)
         return cls(backend, SIGLIP_CONTEXT_LENGTH if context_length is None else context_length)
+
+    @classmethod
+    def from_gemma(cls, path: Union[str, Path], context_length: Optional[int] = None,
+                   padding_side: Optional[str] = None, pad_token: Optional[str] = None,
+                   root: Optional[Union[str, Path]] = None) -> "Tokenizer":
+        """SigLIP 2's tokenizer from its Gemma tokenizer.json, as transformers' Siglip2Tokenizer reads the file: its
+        vocabulary, merges, added tokens and post-processor (the framing: special tokens around the text) in Gemma's
+        pipeline — a lower case first (SigLIP 2 was trained on lower-cased text), spaces written ▁, byte-level BPE
+        with byte fallback, no pre-tokenization — padded with `pad_token` (<pad>) on `padding_side` (the file's, else
+        left: transformers' for Gemma) to context_length (64 when None, SigLIP 2's). root: the folder the file must not
+        lead out of. The file's own normalizer, pre-tokenizer and decoder are not read (transformers' are Gemma's)."""
+        from topoclip.core.door import JSON_BYTES, parse_json, read_text
+
+        path = Path(path)
+        where = repr(str(path))
+        data = parse_json(read_text(path, "tokenizer", root, limit=JSON_BYTES, error=ValueError), where, error=ValueError)
+        model = data.get("model") if isinstance(data, dict) else None
+        vocab = model.get("vocab") if isinstance(model, dict) else None
+        if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(vocab, dict) or \
+                GEMMA_EOS not in vocab:
+            raise ValueError(f"{where} is not Gemma's tokenizer (byte-level BPE with an {GEMMA_EOS} token), which "
+                             f"SigLIP 2 uses; give the folder its own tokenizer.json")
+        data["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Lowercase"}, {"type": "Replace", "pattern": {"String": " "}, "content": GEMMA_SPACE}]}
+        data["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                                 "invert": False}
+        data["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": GEMMA_SPACE}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}]}
+        model.update(dropout=None, fuse_unk=True, byte_fallback=True, unk_token=GEMMA_UNK)
+        padding = data.get("padding") if isinstance(data.get("padding"), dict) else {}
+        side = padding_side or {"Left": "left", "Right": "right"}.get(padding.get("direction"), "left")
+        if side not in PADDING_SIDES:
+            raise ValueError(f"{where}: padding side {side!r}; transformers pads on the left or the right")
+        data["truncation"] = data["padding"] = None
+        try:
+            backend = BackendTokenizer.from_str(json.dumps(data))
+        except Exception as error:  # the Rust parser raises plain Exception
+            raise ValueError(f"{where} could not be read as Gemma's tokenizer ({str(error)[:200]}); give the folder "
+                             f"its own tokenizer.json") from None
+        pad_token = pad_token or padding.get("pad_token") or GEMMA_PAD
+        pad_id = backend.token_to_id(pad_token) if isinstance(pad_token, str) else None
+        if pad_id is None:
+            raise ValueError(f"{where}: its padding token {pad_token!r} is not in its vocabulary")
+        backend.enable_padding(direction=side, pad_id=pad_id, pad_token=pad_token)
+        try:
+            return cls(backend, SIGLIP_CONTEXT_LENGTH if context_length is None else context_length)
+        except ValueError as error:  # its framing: said of the file
+            raise ValueError(str(error).replace("the tokenizer", where, 1)) from None
 
     @classmethod
     def train(
@@ -390,8 +462,8 @@ class Tokenizer:
     def _backend_for(self, length: int) -> BackendTokenizer:
         """The backend truncating/padding to `length` (a cached clone when it differs from the default)."""
         if length not in self._backends_by_length:
-            clone = BackendTokenizer.from_str(self._backends_by_length[self.context_length].to_str())
-            _set_length(clone, length, self.pad_id)
+            clone = _text_only(BackendTokenizer.from_str(self._backends_by_length[self.context_length].to_str()))
+            _set_length(clone, length, self.pad_id, self.padding_side)
             self._backends_by_length[length] = clone
         return self._backends_by_length[length]
 
@@ -428,10 +500,44 @@ def _bert_backend(model) -> BackendTokenizer:
     return backend
 
 
-def _set_length(backend: BackendTokenizer, length: int, pad_id: int) -> None:
-    """Truncate to `length` ids including [CLS]/[SEP], and pad to exactly `length` on the right."""
+def _set_length(backend: BackendTokenizer, length: int, pad_id: int, side: str = "right") -> None:
+    """Truncate to `length` ids including the framing (the text loses its end, never the framing), and pad to exactly
+    `length` on `side`."""
     backend.enable_truncation(max_length=length, direction="right")
-    backend.enable_padding(direction="right", pad_id=pad_id, pad_token=backend.id_to_token(pad_id), length=length)
+    backend.enable_padding(direction=side, pad_id=pad_id, pad_token=backend.id_to_token(pad_id), length=length)
+
+
+def _text_only(backend: BackendTokenizer) -> BackendTokenizer:
+    """`backend`, reading a special token's string typed in a caption ("<eos>", "[SEP]") as text: a caption cannot
+    frame itself. (A library flag, not kept in tokenizer.json: set on every encoder.)"""
+    backend.encode_special_tokens = True
+    return backend
+
+
+def _template(processor, backend: BackendTokenizer, where: str) -> tuple[Optional[str], Optional[str]]:
+    """The special tokens a tokenizer.json's post-processor puts before and after the text (at most one each; None for
+    none). ValueError for any other post-processor."""
+    if processor is None:
+        return None, None
+    single = processor.get("single") if isinstance(processor, dict) and processor.get("type") == "TemplateProcessing" \
+        else None
+    if not isinstance(single, list) or not all(isinstance(item, dict) and len(item) == 1 for item in single):
+        raise ValueError(f"{where}: its post-processor is not a template of special tokens around the text; topoclip "
+                         f"reads TemplateProcessing (e.g. `<bos> $A <eos>`)")
+    kinds = [next(iter(item)) for item in single]
+    sequence = [index for index, kind in enumerate(kinds) if kind == "Sequence"]
+    if len(sequence) != 1 or len(single) > 3 or set(kinds) - {"Sequence", "SpecialToken"} or \
+            sequence[0] > 1 or len(single) - sequence[0] > 2:
+        raise ValueError(f"{where}: its post-processor frames a text as {' '.join(kinds)}; topoclip reads at most one "
+                         f"special token before and one after the text")
+    names = [item["SpecialToken"].get("id") for item in single if "SpecialToken" in item]
+    specials = processor.get("special_tokens") or {}
+    for name in names:
+        entry = specials.get(name) if isinstance(specials, dict) and isinstance(name, str) else None
+        if not isinstance(entry, dict) or entry.get("ids") != [backend.token_to_id(name)] or \
+                backend.token_to_id(name) is None:
+            raise ValueError(f"{where}: its post-processor adds {name!r}, which is not one token of its vocabulary")
+    return (names[0] if sequence[0] == 1 else None), (names[-1] if len(single) - sequence[0] == 2 else None)
 
 
 def _strings(data) -> Iterable[tuple[str, str]]:

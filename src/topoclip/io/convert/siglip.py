@@ -11,8 +11,9 @@ unmasked (`model.text.pooling=last`) through a biased linear head (`model.text.p
 tokenizer is SigLIP's SentencePiece file (`spiece.model`, topoclip.preprocess.sentencepiece); images are resized
 whole to the model's size (`eval_resize=squash`) with the folder's pixel statistics.
 
-SigLIP 2's fixed-resolution checkpoints have the same layout with Gemma's tokenizer (a `tokenizer.json` of byte-level
-BPE), which topoclip does not read yet: such a folder is refused, naming the file.
+SigLIP 2's fixed-resolution checkpoints (`google/siglip2-*-patch*-NNN`) have the same layout with Gemma's tokenizer:
+a `tokenizer.json` of byte-level BPE, read as transformers' Siglip2Tokenizer reads it (lower case; the file's
+framing; padded on the left unless tokenizer_config.json says otherwise; topoclip.preprocess.tokenizer.from_gemma).
 """
 from __future__ import annotations
 
@@ -183,28 +184,38 @@ def import_siglip(folder: Union[str, Path], overrides: Sequence[str] = (), name:
                           f"keeps model.text.pooling=last")
     tokenizer = siglip_tokenizer(folder, config.model.text.context_length)
     if tokenizer.id_bound > config.model.text.vocab_size:
-        raise CheckpointError(f"{folder / SPIECE} gives ids up to {tokenizer.id_bound - 1}, past the text embedding's "
+        raise CheckpointError(f"{folder}: its tokenizer gives ids up to {tokenizer.id_bound - 1}, past the text embedding's "
                               f"{config.model.text.vocab_size} rows: not this model's tokenizer")
     return model_out, tokenizer, config
 
 
 def siglip_tokenizer(folder: Path, context_length: int):
-    """The folder's SigLIP tokenizer (spiece.model, lower-cased unless tokenizer_config.json says do_lower_case
-    false); CheckpointError naming the file when there is none topoclip reads."""
-    from topoclip.preprocess.tokenizer import Tokenizer
+    """The folder's tokenizer: SigLIP's spiece.model (lower-cased unless tokenizer_config.json says do_lower_case
+    false), else SigLIP 2's Gemma tokenizer.json (padded as tokenizer_config.json says); CheckpointError naming the
+    file when there is none topoclip reads."""
+    from topoclip.preprocess.tokenizer import PADDING_SIDES, Tokenizer
 
-    if not (folder / SPIECE).exists():
-        found = f"its {TOKENIZER_JSON} (SigLIP 2's Gemma tokenizer?) is not one topoclip reads yet" \
-            if (folder / TOKENIZER_JSON).exists() else "no tokenizer"
-        raise CheckpointError(f"{folder}: no {SPIECE} (SigLIP's SentencePiece tokenizer, which topoclip reads) and "
-                              f"{found}; give the folder its {SPIECE}")
-    lowercase = True
-    if (folder / TOKENIZER_CONFIG).exists():
-        lowercase = foreign_field(read_config_json(folder / TOKENIZER_CONFIG), "do_lower_case", bool, True,
-                                  str(folder / TOKENIZER_CONFIG))
+    settings = read_config_json(folder / TOKENIZER_CONFIG) if (folder / TOKENIZER_CONFIG).exists() else {}
+    where = str(folder / TOKENIZER_CONFIG)
     try:
-        return Tokenizer.from_sentencepiece(folder / SPIECE, context_length=context_length, lowercase=lowercase,
-                                            root=folder)
+        if (folder / SPIECE).exists():
+            lowercase = foreign_field(settings, "do_lower_case", bool, True, where)
+            return Tokenizer.from_sentencepiece(folder / SPIECE, context_length=context_length, lowercase=lowercase,
+                                                root=folder)
+        if (folder / TOKENIZER_JSON).exists():  # SigLIP 2: transformers pads on the left unless the file says not
+            side = foreign_field(settings, "padding_side", str, "left", where) if "padding_side" in settings else None
+            if side not in (None, *PADDING_SIDES):
+                raise CheckpointError(f"{where}: padding_side {side!r}; transformers pads on the left or the right")
+            if foreign_field(settings, "truncation_side", str, "right", where) != "right":
+                raise CheckpointError(f"{where}: truncation_side {settings['truncation_side']!r}; topoclip cuts the end "
+                                      f"of a long text, as SigLIP 2 was trained (truncation_side right)")
+            pad = settings.get("pad_token")
+            pad = pad.get("content") if isinstance(pad, dict) else pad  # (transformers may save an AddedToken's fields)
+            if pad is not None and not isinstance(pad, str):
+                raise CheckpointError(f"{where}: pad_token is {pad!r}, not a token")
+            return Tokenizer.from_gemma(folder / TOKENIZER_JSON, context_length=context_length, padding_side=side,
+                                        pad_token=pad, root=folder)
     except ValueError as error:  # (its messages name the file)
         raise CheckpointError(str(error)) from None
-
+    raise CheckpointError(f"{folder}: no tokenizer: neither {SPIECE} (SigLIP's SentencePiece tokenizer) nor "
+                          f"{TOKENIZER_JSON} (SigLIP 2's Gemma tokenizer); give the folder its tokenizer's file")

@@ -50,7 +50,7 @@ def check_tokenizer(tokenizer: Tokenizer, config: Config) -> None:
                           f"{text.vocab_size}; set model.text.vocab_size={tokenizer.id_bound}")
     if tokenizer.cls_id is None:  # SigLIP's framing: no start token, so only a tower that reads none takes it
         if text.pooling != "last":
-            raise ConfigError(f"this tokenizer (SigLIP's SentencePiece) frames a text without a start token, which "
+            raise ConfigError(f"this tokenizer (SigLIP's or SigLIP 2's) frames a text without a start token, which "
                               f"model.text.pooling={text.pooling} needs; set model.text.pooling=last (SigLIP's)")
     elif tokenizer.cls_id != text.cls_token_id:
         raise ConfigError(f"the tokenizer's [CLS] id is {tokenizer.cls_id} but model.text.cls_token_id={text.cls_token_id}; "
