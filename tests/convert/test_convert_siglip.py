@@ -14,6 +14,7 @@ from PIL import Image
 from topoclip.cli import main
 
 from _hub import hub_snapshot, offline_env
+from _siglip import save_tiny_siglip
 from _tolerance import fp32_pair, network_roundings
 
 transformers = pytest.importorskip("transformers")
@@ -46,17 +47,7 @@ def siglip_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("siglip") / "tiny-siglip"
     folder.mkdir()
     write_spiece(folder / "spiece.model")
-    config = transformers.SiglipConfig(
-        text_config={"vocab_size": 72, "hidden_size": 32, "intermediate_size": 74, "num_hidden_layers": 2,
-                     "num_attention_heads": 4, "max_position_embeddings": CONTEXT},
-        vision_config={"hidden_size": 32, "intermediate_size": 74, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "image_size": 32, "patch_size": 8})
-    torch.manual_seed(0)
-    model = transformers.SiglipModel(config).eval()
-    with torch.no_grad():  # transformers initialises biases and the probe's head at zero: make every weight count
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
-    model.save_pretrained(folder)
+    save_tiny_siglip(folder, vocab_size=72, context=CONTEXT)
     transformers.SiglipTokenizer(str(folder / "spiece.model"), model_max_length=CONTEXT).save_pretrained(folder)
     transformers.SiglipImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.4, 0.5, 0.6],
                                       image_std=[0.2, 0.3, 0.25]).save_pretrained(folder)

@@ -12,6 +12,7 @@ import torch
 from topoclip.cli import main
 
 from _hub import hub_snapshot, offline_env
+from _siglip import save_tiny_siglip
 from _tolerance import fp32_pair, network_roundings
 
 transformers = pytest.importorskip("transformers")
@@ -63,17 +64,7 @@ def write_siglip2(folder, framing="<bos> $A", padding_side=None):
     """A SigLIP 2 fixed-resolution folder: transformers' SiglipModel, its image processor, Gemma's tokenizer."""
     folder.mkdir(parents=True)
     vocab = write_gemma(folder, framing, padding_side)
-    config = transformers.SiglipConfig(
-        text_config={"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 74, "num_hidden_layers": 2,
-                     "num_attention_heads": 4, "max_position_embeddings": CONTEXT},
-        vision_config={"hidden_size": 32, "intermediate_size": 74, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "image_size": 32, "patch_size": 8})
-    torch.manual_seed(0)
-    model = transformers.SiglipModel(config).eval()
-    with torch.no_grad():  # transformers initialises biases and the probe's head at zero: make every weight count
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
-    model.save_pretrained(folder)
+    save_tiny_siglip(folder, vocab_size=vocab, context=CONTEXT)
     transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
     return folder
 
