@@ -107,6 +107,46 @@ def test_the_tokenizer_is_siglip2_s_for_each_framing_and_padding_side(tmp_path, 
     assert torch.equal(Tokenizer.load(ours.save(tmp_path / "saved")).__call__(texts).input_ids, ids)
 
 
+@pytest.mark.parametrize("change", ["continuing_subword_prefix", "end_of_word_suffix", "openai_tokens",
+                                    "agreeing_added_tokens_decoder"])
+def test_what_transformers_does_not_read_of_the_file_topoclip_does_not_either(tmp_path, change):
+    """transformers builds Gemma's BPE from the file's vocabulary and merges alone (a word prefix or suffix in the
+    file is not read: it crashed the Rust library or changed the ids), frames a text as the file's post-processor
+    says even when the vocabulary holds OpenAI's <|startoftext|>, and reads an added_tokens_decoder that agrees."""
+    from topoclip.io.convert.siglip import siglip_tokenizer
+
+    folder = tmp_path / change
+    folder.mkdir()
+    write_gemma(folder, "<bos> $A <eos>")
+    data = json.loads((folder / "tokenizer.json").read_text())
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    if change == "openai_tokens":
+        for name in ("<|startoftext|>", "<|endoftext|>"):
+            data["model"]["vocab"][name] = len(data["model"]["vocab"]) + len(data["added_tokens"])
+    elif change == "agreeing_added_tokens_decoder":
+        settings["added_tokens_decoder"] = {str(entry["id"]): entry for entry in data["added_tokens"]}
+    else:
+        data["model"][change] = "##" if change == "continuing_subword_prefix" else "</w>"
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    texts = TEXTS + random_texts(200, seed=1)
+    assert torch.equal(siglip_tokenizer(folder, CONTEXT)(texts).input_ids, their_ids(folder, texts))
+
+
+def test_a_bert_style_bpe_with_an_eos_token_keeps_its_cls_framing(tmp_path):
+    """Only Gemma's vocabulary (byte fallback, <eos>, no [CLS]) takes SigLIP 2's framing: a BPE tokenizer.json with
+    BERT's tokens and an <eos> among its pieces is framed `[CLS] … [SEP]` as before."""
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import models
+
+    from topoclip.preprocess.tokenizer import Tokenizer
+
+    vocab = {token: index for index, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<eos>", "a", "b"])}
+    BackendTokenizer(models.BPE(vocab, [], unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    tokenizer = Tokenizer.from_vocab(tmp_path / "tokenizer.json", context_length=6)
+    assert tokenizer(["ab"]).input_ids.tolist() == [[2, 5, 6, 3, 0, 0]] and tokenizer.padding_side == "right"
+
+
 def test_a_siglip2_folder_gives_transformers_embeddings(siglip2_folder, tmp_path, capsys):
     """`topoclip.load(folder)` and `convert --from hf` then its checkpoint: Siglip2Tokenizer's ids and SiglipModel's
     text and image embeddings (input_ids alone: padding attended, as SigLIP trains)."""
@@ -161,7 +201,9 @@ def test_a_typed_special_token_is_text_not_control(siglip2_folder):
 @pytest.mark.parametrize("case, expected", [
     ("two-ends", "at most one special token"), ("pair", "not a template"), ("unknown-special", "not one token"),
     ("side", "padding_side 'middle'"), ("pad", "padding token '<nope>'"), ("truncation", "truncation_side 'left'"),
-    ("wordpiece", "not Gemma's tokenizer"), ("none", "no tokenizer")])
+    ("wordpiece", "not Gemma's tokenizer"), ("none", "no tokenizer"), ("second-text", "second text ($B)"),
+    ("file-truncation", "cuts the start"), ("empty-pad", 'pad_token is ""'), ("null-pad", "pad_token is null"),
+    ("added-tokens", "added_tokens_decoder and tokenizer.json's added_tokens differ")])
 def test_what_topoclip_does_not_read_is_one_line(siglip2_folder, tmp_path, capsys, case, expected):
     import shutil
 
@@ -181,6 +223,15 @@ def test_what_topoclip_does_not_read_is_one_line(siglip2_folder, tmp_path, capsy
         settings["pad_token"] = "<nope>"
     elif case == "truncation":
         settings["truncation_side"] = "left"
+    elif case == "second-text":
+        data["post_processor"]["single"][1] = {"Sequence": {"id": "B", "type_id": 0}}
+    elif case == "file-truncation":
+        data["truncation"] = {"direction": "Left", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    elif case in ("empty-pad", "null-pad"):
+        settings["pad_token"] = "" if case == "empty-pad" else None
+    elif case == "added-tokens":  # transformers reads the config's table instead of the file's
+        settings["added_tokens_decoder"] = {str(entry["id"]): {**entry, "normalized": True}
+                                            for entry in data["added_tokens"]}
     elif case == "wordpiece":
         data["model"] = {"type": "WordPiece", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}
     (folder / "tokenizer.json").write_text(json.dumps(data))

@@ -118,7 +118,18 @@ class Tokenizer:
         self.padding_side = "right"
         start, end = "[CLS]", "[SEP]"
         template = None  # SigLIP 2's: the tokenizer.json's own framing, kept
-        if backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
+        if _is_gemma(backend):
+            # SigLIP 2's Gemma framing (from_gemma): the special tokens its tokenizer.json's post-processor puts around
+            # the text, padded as its padding says; no start token the tower reads (it reads the last position).
+            template = _template(json.loads(backend.to_str()).get("post_processor"), backend, "the tokenizer")
+            padding = backend.padding or {}
+            self.pad_id = padding.get("pad_id", backend.token_to_id(GEMMA_PAD))
+            self.padding_side = padding.get("direction", "left")
+            self.unk_id = backend.token_to_id(GEMMA_UNK)
+            start, end = None, template[1]
+            if self.pad_id is None or backend.id_to_token(self.pad_id) is None:
+                raise ValueError(f"the tokenizer pads with id {self.pad_id}, which is not in its vocabulary")
+        elif backend.token_to_id(OPENAI_START) is not None and backend.token_to_id(start) is None:
             start, end = OPENAI_START, OPENAI_END
             self.pad_id, self.unk_id = 0, None
         elif isinstance(backend.model, models.Unigram) and backend.token_to_id(SPIECE_END) is not None:
@@ -137,17 +148,6 @@ class Tokenizer:
                     import base64
 
                     self._charsmap = CharacterMap(base64.b64decode(charsmap[0]), "the tokenizer's character map")
-        elif isinstance(backend.model, models.BPE) and backend.token_to_id(GEMMA_EOS) is not None:
-            # SigLIP 2's Gemma framing (from_gemma): the special tokens its tokenizer.json's post-processor puts around
-            # the text, padded as its padding says; no start token the tower reads (it reads the last position).
-            template = _template(json.loads(backend.to_str()).get("post_processor"), backend, "the tokenizer")
-            padding = backend.padding or {}
-            self.pad_id = padding.get("pad_id", backend.token_to_id(GEMMA_PAD))
-            self.padding_side = padding.get("direction", "left")
-            self.unk_id = backend.token_to_id(GEMMA_UNK)
-            start, end = None, template[1]
-            if self.pad_id is None or backend.id_to_token(self.pad_id) is None:
-                raise ValueError(f"the tokenizer pads with id {self.pad_id}, which is not in its vocabulary")
         else:
             missing = [token for token in REQUIRED_TOKENS if backend.token_to_id(token) is None]
             if missing:
@@ -233,13 +233,15 @@ class Tokenizer:
     @classmethod
     def from_gemma(cls, path: Union[str, Path], context_length: Optional[int] = None,
                    padding_side: Optional[str] = None, pad_token: Optional[str] = None,
-                   root: Optional[Union[str, Path]] = None) -> "Tokenizer":
+                   root: Optional[Union[str, Path]] = None, added_tokens: Optional[dict] = None) -> "Tokenizer":
         """SigLIP 2's tokenizer from its Gemma tokenizer.json, as transformers' Siglip2Tokenizer reads the file: its
         vocabulary, merges, added tokens and post-processor (the framing: special tokens around the text) in Gemma's
         pipeline — a lower case first (SigLIP 2 was trained on lower-cased text), spaces written ▁, byte-level BPE
         with byte fallback, no pre-tokenization — padded with `pad_token` (<pad>) on `padding_side` (the file's, else
         left: transformers' for Gemma) to context_length (64 when None, SigLIP 2's). root: the folder the file must not
-        lead out of. The file's own normalizer, pre-tokenizer and decoder are not read (transformers' are Gemma's)."""
+        lead out of. added_tokens: tokenizer_config.json's added_tokens_decoder, which transformers reads instead of the
+        file's added tokens: it must say what the file says. The file's own normalizer, pre-tokenizer, decoder and BPE
+        settings are not read (transformers' are Gemma's)."""
         from topoclip.core.door import JSON_BYTES, parse_json, read_text
 
         path = Path(path)
@@ -258,7 +260,16 @@ class Tokenizer:
         data["decoder"] = {"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": GEMMA_SPACE}, "content": " "}, {"type": "ByteFallback"},
             {"type": "Fuse"}]}
-        model.update(dropout=None, fuse_unk=True, byte_fallback=True, unk_token=GEMMA_UNK)
+        # transformers builds its BPE from the file's vocabulary and merges alone (Gemma's settings, nothing else read)
+        data["model"] = {"type": "BPE", "vocab": vocab, "merges": model.get("merges", []), "dropout": None,
+                         "unk_token": GEMMA_UNK, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                         "fuse_unk": True, "byte_fallback": True, "ignore_merges": False}
+        truncation = data.get("truncation")
+        if isinstance(truncation, dict) and truncation.get("direction", "Right") != "Right":
+            raise ValueError(f"{where}: its truncation cuts the start of a long text (direction "
+                             f"{truncation.get('direction')!r}); topoclip cuts the end, as SigLIP 2 was trained")
+        if added_tokens is not None:
+            _check_added_tokens(added_tokens, data.get("added_tokens"), where)
         padding = data.get("padding") if isinstance(data.get("padding"), dict) else {}
         side = padding_side or {"Left": "left", "Right": "right"}.get(padding.get("direction"), "left")
         if side not in PADDING_SIDES:
@@ -269,8 +280,8 @@ class Tokenizer:
         except Exception as error:  # the Rust parser raises plain Exception
             raise ValueError(f"{where} could not be read as Gemma's tokenizer ({str(error)[:200]}); give the folder "
                              f"its own tokenizer.json") from None
-        pad_token = pad_token or padding.get("pad_token") or GEMMA_PAD
-        pad_id = backend.token_to_id(pad_token) if isinstance(pad_token, str) else None
+        pad_token = padding.get("pad_token", GEMMA_PAD) if pad_token is None else pad_token
+        pad_id = backend.token_to_id(pad_token) if isinstance(pad_token, str) and pad_token else None
         if pad_id is None:
             raise ValueError(f"{where}: its padding token {pad_token!r} is not in its vocabulary")
         backend.enable_padding(direction=side, pad_id=pad_id, pad_token=pad_token)
@@ -399,9 +410,9 @@ class Tokenizer:
         name = self._backend.id_to_token
         pad = name(self.pad_id) if self.unk_id is not None else name(self.sep_id)
         start = name(self.cls_id) if self.cls_id is not None else None
+        end = name(self.sep_id) if self.sep_id is not None else None
         return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": self.context_length,
-                "bos_token": start, "cls_token": start, "eos_token": name(self.sep_id),
-                "sep_token": name(self.sep_id), "pad_token": pad,
+                "bos_token": start, "cls_token": start, "eos_token": end, "sep_token": end, "pad_token": pad,
                 "unk_token": name(self.unk_id) if self.unk_id is not None else None,
                 "clean_up_tokenization_spaces": False}
 
@@ -514,6 +525,32 @@ def _text_only(backend: BackendTokenizer) -> BackendTokenizer:
     return backend
 
 
+ADDED_TOKEN_FIELDS = ("content", "special", "normalized", "lstrip", "rstrip", "single_word")
+
+
+def _check_added_tokens(declared, listed, where: str) -> None:
+    """tokenizer_config.json's added_tokens_decoder ({id: fields}) must list what tokenizer.json's added_tokens do."""
+    def fields(entry) -> tuple:
+        return tuple(entry.get(key) for key in ADDED_TOKEN_FIELDS) if isinstance(entry, dict) else (entry,)
+
+    if not isinstance(declared, dict) or not isinstance(listed, list):
+        raise ValueError(f"{where}: added_tokens_decoder or added_tokens is not a table of tokens")
+    file = {str(entry.get("id")): fields(entry) for entry in listed if isinstance(entry, dict)}
+    config = {str(key): fields(entry) for key, entry in declared.items()}
+    different = sorted(set(file.items()) ^ set(config.items()), key=str)
+    if different:
+        raise ValueError(f"{where}: tokenizer_config.json's added_tokens_decoder and tokenizer.json's added_tokens differ "
+                         f"(id {different[0][0]}); transformers reads the first, the tokenizers library the second: "
+                         f"give the folder files that agree")
+
+
+def _is_gemma(backend: BackendTokenizer) -> bool:
+    """Gemma's vocabulary (SigLIP 2's): BPE with byte fallback, an <eos> token, no [CLS] (a BERT-style BPE keeps its
+    [CLS] framing; OpenAI's byte-level BPE has no byte fallback)."""
+    return isinstance(backend.model, models.BPE) and backend.model.byte_fallback and \
+        backend.token_to_id(GEMMA_EOS) is not None and backend.token_to_id("[CLS]") is None
+
+
 def _template(processor, backend: BackendTokenizer, where: str) -> tuple[Optional[str], Optional[str]]:
     """The special tokens a tokenizer.json's post-processor puts before and after the text (at most one each; None for
     none). ValueError for any other post-processor."""
@@ -526,6 +563,9 @@ def _template(processor, backend: BackendTokenizer, where: str) -> tuple[Optiona
                          f"reads TemplateProcessing (e.g. `<bos> $A <eos>`)")
     kinds = [next(iter(item)) for item in single]
     sequence = [index for index, kind in enumerate(kinds) if kind == "Sequence"]
+    if len(sequence) == 1 and (not isinstance(single[sequence[0]]["Sequence"], dict) or
+                               single[sequence[0]]["Sequence"].get("id") != "A"):
+        raise ValueError(f"{where}: its post-processor's template holds a second text ($B) where the text ($A) goes")
     if len(sequence) != 1 or len(single) > 3 or set(kinds) - {"Sequence", "SpecialToken"} or \
             sequence[0] > 1 or len(single) - sequence[0] > 2:
         raise ValueError(f"{where}: its post-processor frames a text as {' '.join(kinds)}; topoclip reads at most one "

@@ -17,6 +17,7 @@ framing; padded on the left unless tokenizer_config.json says otherwise; topocli
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Sequence, Union
@@ -209,12 +210,13 @@ def siglip_tokenizer(folder: Path, context_length: int):
             if foreign_field(settings, "truncation_side", str, "right", where) != "right":
                 raise CheckpointError(f"{where}: truncation_side {settings['truncation_side']!r}; topoclip cuts the end "
                                       f"of a long text, as SigLIP 2 was trained (truncation_side right)")
-            pad = settings.get("pad_token")
+            pad = settings.get("pad_token", "<pad>")  # (Siglip2Tokenizer's)
             pad = pad.get("content") if isinstance(pad, dict) else pad  # (transformers may save an AddedToken's fields)
-            if pad is not None and not isinstance(pad, str):
-                raise CheckpointError(f"{where}: pad_token is {pad!r}, not a token")
+            if not isinstance(pad, str) or not pad:
+                raise CheckpointError(f"{where}: pad_token is {json.dumps(pad)[:60]}; SigLIP 2 pads with a token of its "
+                                      f"vocabulary (<pad>)")
             return Tokenizer.from_gemma(folder / TOKENIZER_JSON, context_length=context_length, padding_side=side,
-                                        pad_token=pad, root=folder)
+                                        pad_token=pad, root=folder, added_tokens=settings.get("added_tokens_decoder"))
     except ValueError as error:  # (its messages name the file)
         raise CheckpointError(str(error)) from None
     raise CheckpointError(f"{folder}: no tokenizer: neither {SPIECE} (SigLIP's SentencePiece tokenizer) nor "
