@@ -203,7 +203,8 @@ def test_a_typed_special_token_is_text_not_control(siglip2_folder):
     ("side", "padding_side 'middle'"), ("pad", "padding token '<nope>'"), ("truncation", "truncation_side 'left'"),
     ("wordpiece", "not Gemma's tokenizer"), ("none", "no tokenizer"), ("second-text", "second text ($B)"),
     ("file-truncation", "cuts the start"), ("empty-pad", 'pad_token is ""'), ("null-pad", "pad_token is null"),
-    ("added-tokens", "added_tokens_decoder and tokenizer.json's added_tokens differ")])
+    ("added-tokens", "added_tokens_decoder and tokenizer.json's added_tokens differ"),
+    ("added-token-list", "added_tokens_decoder and tokenizer.json's added_tokens differ")])
 def test_what_topoclip_does_not_read_is_one_line(siglip2_folder, tmp_path, capsys, case, expected):
     import shutil
 
@@ -231,6 +232,9 @@ def test_what_topoclip_does_not_read_is_one_line(siglip2_folder, tmp_path, capsy
         settings["pad_token"] = "" if case == "empty-pad" else None
     elif case == "added-tokens":  # transformers reads the config's table instead of the file's
         settings["added_tokens_decoder"] = {str(entry["id"]): {**entry, "normalized": True}
+                                            for entry in data["added_tokens"]}
+    elif case == "added-token-list":  # a field no table of tokens holds
+        settings["added_tokens_decoder"] = {str(entry["id"]): {**entry, "content": [entry["content"]]}
                                             for entry in data["added_tokens"]}
     elif case == "wordpiece":
         data["model"] = {"type": "WordPiece", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}

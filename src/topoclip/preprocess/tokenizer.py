@@ -530,8 +530,8 @@ ADDED_TOKEN_FIELDS = ("content", "special", "normalized", "lstrip", "rstrip", "s
 
 def _check_added_tokens(declared, listed, where: str) -> None:
     """tokenizer_config.json's added_tokens_decoder ({id: fields}) must list what tokenizer.json's added_tokens do."""
-    def fields(entry) -> tuple:
-        return tuple(entry.get(key) for key in ADDED_TOKEN_FIELDS) if isinstance(entry, dict) else (entry,)
+    def fields(entry) -> str:  # (as JSON text: a field of a hostile file may be any value, hashable or not)
+        return json.dumps([entry.get(key) for key in ADDED_TOKEN_FIELDS] if isinstance(entry, dict) else entry)
 
     if not isinstance(declared, dict) or not isinstance(listed, list):
         raise ValueError(f"{where}: added_tokens_decoder or added_tokens is not a table of tokens")
