@@ -12,8 +12,12 @@ train` of its own process, so its peak resident memory (ru_maxrss) is its own. R
 - trainable weights (the trainer's own count for LoRA; the model's weights for full);
 - the peak resident memory of the process, and the median images per second of its logged windows after the first;
 - the mean recall of retrieval on the test split in the pretraining's style (held out of the fine-tuning: what is
-  *retained*) and in the fine-tuning's style (what is *learnt*), beside the pretrained model's own (one seed: a
-  measurement, not a comparison of the arms' accuracy).
+  *retained*) and in the fine-tuning's style (what is *learnt*), beside the pretrained model's own.
+
+With `--seeds N` (N ≥ 2) the whole of it runs once per seed (`--seed`, `--seed` + 1, …: the pretraining and both
+fine-tunes of a seed share it), the figures are the means over seeds (recalls with their standard deviation), and
+LoRA − full is a paired t over the seeds for each recall (`topoclip.experiments.statistics.paired`): one seed is a
+measurement, not a comparison of the arms' accuracy.
 
 A CPU preset is small enough that peft's own imports outweigh what LoRA saves; so, for `--count-presets` (ViT-B/16 by
 default), the weights LoRA trains at `--rank` and the training state each arm holds are *counted* (the model built on
@@ -34,6 +38,7 @@ import torch
 
 from topoclip.config import load_config
 from topoclip.data.scenes import retrieval_set
+from topoclip.experiments.statistics import mean_std, paired
 
 CHILD = ("import resource, sys\nfrom topoclip.cli import main\ncode = main(sys.argv[1:])\n"
          "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(code)")
@@ -85,7 +90,7 @@ def count_state(preset: str, rank: int) -> dict:
             "full_state_mib": round(weights * 4 * mib, 1), "lora_state_mib": round((total + 3 * trained) * mib, 1)}
 
 
-def write_table(folder: Path, rows: int, preset: str, seed: int) -> Path:
+def write_table(folder: Path, rows: int, preset: str) -> Path:
     """`rows` scenes of the train split in the out-of-domain style as PNG files and a CSV (filepath, title)."""
     from PIL import Image
 
@@ -97,6 +102,46 @@ def write_table(folder: Path, rows: int, preset: str, seed: int) -> Path:
         lines.append(f'{index}.png,"{caption}"')
     (folder / "pairs.csv").write_text("\n".join(lines) + "\n")
     return folder / "pairs.csv"
+
+
+def one_seed(args: argparse.Namespace, seed: int, scratch: Path) -> dict:
+    """The pretraining and both fine-tunes at one seed: {"seed", "pretrained", "arms"}."""
+    common = ["--set", f"train.threads={args.threads}", "--set", "evaluate.size=500", "--set", "train.eval_every=0",
+              "--set", f"train.seed={seed}", "--set", "train.report_to=[]", "--workers", "0"]
+    pretrained = scratch / "pretrained"
+    train(["--preset", args.preset, "--out", str(pretrained), "--set", f"train.steps={args.pretrain_steps}", *common])
+    table = write_table(scratch, args.rows, args.preset)
+    tune = ["--init-from", str(pretrained), "--train-data", str(table), "--batch-size", str(args.batch),
+            "--set", f"train.steps={args.steps}", "--set", "train.warmup_steps=30", *common]
+    arms = {}
+    for arm, extra in (("full", ["--set", f"train.lr={args.full_lr}"]),
+                       ("lora", ["--set", f"train.lr={args.lora_lr}", "--set", f"train.lora_rank={args.rank}"])):
+        run = scratch / arm
+        result = train([*tune, *extra, "--out", str(run)])
+        said = re.search(r"([\d,]+) of [\d,]+ weights train", result["output"])  # the trainer's count (LoRA)
+        trainable = int(said.group(1).replace(",", "")) if said else count_state(args.preset, args.rank)["weights"]
+        arms[arm] = {"trainable": trainable, "peak_mib": result["peak_mib"], "images_per_s": speed(run),
+                     **recalls(run, pretrained)}
+    return {"seed": seed, "pretrained": recalls(pretrained, pretrained), "arms": arms}
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """The runs' means (recalls also with their standard deviation) and, from two seeds on, LoRA − full per recall
+    as a paired t over the seeds."""
+    def mean(values: list[float]) -> float:
+        return round(sum(values) / len(values), 2)
+
+    parts = {"pretrained": [run["pretrained"] for run in runs],
+             **{arm: [run["arms"][arm] for run in runs] for arm in ("full", "lora")}}
+    means = {part: {key: entries[0][key] if key == "trainable" else mean([entry[key] for entry in entries])  # same at every seed
+                    for key in entries[0]} for part, entries in parts.items()}
+    figures = {"pretrained": means.pop("pretrained"), "arms": means}
+    if len(runs) > 1:
+        figures["sd"] = {part: {key: round(mean_std([entry[key] for entry in entries])[1], 2) for key in SETS}
+                         for part, entries in parts.items()}
+        figures["lora_minus_full"] = {key: paired([entry[key] for entry in parts["lora"]],
+                                                  [entry[key] for entry in parts["full"]]).as_dict() for key in SETS}
+    return figures
 
 
 def main() -> None:
@@ -111,37 +156,26 @@ def main() -> None:
     parser.add_argument("--full-lr", type=float, default=1e-4)
     parser.add_argument("--lora-lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the first seed")
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds, from --seed on (≥ 2 for a comparison)")
     parser.add_argument("--count-presets", default="sphere-vit-b16", help="comma-separated presets to count")
     parser.add_argument("--quiet-machine", choices=["yes", "no"], required=True,
                         help="whether nothing else ran beside it (the memory and speed figures need it)")
     args = parser.parse_args()
-    common = ["--set", f"train.threads={args.threads}", "--set", "evaluate.size=500", "--set", "train.eval_every=0",
-              "--set", f"train.seed={args.seed}", "--set", "train.report_to=[]", "--workers", "0"]
-    with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
-        pretrained = scratch / "pretrained"
-        train(["--preset", args.preset, "--out", str(pretrained), "--set", f"train.steps={args.pretrain_steps}",
-               *common])
-        table = write_table(scratch, args.rows, args.preset, args.seed)
-        tune = ["--init-from", str(pretrained), "--train-data", str(table), "--batch-size", str(args.batch),
-                "--set", f"train.steps={args.steps}", "--set", "train.warmup_steps=30", *common]
-        arms = {}
-        for arm, extra in (("full", ["--set", f"train.lr={args.full_lr}"]),
-                           ("lora", ["--set", f"train.lr={args.lora_lr}", "--set", f"train.lora_rank={args.rank}"])):
-            run = scratch / arm
-            result = train([*tune, *extra, "--out", str(run)])
-            said = re.search(r"([\d,]+) of [\d,]+ weights train", result["output"])  # the trainer's count (LoRA)
-            trainable = int(said.group(1).replace(",", "")) if said else count_state(args.preset, args.rank)["weights"]
-            arms[arm] = {"trainable": trainable, "peak_mib": result["peak_mib"], "images_per_s": speed(run),
-                         **recalls(run, pretrained)}
-        settings = {key: value for key, value in vars(args).items() if key not in ("out", "quiet_machine")}
-        figures = {"about": "benchmarks/lora.py: LoRA against full fine-tuning of a model pretrained on the scenes, "
-                            "on a CSV of out-of-domain scenes; mean recall on in-domain (retained) and out-of-domain "
-                            "(learnt) test retrieval", "command": "python benchmarks/lora.py " + " ".join(sys.argv[1:]),
-                   "torch": torch.__version__, "quiet_machine": args.quiet_machine == "yes", "settings": settings,
-                   "pretrained": recalls(pretrained, pretrained), "arms": arms,
-                   "counted": [count_state(name, args.rank) for name in args.count_presets.split(",") if name]}
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    runs = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        with tempfile.TemporaryDirectory() as scratch:
+            runs.append(one_seed(args, seed, Path(scratch)))
+        print(f"seed {seed}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+    settings = {key: value for key, value in vars(args).items() if key not in ("out", "quiet_machine")}
+    figures = {"about": "benchmarks/lora.py: LoRA against full fine-tuning of a model pretrained on the scenes, "
+                        "on a CSV of out-of-domain scenes; mean recall on in-domain (retained) and out-of-domain "
+                        "(learnt) test retrieval", "command": "python benchmarks/lora.py " + " ".join(sys.argv[1:]),
+               "torch": torch.__version__, "quiet_machine": args.quiet_machine == "yes", "settings": settings,
+               **over_seeds(runs), "runs": runs,
+               "counted": [count_state(name, args.rank) for name in args.count_presets.split(",") if name]}
     print(json.dumps(figures, indent=2))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from topoclip.experiments import results as readme_results
+from topoclip.experiments import statistics
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -685,22 +686,34 @@ def test_the_csv_rows_benchmark_writes_the_file_the_readme_table_is_drawn_from(t
 
 @pytest.mark.slow
 def test_the_lora_benchmark_writes_the_file_the_docs_table_is_drawn_from(tmp_path):
-    """benchmarks/lora.py at a few steps: both arms trained in processes of their own, and the table drawn."""
+    """benchmarks/lora.py at a few steps and two seeds: both arms trained in processes of their own at each seed, the
+    means and the paired LoRA − full drawn from the seeds' own figures, and the table drawn."""
     pytest.importorskip("peft")
     out = tmp_path / "lora.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lora.py"), "--pretrain-steps", "20", "--steps", "10",
-                    "--rows", "80", "--batch", "16", "--count-presets", "tiny", "--quiet-machine", "no", "--out", str(out)],
-                   check=True, capture_output=True, timeout=600)
+                    "--rows", "80", "--batch", "16", "--seeds", "2", "--count-presets", "tiny", "--quiet-machine", "no",
+                    "--out", str(out)], check=True, capture_output=True, timeout=900)
     result = json.loads(out.read_text())
     full, lora = result["arms"]["full"], result["arms"]["lora"]
     assert 0 < lora["trainable"] < full["trainable"] and full["peak_mib"] > 0 and lora["images_per_s"] > 0
+    assert [run["seed"] for run in result["runs"]] == [0, 1]
+    for key in ("retained", "learnt"):  # the means and the paired difference are the seeds' own figures
+        by_arm = {arm: [run["arms"][arm][key] for run in result["runs"]] for arm in ("full", "lora")}
+        assert result["arms"]["lora"][key] == round(sum(by_arm["lora"]) / 2, 2)
+        expected = statistics.paired(by_arm["lora"], by_arm["full"])
+        assert result["lora_minus_full"][key] == expected.as_dict()
     table = readme_results.lora_table(result).splitlines()
     assert table[0].startswith("Measured: `python benchmarks/lora.py --pretrain-steps 20") and "busy machine" in table[0]
+    assert "Each of 2 seeds (from 0)" in table[0]
     assert [line.split(" | ")[0] for line in table[4:7]] == ["| pretrained", "| full fine-tuning, lr 0.0001",
                                                              "| LoRA rank 8, lr 0.001"]
+    assert " ± " in table[5] and table[8].startswith("LoRA − full fine-tuning, paired over the seeds: retained ")
     (tiny,) = result["counted"]  # the trainer's count of the same model, and the state: 4 fp32 numbers a trained weight
     assert (tiny["weights"], tiny["lora_trainable"]) == (full["trainable"], lora["trainable"])
     assert tiny["full_state_mib"] == round(16 * tiny["weights"] / 2**20, 1) and table[-1].startswith("| `tiny` |")
+    one_seed = {key: value for key, value in result.items() if key not in ("sd", "lora_minus_full")}
+    one_seed["settings"] = {**result["settings"], "seeds": 1}
+    assert "One seed." in readme_results.lora_table(one_seed) and " ± " not in readme_results.lora_table(one_seed)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+from topoclip.experiments.statistics import Difference
 
 
 # A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium,
@@ -189,23 +190,36 @@ def meru_equality_table(result: dict) -> str:
 
 
 def lora_table(result: dict) -> str:
-    """benchmarks/lora.py: LoRA against full fine-tuning, and what each keeps of the pretrained model."""
-    settings, arms = result["settings"], result["arms"]
+    """benchmarks/lora.py: LoRA against full fine-tuning, and what each keeps of the pretrained model; over seeds
+    (`--seeds`), means ± standard deviations and LoRA − full as a paired t."""
+    settings, arms, sd = result["settings"], result["arms"], result.get("sd")
+    seeds = settings.get("seeds", 1)
     quiet = "a quiet machine" if result["quiet_machine"] else "a busy machine (memory and speed indicative only)"
+    over = (f" Each of {seeds} seeds (from {settings['seed']}) pretrains once and fine-tunes both arms; the figures are "
+            f"means over the seeds, recalls ± their standard deviation." if sd else " One seed.")
     rows = [f"Measured: `{result['command']}` on {quiet}, torch {result['torch']}: `{settings['preset']}` pretrained "
             f"{settings['pretrain_steps']:,} steps on the scenes, then fine-tuned {settings['steps']:,} steps (batch "
             f"{settings['batch']}) on a CSV of {settings['rows']:,} train scenes in the out-of-domain style, each arm a "
             f"process of its own. Retrieval mean recall on the test scenes: in the pretraining's style (held out of "
-            f"the fine-tuning: retained) and in the fine-tuning's (learnt).", "",
-            "| | trainable weights | peak memory (MiB) | images / s | retained | learnt |", "|---|---|---|---|---|---|",
-            f"| pretrained | | | | {result['pretrained']['retained']:.1f} | {result['pretrained']['learnt']:.1f} |"]
+            f"the fine-tuning: retained) and in the fine-tuning's (learnt).{over}", "",
+            "| | trainable weights | peak memory (MiB) | images / s | retained | learnt |", "|---|---|---|---|---|---|"]
+
+    def recall(part: str, line: dict, key: str) -> str:
+        return f"{line[key]:.1f}" + (f" ± {sd[part][key]:.1f}" if sd else "")
+
+    rows.append(f"| pretrained | | | | {recall('pretrained', result['pretrained'], 'retained')} | "
+                f"{recall('pretrained', result['pretrained'], 'learnt')} |")
     for arm, label in (("full", f"full fine-tuning, lr {settings['full_lr']:g}"),
                        ("lora", f"LoRA rank {settings['rank']}, lr {settings['lora_lr']:g}")):
         line = arms[arm]
         rows.append(f"| {label} | {line['trainable']:,} | {line['peak_mib']:,.0f} | {line['images_per_s']:,.0f} | "
-                    f"{line['retained']:.1f} | {line['learnt']:.1f} |")
+                    f"{recall(arm, line, 'retained')} | {recall(arm, line, 'learnt')} |")
+    if "lora_minus_full" in result:
+        difference = {key: Difference(**value) for key, value in result["lora_minus_full"].items()}
+        rows += ["", f"LoRA − full fine-tuning, paired over the seeds: retained {difference['retained'].describe()}; "
+                     f"learnt {difference['learnt'].describe()}."]
     if result.get("counted"):
-        rows += ["", f"One seed. At scale (counted on the meta device, not run): the weights LoRA rank {settings['rank']} "
+        rows += ["", f"At scale (counted on the meta device, not run): the weights LoRA rank {settings['rank']} "
                      f"trains, and the training state of each arm (fp32 weights; a gradient and AdamW's two moments "
                      f"for each trained weight; activations aside):", "",
                  "| preset | weights | LoRA trains | full fine-tuning's state (MiB) | LoRA's state (MiB) |",
