@@ -1,5 +1,7 @@
 """A Hugging Face cache the tests build: a repository's snapshot folder, offline, as huggingface_hub lays it out."""
+import json
 import os
+import shutil
 from pathlib import Path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -23,3 +25,13 @@ def offline_env(tmp_path: Path) -> dict:
     cache of converted models at tmp_path/topoclip-cache."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home"),
             "TOPOCLIP_CACHE": str(tmp_path / "topoclip-cache")}
+
+
+def with_image_size(folder: Path, copy: Path, size: int) -> Path:
+    """A copy of the transformers model folder `folder` at `copy` whose config.json gives the vision tower `size`
+    pixels a side (the weights unchanged: only the grid of patches they hold is fixed)."""
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["vision_config"]["image_size"] = size
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy

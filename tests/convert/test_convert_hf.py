@@ -10,7 +10,7 @@ import torch
 from topoclip.cli import main
 from topoclip.io.convert.openai import bytes_to_unicode
 
-from _hub import hub_snapshot, offline_env
+from _hub import hub_snapshot, offline_env, with_image_size
 from _tolerance import fp32_pair, network_roundings
 
 transformers = pytest.importorskip("transformers")
@@ -279,15 +279,9 @@ def test_an_image_size_past_a_multiple_of_the_patch_survives_import_and_export(h
     """A 36 px CLIP with patches of 8 (4 pixels unread): the size comes from config.json (the weights hold only the
     grid of 4 × 4), in from transformers, out to transformers and OpenCLIP and back in, each time 36 px; and the
     embeddings are transformers' own."""
-    import shutil
-
     import topoclip
 
-    folder = tmp_path / "odd"
-    shutil.copytree(hf_folder, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["vision_config"]["image_size"] = 36
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = with_image_size(hf_folder, tmp_path / "odd", 36)
     clip = topoclip.load(folder)
     assert clip.config.model.vision.image_size == 36
     images = torch.randn(3, 3, 36, 36, generator=torch.Generator().manual_seed(1))

@@ -13,7 +13,7 @@ from PIL import Image
 
 from topoclip.cli import main
 
-from _hub import hub_snapshot, offline_env
+from _hub import hub_snapshot, offline_env, with_image_size
 from _siglip import save_tiny_siglip
 from _tolerance import fp32_pair, network_roundings
 
@@ -99,15 +99,9 @@ def test_an_image_size_past_a_multiple_of_the_patch_drops_its_last_pixels_as_tra
                                                                                               tmp_path):
     """SigLIP SO400M/14 at 384 px is 27 patches a side with 6 pixels left over: a strided convolution reads none of
     them. The same here, at 36 px and patches of 8 (4 left over)."""
-    import shutil
-
     import topoclip
 
-    folder = tmp_path / "odd"
-    shutil.copytree(siglip_folder, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["vision_config"]["image_size"] = 36
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = with_image_size(siglip_folder, tmp_path / "odd", 36)
     clip = topoclip.load(folder)
     assert clip.config.model.vision.image_size == 36
     pixels = torch.randn(2, 3, 36, 36, generator=torch.Generator().manual_seed(5))
