@@ -21,6 +21,10 @@ Issue #59's steps, chosen with --only (each also in the full check, after the ab
 7. `profile`: benchmarks/profile_step.py, both ViT-B/16 presets compiled: the top kernels and the idle share.
 8. `nccl`: `topoclip train` over NCCL in one process: FSDP (its group of one) and DDP under torchrun (world 1).
 9. `fsdp_memory`: benchmarks/fsdp_memory.py on CUDA, one process each of DDP and FSDP: the GPU's peak bytes.
+Issue #61's (also with --only):
+10. `step_lorentz`, `step_lorentz_product`: the ViT-B/16 step of step 3 with MERU's hyperboloid (sphere-vit-b16 as
+   `lorentz`) and PHyCLIP's product (multi-32x16-vit-b16 as `lorentz-product`), entailment loss at 0.2, eager:
+   what the hyperbolic families cost beside step_eager's sphere and Multi on the same GPU.
 With --tiny every size is the tiny preset's and every count a few steps, so the whole path runs on a laptop.
 --budget bounds the whole check (a GPU is lent for minutes): each step's limit is cut to what is left, and a step
 with too little left is recorded as skipped. check.json and report.txt are rewritten after every step.
@@ -180,7 +184,8 @@ def main() -> int:
               "--batch", batch, "--device", args.device, *shard]
     # The compiled step goes last: compiling two ViT-B/16 towers is the slowest step, and the least new.
     for name, limit, command in (("step_eager", 150, mfu), ("shards_vs_random", 120, shards),
-                                 ("step_compiled", 600, [*mfu, "--compile"]), *issue_59_steps(args, out, batch)):
+                                 ("step_compiled", 600, [*mfu, "--compile"]), *issue_59_steps(args, out, batch),
+                                 *hyperbolic_steps(args, mfu)):
         if wanted(name):
             steps[name] = run(command, limit)
             write_report(report, out)
@@ -221,6 +226,15 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
             ("nccl_ddp", 120, ddp), ("fsdp_memory", 180, memory)]
 
 
+def hyperbolic_steps(args, mfu: list[str]) -> list[tuple[str, int, list[str]]]:
+    """(name, limit, command) of the ViT-B/16 step (the tiny preset's with --tiny) in each hyperbolic family, with
+    MERU's entailment loss, topoclip's model only."""
+    presets = {"step_lorentz": ("tiny" if args.tiny else "sphere-vit-b16", "lorentz"),
+               "step_lorentz_product": ("tiny" if args.tiny else "multi-32x16-vit-b16", "lorentz-product")}
+    return [(name, 150, [*mfu, "--presets", preset, "--set", f"model.topology={topology}", "--set",
+                         "train.entailment_weight=0.2", "--no-open-clip"]) for name, (preset, topology) in presets.items()]
+
+
 def statuses(node: dict, prefix: str = ""):
     for key, value in node.items():
         if isinstance(value, dict) and "status" in value:
@@ -237,7 +251,7 @@ def write_report(report: dict, out: Path) -> list[str]:
     lines = [f"GPU check on {report['gpu'] or report['device']} (torch {report['torch']}, {report['date']}"
              f"{', tiny rehearsal' if report['tiny'] else ''}): {'all passed' if report['passed'] else 'FAILED'}"]
     lines += [f"  {name}: {status}" for name, status in found.items()]
-    for name in ("step_eager", "step_compiled", "shards_vs_random"):
+    for name in ("step_eager", "step_compiled", "shards_vs_random", "step_lorentz", "step_lorentz_product"):
         summaries = [line for line in report["steps"].get(name, {}).get("json", []) if "images_per_s" in json.dumps(line)]
         if summaries:
             lines.append(f"  {name}: {json.dumps(summaries[-1])[:300]}")
