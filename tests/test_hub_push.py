@@ -72,3 +72,36 @@ def test_a_repo_id_without_an_owner_is_refused(run, capsys):
     pytest.importorskip("huggingface_hub")
     assert main(["push", str(run), "tiny"]) == 2
     assert "give the repository as org/name" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_fine_tune_s_card_names_its_base_and_its_lora_and_its_license_is_asked_for(tmp_path, capsys):
+    """From the review of #62: a LoRA fine-tune of `--pretrained NAME` was pushed with a card that never named the
+    base model nor LoRA, under MIT whatever the base's license. A pretrained name's conversion
+    (CACHE/pretrained/NAME--TAG/REVISION, as pretrained_folder lays it out) stands in for the Hub's weights here."""
+    import shutil
+
+    pytest.importorskip("peft")
+    short = ["--set", "train.steps=2", "--set", "evaluate.size=8", "--set", "train.eval_every=0", "--set",
+             "train.batch_size=8", "--quiet"]
+    assert main(["train", "--preset", "tiny", *short, "--out", str(tmp_path / "scratch")]) == 0
+    converted = tmp_path / "cache" / "pretrained" / "ViT-B-16--openai" / "main"
+    shutil.copytree(tmp_path / "scratch" / "checkpoints" / "step-000002", converted)
+    assert main(["train", "--init-from", str(converted), "--set", "train.lora_rank=2", *short,
+                 "--out", str(tmp_path / "tuned")]) == 0
+    capsys.readouterr()
+    assert main(["push", str(tmp_path / "tuned"), "someone/tuned", "--dry-run", str(tmp_path / "refused")]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "fine-tuned from ViT-B-16:openai (openai/clip-vit-base-patch16), whose " \
+                                      "license governs it: pass --license" in said
+    assert not (tmp_path / "refused").exists()
+    assert main(["push", str(tmp_path / "tuned"), "someone/tuned", "--license", "other",
+                 "--dry-run", str(tmp_path / "upload")]) == 0
+    card = (tmp_path / "upload" / "README.md").read_text()
+    assert card.startswith("---\nlicense: other\nbase_model: openai/clip-vit-base-patch16\nbase_model_relation: finetune\n")
+    assert "- fine-tuned from `ViT-B-16:openai`" in card and "- LoRA (peft): rank 2, alpha 16" in card
+    assert "import pathlib" in card
+    # a model trained from scratch keeps MIT as its default and has no base
+    assert main(["push", str(tmp_path / "scratch"), "someone/scratch", "--dry-run", str(tmp_path / "mine")]) == 0
+    card = (tmp_path / "mine" / "README.md").read_text()
+    assert card.startswith("---\nlicense: mit\nlibrary_name: topoclip\n") and "fine-tuned" not in card

@@ -272,3 +272,63 @@ def test_a_tables_epoch_is_its_whole_batches_and_its_problems_are_said_first(tmp
             error = capsys.readouterr().err
             assert error.count("\n") == 1 and reason in error, error
             assert not (tmp_path / "P1").exists()
+
+
+def test_siglip_from_a_softmax_trained_checkpoint_starts_the_bias_fresh_and_says_so(tmp_path, capsys):
+    """From the review of #62: `--init-from CLIP --siglip` (OpenCLIP's line for SigLIP fine-tuning of a CLIP) was
+    refused as a file that "does not fit" its config. The sigmoid bias is the loss's, not the checkpoint's: the run
+    starts it at its configured init (−10 under --siglip) and every other weight, τ too, from the checkpoint; the way
+    back (InfoNCE from a sigmoid checkpoint) leaves the bias out."""
+    from safetensors.torch import load_file
+
+    base, quick = tmp_path / "clip", ["--set", "train.steps=2", "--set", "evaluate.size=8", "--set", "train.eval_every=0",
+                                      "--set", "train.batch_size=8", "--quiet"]
+    assert main(["train", "--preset", "tiny", *quick, "--out", str(base)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--init-from", str(base), "--siglip", *quick, "--set", "train.lr=1e-12",
+                 "--out", str(tmp_path / "siglip")]) == 0
+    note = capsys.readouterr().err
+    assert "has no sigmoid-loss bias (it was trained with a softmax loss); the bias starts at " \
+           "model.temperature.bias_init = -10" in note
+    before = load_file(base / "checkpoints" / "step-000002" / "model.safetensors")
+    after = load_file(tmp_path / "siglip" / "checkpoints" / "step-000002" / "model.safetensors")
+    assert "temperature.bias" not in before and after["temperature.bias"].item() == pytest.approx(-10.0, abs=1e-9)
+    # The checkpoint's weights, τ too: AdamW moves a weight by at most a few lr a step (its normalised step is ≤ 1 at
+    # the first and bounded after), so two steps at lr 1e-12 stay far below 1e-9, and a fresh init would be O(0.01).
+    assert all((after[name] - tensor).abs().max() < 1e-9 for name, tensor in before.items())
+    assert main(["train", "--init-from", str(tmp_path / "siglip"), "--set", "train.loss=infonce", "--set",
+                 "model.temperature.bias_init=null", *quick, "--out", str(tmp_path / "back")]) == 0
+    assert "temperature.bias" not in load_file(tmp_path / "back" / "checkpoints" / "step-000002" / "model.safetensors")
+
+
+def test_pretrained_given_a_path_starts_from_the_model_there_as_openclip_s_does(tmp_path, capsys):
+    """From the review of #62: OpenCLIP's `--pretrained PATH` (beside --model or not) was read as a name ("no pretrained
+    model 'ViT-B-16:/…'"). A folder topoclip reads is --init-from; OpenCLIP's own file is one line naming the
+    conversion."""
+    run = tmp_path / "run"
+    quick = ["--set", "train.steps=2", "--set", "evaluate.size=8", "--set", "train.eval_every=0", "--set",
+             "train.batch_size=8", "--quiet"]
+    assert main(["train", "--preset", "tiny", *quick, "--out", str(run)]) == 0
+    capsys.readouterr()
+    for flags in (["--pretrained", str(run)], ["--model", "ViT-B-16", "--pretrained", str(run / "checkpoints")]):
+        config = printed_config(capsys, *flags)
+        assert config["train"]["init_from"] == flags[-1]
+    weights = tmp_path / "open_clip_pytorch_model.bin"
+    weights.write_bytes(b"not read")
+    assert main(["train", "--model", "ViT-B-16", "--pretrained", str(weights), "--print-config"]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and f"convert OpenCLIP's own files first (topoclip convert --from openclip {weights}" in said
+    assert main(["train", "--pretrained", str(run), "--init-from", str(run), "--print-config"]) == 2
+    assert "cannot be combined with --init-from" in capsys.readouterr().err
+
+
+def test_a_run_shorter_than_its_warmup_says_so(tmp_path, capsys):
+    """From the review of #62: the README's fine-tune of a small table ran 18 steps under the default 100 warm-up
+    steps, and its lr never came near --lr, unsaid."""
+    quick = ["--set", "train.steps=4", "--set", "evaluate.size=8", "--set", "train.eval_every=0", "--set",
+             "train.batch_size=8", "--quiet"]
+    assert main(["train", "--preset", "tiny", *quick, "--warmup", "100", "--out", str(tmp_path / "short")]) == 0
+    assert ("topoclip: note: train.warmup_steps = 100 is not below train.steps = 4: the lr rises to 4 % of train.lr "
+            "and never decays; set fewer (OpenCLIP's --warmup), e.g. --set train.warmup_steps=1") in capsys.readouterr().err
+    assert main(["train", "--preset", "tiny", *quick, "--warmup", "1", "--out", str(tmp_path / "fine")]) == 0
+    assert "warmup" not in capsys.readouterr().err

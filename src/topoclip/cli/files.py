@@ -140,7 +140,8 @@ def add_push(commands) -> None:
     push.add_argument("checkpoint", help="a run or checkpoint folder")
     push.add_argument("repo_id", help="org/name (or user/name) on the Hub; created when absent")
     push.add_argument("--private", action="store_true", help="create the repository private")
-    push.add_argument("--license", default="mit", help="the license in the card (default mit)")
+    push.add_argument("--license", help="the license in the card: needed for a model fine-tuned from another's "
+                      "weights (that model's license); default mit for one trained from scratch")
     push.add_argument("--message", default="Upload with topoclip push", help="the commit message")
     push.add_argument("--dry-run", metavar="DIR", help="write what would be uploaded into DIR (new or empty), upload "
                       "nothing")

@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from topoclip.config import ConfigError
@@ -130,9 +131,11 @@ FLAGS = [
     Flag("--beta1", float, means="with --beta2: = --set train.betas=[beta1,beta2]"),
     Flag("--beta2", float, means="with --beta1: = --set train.betas=[beta1,beta2]"),
     # No topoclip equivalent: answered in one line.
-    # --pretrained NAME (or OpenCLIP's --model MODEL --pretrained TAG): `pretrained_name`, a run from those weights.
+    # --pretrained NAME (or OpenCLIP's --model MODEL --pretrained TAG): `pretrained_name`, a run from those weights;
+    # --pretrained PATH, a model on disk: `local_pretrained`, as --init-from PATH.
     Flag("--model", str, means="with --pretrained TAG: the pretrained model MODEL:TAG (`topoclip pretrained`)"),
-    Flag("--pretrained", str, means="MODEL:TAG, or TAG with --model: a run from those weights"),
+    Flag("--pretrained", str, means="MODEL:TAG, or TAG with --model: a run from those weights; or a model on disk "
+         "(a topoclip run or checkpoint folder, a transformers model folder): = --init-from PATH"),
     Flag("--logs", str, means="the run folder is LOGS/NAME with --name (as OpenCLIP's), else LOGS/NAME-TIMESTAMP; "
                               "or give it: --out DIR"),
     Flag("--save-frequency", int, means="in epochs: = --set train.checkpoint_every=it × the steps of an epoch"),
@@ -208,6 +211,25 @@ def pretrained_name(args: argparse.Namespace) -> Optional[str]:
         raise ConfigError(f"--model {model:.60} and --pretrained {tag:.80} name two models; give --pretrained MODEL:TAG "
                           f"alone, or --model MODEL --pretrained TAG")
     return f"{model}:{tag}" if model is not None and ":" not in tag else tag
+
+
+def local_pretrained(args: argparse.Namespace) -> str:
+    """OpenCLIP's `--pretrained PATH` (a model on disk, beside --model or not) as --init-from PATH, when topoclip reads
+    PATH as it is (a topoclip run or checkpoint folder or its weights file, a transformers CLIPModel or SiglipModel
+    folder); ConfigError in one line naming the conversion otherwise (OpenCLIP's own checkpoint files)."""
+    from topoclip.io.checkpoint import resolve_checkpoint
+
+    path = args.openclip_pretrained
+    if args.init_from or args.resume:
+        raise ConfigError("--pretrained starts a new run from a pretrained model; it cannot be combined with "
+                          "--init-from or --resume")
+    try:
+        resolve_checkpoint(Path(path))
+    except FileNotFoundError:
+        raise ConfigError(f"--pretrained {path:.200}: a model on disk is a topoclip run or checkpoint folder or a "
+                          f"transformers model folder; convert OpenCLIP's own files first (topoclip convert --from "
+                          f"openclip {path:.200} OUT), then --pretrained OUT") from None
+    return path
 
 
 def overrides(args: argparse.Namespace, epoch_steps: Callable[[list[str]], Optional[int]]) -> list[str]:

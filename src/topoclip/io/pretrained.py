@@ -131,6 +131,14 @@ def get_pretrained(name: str) -> PretrainedModel:
         raise UserError(f"no pretrained model {name!r}; `topoclip pretrained` lists them ({', '.join(PRETRAINED)})") from None
 
 
+def pretrained_of(folder) -> Optional[PretrainedModel]:
+    """The entry whose conversion `folder` is (pretrained_folder's CACHE/pretrained/NAME--TAG/REVISION), else None."""
+    parts = Path(folder).parts
+    if len(parts) < 3 or parts[-3] != "pretrained":
+        return None
+    return PRETRAINED.get(parts[-2].replace("--", ":", 1))
+
+
 def cache_dir() -> Path:
     """Where converted pretrained models are kept: $TOPOCLIP_CACHE, else ~/.cache/topoclip."""
     return Path(os.environ.get("TOPOCLIP_CACHE") or Path.home() / ".cache" / "topoclip")

@@ -2,7 +2,8 @@
 
 The repository holds the exported layout that `topoclip.load("org/name")` reads (model.safetensors,
 topoclip_config.json, tokenizer.json), README.md (the card: topology, config, training data, the
-evaluation table of the run's eval.json, license, how to load), and, for a model OpenCLIP can express,
+evaluation table of the run's eval.json, the model it was fine-tuned from and how (LoRA), license, how to load), and,
+for a model OpenCLIP can express,
 OpenCLIP's open_clip_config.json + open_clip_model.safetensors, so that
 `open_clip.create_model_and_transforms("hf-hub:org/name")` loads it too. Uploading goes through
 huggingface_hub (`pip install "topoclip[hub]"`; log in with `hf auth login` or pass a token).
@@ -19,7 +20,7 @@ from typing import Optional
 import torch
 
 from topoclip.core.errors import UserError
-from topoclip.io.pretrained import check_repo_id
+from topoclip.io.pretrained import check_repo_id, pretrained_of
 
 CARD = "README.md"
 
@@ -35,29 +36,51 @@ def markdown_table(rows: list[list], columns: list[str]) -> str:
 LICENSE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}$", re.ASCII)  # the Hub's license identifiers: mit, apache-2.0
 
 
+def base_model(config) -> Optional[tuple[Optional[str], Optional[str]]]:
+    """The model this one was fine-tuned from, as (pretrained name, its Hub repository) for `--pretrained NAME`,
+    (None, None) for another checkpoint (`--init-from`); None for a model trained from scratch."""
+    if not config.train.init_from:
+        return None
+    entry = pretrained_of(config.train.init_from)
+    return (entry.name, entry.repo) if entry else (None, None)
+
+
 def model_card(config, repo_id: str, evaluation: Optional[list], license: str, openclip: bool) -> str:
     """The README.md of a pushed model: front matter for the Hub, then what it is and how to load it."""
     from topoclip.config import to_dict
     from topoclip.run.evaluation.run import table_rows
     from topoclip.model.clip import describe_model
 
-    model = config.model
+    model, train = config.model, config.train
     label = describe_model(model)
-    lines = ["---", f"license: {license}", "library_name: topoclip", "pipeline_tag: zero-shot-image-classification",
-             "tags:", "- clip", "- topoclip", "- zero-shot-image-classification", "---", "",
+    base = base_model(config)
+    # The Hub's own field for the model a fine-tune starts from; LoRA's adapters are merged into these weights.
+    front = [f"base_model: {base[1]}", "base_model_relation: finetune"] if base and base[1] else []
+    lines = ["---", f"license: {license}", *front, "library_name: topoclip",
+             "pipeline_tag: zero-shot-image-classification", "tags:", "- clip", "- topoclip",
+             "- zero-shot-image-classification", "---", "",
              f"# {repo_id.split('/')[-1]}", "",
              f"A CLIP-style image–text model trained with topoclip: "
              f"embeddings on **{label}** (topology `{model.topology}`, {model.class_tokens} class token(s) per "
              f"tower, {model.embed_dim}-dimensional each), similarities scaled by a learned τ.", "",
-             "## Training", "",
-             f"- data: `data.source={config.data.source}`" + (f", `{config.data.train_data}`" if config.data.train_data
-                                                              else " (topoclip's built-in data)"),
-             f"- {config.train.steps} steps, batch {config.train.batch_size}, lr {config.train.lr:g}, "
-             f"loss `{config.train.loss}`, precision `{config.train.precision}`", ""]
+             "## Training", ""]
+    if base:
+        name, repo = base
+        lines.append(f"- fine-tuned from `{name}` ([{repo}](https://huggingface.co/{repo}))" if name
+                     else "- fine-tuned from a local checkpoint (`train.init_from`)")
+    if train.lora_rank:
+        lines.append(f"- LoRA (peft): rank {train.lora_rank}, alpha {train.lora_alpha:g}, on "
+                     f"{', '.join(train.lora_targets)} of the {' and '.join(train.lora_towers)} tower(s), the rest "
+                     f"frozen; the adapters are merged into these weights")
+    lines += [f"- data: `data.source={config.data.source}`" + (f", `{config.data.train_data}`" if config.data.train_data
+                                                               else " (topoclip's built-in data)"),
+              f"- {train.steps} steps, batch {train.batch_size}, lr {train.lr:g}, "
+              f"loss `{train.loss}`, precision `{train.precision}`", ""]
     if evaluation:
         lines += ["## Evaluation", "", "Zero-shot, from the run's `eval.json` (percent; retrieval: mean of both "
                   "directions).", "", markdown_table(*table_rows(evaluation)), ""]
-    lines += ["## Use", "", "```python", "import topoclip", "", f'clip = topoclip.load("{repo_id}")',
+    lines += ["## Use", "", "```python", "import pathlib", "", "import topoclip", "",
+              f'clip = topoclip.load("{repo_id}")',
               'probabilities = clip.classify([pathlib.Path("cat.jpg")], ["cat", "dog"])', "```", ""]
     if openclip:
         lines += ["With OpenCLIP:", "", "```python", "import open_clip", "",
@@ -70,8 +93,10 @@ def model_card(config, repo_id: str, evaluation: Optional[list], license: str, o
     return "\n".join(lines)
 
 
-def upload_folder(source, destination: Path, repo_id: str, license: str = "mit") -> Path:
-    """Write what `push` uploads into `destination` (new or empty): the exported model, the card, OpenCLIP's files."""
+def upload_folder(source, destination: Path, repo_id: str, license: Optional[str] = None) -> Path:
+    """Write what `push` uploads into `destination` (new or empty): the exported model, the card, OpenCLIP's files.
+    `license` defaults to mit for a model trained from scratch; one fine-tuned from another's weights carries that
+    model's license, which topoclip cannot know, so it must be given."""
     from topoclip.io.checkpoint import resolve_checkpoint, save_checkpoint
     from topoclip.io.convert.openclip_export import export_openclip, openclip_refusal, tokenizer_refusal
     from topoclip.run.evaluation.run import read_evaluation
@@ -79,10 +104,17 @@ def upload_folder(source, destination: Path, repo_id: str, license: str = "mit")
     from topoclip.io.run_folder import RunFolder
 
     check_repo_id(repo_id)
-    if not LICENSE.match(license):  # it goes into the card's YAML front matter as it is
+    if license is not None and not LICENSE.match(license):  # it goes into the card's YAML front matter as it is
         raise UserError(f"--license {license!r:.60} is not a license identifier; give one such as mit, apache-2.0, "
                         f"cc-by-4.0 or other")
     loaded = load_folder(Path(source), torch.device("cpu"))
+    base = base_model(loaded.config)
+    if license is None and base:
+        name, repo = base
+        raise UserError(f"{source} was fine-tuned from {f'{name} ({repo})' if name else 'another checkpoint (train.init_from)'}"
+                        f", whose license governs it: pass --license with that model's (its model card says which, "
+                        f"e.g. mit, apache-2.0, cc-by-nc-4.0)")
+    license = license or "mit"
     destination = Path(destination)
     save_checkpoint(destination, loaded.model, loaded.config, loaded.tokenizer)
     openclip = not (openclip_refusal(loaded.config) or tokenizer_refusal(loaded.config, loaded.tokenizer))
@@ -103,7 +135,7 @@ def upload_folder(source, destination: Path, repo_id: str, license: str = "mit")
     return destination
 
 
-def push(source, repo_id: str, private: bool = False, license: str = "mit", token: Optional[str] = None,
+def push(source, repo_id: str, private: bool = False, license: Optional[str] = None, token: Optional[str] = None,
          message: str = "Upload with topoclip push") -> str:
     """Create (or reuse) the Hub repository `repo_id` and upload `source`'s folder with its card; returns its URL."""
     try:

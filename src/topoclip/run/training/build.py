@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -72,6 +73,11 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
     position, resumed_stream = StreamPosition(loader_workers(settings.num_workers), info.world_size), None
     if resuming:
         position, resumed_stream = restore(state, config, folder, found, info)
+    if main and not resuming and settings.warmup_steps >= settings.steps > 1:  # a short run on small data, say
+        print(f"topoclip: note: train.warmup_steps = {settings.warmup_steps} is not below train.steps = "
+              f"{settings.steps}: the lr rises to {100 * settings.steps / settings.warmup_steps:.0f} % of train.lr "
+              f"and never decays; set fewer (OpenCLIP's --warmup), e.g. --set "
+              f"train.warmup_steps={max(1, settings.steps // 10)}", file=sys.stderr)
     if main and state.adapters is not None:
         from topoclip.model.lora import trainable_count
 

@@ -6,8 +6,9 @@ model must be the checkpoint's: every setting of model.vision and model.text (ac
 attention, pooling, sizes, pixel statistics) and model.class_tokens / model.embed_dim must agree,
 or the run is refused naming the first difference — a mismatch such as GELU against an OpenAI
 checkpoint's QuickGELU would change every output silently. The topology, the sphere count and the
-temperature and curvature settings are the run's choice; τ itself (temperature.t) comes with the weights, and so
-does a hyperbolic checkpoint's curvature into a hyperbolic run (a run into hyperbolic space starts its fresh).
+temperature and curvature settings and the loss are the run's choice; τ itself (temperature.t) comes with the weights,
+and so do a hyperbolic checkpoint's curvature into a hyperbolic run and a sigmoid-loss checkpoint's bias into a
+sigmoid-loss run (a run into hyperbolic space, or a SigLIP run from a softmax-trained CLIP, starts them fresh).
 To change the number of class tokens, upcycle first: `topoclip convert SRC DST --class-tokens M`.
 Without --preset the run takes the checkpoint's model and train settings; its data and evaluation
 settings are never taken from the checkpoint (a folder may be anyone's, and data settings can name
@@ -16,10 +17,12 @@ a command: see config.refuse_folder_commands): they are the default preset's, or
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from topoclip.core.curvature import CURVATURE_RANGE
+from topoclip.core.distributed import launch_rank
 from topoclip.core.geometry import get_topology
 from topoclip.io.checkpoint import (TOKENIZER, check_weights_fit, load_config_from, read_weights, resolve_checkpoint,
                                     stored_scalar)
@@ -28,9 +31,11 @@ from topoclip.model.clip import CLIP
 
 # Settings that may differ between the run and its starting checkpoint (see the module text).
 FREE_MODEL_SETTINGS = ("topology", "spheres", "temperature", "curvature", "text.cls_token_id")
-# Parts of the model a topology has or lacks: a hyperbolic run from a sphere checkpoint starts them fresh (a sphere
-# run from a hyperbolic checkpoint leaves them out).
-TOPOLOGY_PARTS = ("curvature.",)
+# Parts of the model a topology or a loss has or lacks: a hyperbolic run from a sphere checkpoint, or a sigmoid-loss
+# run (`--siglip`) from a softmax-trained CLIP, starts them fresh at their configured init (model.curvature.init; the
+# bias's −10, SigLIP's, where OpenCLIP's load_checkpoint puts a 0 that makes every pair's logit start at τ·s, far
+# above 0 for a pretrained τ); the other way round the run leaves them out.
+FRESH_PARTS = ("curvature.", "temperature.bias")
 
 
 def starting_config(checkpoint: Union[str, Path], preset: Optional[str] = None,
@@ -74,8 +79,12 @@ def check_initial_checkpoint(config: Config) -> None:
         raise ConfigError(f"train.init_from={config.train.init_from}: its model.{key} is {_json(theirs.get(key))} but "
                           f"this run's is {_json(value)}; {hint} (or leave out the --preset, --set or OpenCLIP flag that "
                           f"changed it, to train the checkpoint's own config)")
-    check_weights_fit(folder, config.model, TOPOLOGY_PARTS)  # from the safetensors header and a meta model
+    check_weights_fit(folder, config.model, FRESH_PARTS)  # from the safetensors header and a meta model
     check_initial_curvature(folder, config)
+    bias = config.model.temperature.bias_init
+    if bias is not None and stored_scalar(folder, "temperature.bias") is None and launch_rank() == 0:
+        print(f"topoclip: note: train.init_from={config.train.init_from} has no sigmoid-loss bias (it was trained with "
+              f"a softmax loss); the bias starts at model.temperature.bias_init = {bias:g}", file=sys.stderr)
 
 
 def check_initial_curvature(folder: Path, config: Config) -> None:
@@ -101,8 +110,8 @@ def initial_tokenizer(config: Config) -> Path:
 
 def load_initial_weights(model: CLIP, config: Config) -> None:
     """Load the init_from checkpoint's weights into the freshly built `model` (on its device); the topology's own
-    parts (TOPOLOGY_PARTS) keep their initial values where the checkpoint has none."""
-    weights = read_weights(initial_checkpoint(config), model.config, str(next(model.parameters()).device), TOPOLOGY_PARTS)
+    parts and the loss's (FRESH_PARTS) keep their initial values where the checkpoint has none."""
+    weights = read_weights(initial_checkpoint(config), model.config, str(next(model.parameters()).device), FRESH_PARTS)
     model.load_state_dict(weights, strict=False)  # read_weights checked every other tensor is there
 
 
