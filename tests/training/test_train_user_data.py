@@ -366,6 +366,54 @@ def test_user_evaluation_sets_give_records(tmp_path, table):
     assert (run / "plots" / "evaluation.png").is_file()
 
 
+def test_a_caption_table_is_the_retrieval_set_its_karpathy_twin_is_and_openclip_s_val_data(tmp_path, table, capsys):
+    """From the review of #62: OpenCLIP's `--val-data my/val.csv` was refused, and evaluate.retrieval read a CSV as a
+    Karpathy JSON ("not valid JSON"), so a user's own held-out pairs could not be scored. A caption table (the
+    training table's columns) is now a retrieval set: the rows of one image its captions; bad rows are counted as
+    training counts them; and its scores equal those of the same pairs written as a Karpathy file."""
+    from topoclip.data.folders import load_caption_table, load_karpathy_captions
+
+    path, _ = table
+    folder = tmp_path / "val"
+    (folder / "images").mkdir(parents=True)
+    (tmp_path / "outside.png").write_bytes(encode(Image.new("RGB", (20, 20)), "PNG"))
+    rows, entries = ["image,caption"], []
+    for i, (name, colour) in enumerate([("red", (230, 20, 20)), ("blue", (20, 20, 230)), ("green", (20, 230, 20))]):
+        Image.new("RGB", (20, 20), colour).save(folder / "images" / f"{i}.png")
+        captions = [f"a {name} square", f"something {name}, quoted"]
+        rows += [f'images/{i}.png,"{caption}"' for caption in captions]
+        entries.append({"filename": f"{i}.png", "filepath": "images", "split": "test",
+                        "sentences": [{"raw": caption} for caption in captions]})
+    rows.insert(3, "images/0.png,   ")  # an empty caption, between two rows of one image
+    rows += ["images/not_there.png,a missing file", "../outside.png,a path out of the table's folder"]
+    (folder / "val.csv").write_text("\n".join(rows) + "\n")
+    (folder / "twin.json").write_text(json.dumps({"images": entries}))
+
+    with pytest.warns(UserWarning, match="caption table"):
+        ours = load_caption_table(folder / "val.csv", "image", "caption")
+    twin = load_karpathy_captions(folder / "twin.json", folder, "test")
+    assert (ours.captions, ours.caption_image.tolist(), ours.images.paths) == \
+           (twin.captions, twin.caption_image.tolist(), twin.images.paths)
+    assert ours.images.skipped.bad == {"empty_caption": 1, "missing_file": 1, "path_outside_root": 1}
+
+    flags = ["train", "--preset", "tiny", "--train-data", str(path), "--csv-img-key", "image", "--csv-caption-key",
+             "caption", *[item for setting in FAST for item in ("--set", setting)], "--set", "train.steps=2"]
+    assert main([*flags, "--val-data", str(folder / "val.csv"), "--set", "train.eval_every=1",
+                 "--out", str(tmp_path / "run")]) == 0
+    periodic = [entry for entry in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval" in entry]
+    assert [entry["step"] for entry in periodic] == [1, 2, 2] and all("val/mean_recall" in e["eval"] for e in periodic)
+    records = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert [record["dataset"] for record in records] == ["val"]
+    assert main(["eval", str(tmp_path / "run"), "--set", f'evaluate.retrieval=["{folder / "twin.json"}"]']) == 0
+    capsys.readouterr()
+    twin_records = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert twin_records[0]["metrics"] == records[0]["metrics"]  # the same pairs, the same model: the same scores
+
+    assert main([*flags, "--val-data", "shards/{000..009}.tar", "--print-config"]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "topoclip scores a caption table (.csv or .tsv)" in said
+
+
 # ---------------------------------------------------------------------------------------------------
 # A DataLoader worker that finds no good sample
 

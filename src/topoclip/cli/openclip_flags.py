@@ -152,9 +152,10 @@ FLAGS = [
     Flag("--save-most-recent", None, accepted=True, means="accepted: the newest checkpoints are kept, always "
                                                           "(train.keep_checkpoints)"),
     # The rest of OpenCLIP's flags: no topoclip setting, answered in one line.
-    Flag("--val-data", instead="topoclip evaluates on its built-in sets during training; your own set after it: "
-                               "topoclip eval RUN or topoclip benchmark RUN (CLIP_benchmark's datasets)"),
-    Flag("--val-num-samples", instead="see --val-data: topoclip eval RUN or topoclip benchmark RUN"),
+    Flag("--val-data", str, settings=lambda value: [f"evaluate.retrieval={json.dumps([caption_table(value)])}"],
+         means="a caption table (.csv/.tsv, the --csv-* columns) scored as retrieval during and after training: "
+               "= --set evaluate.retrieval=[it]"),
+    Flag("--val-num-samples", instead="topoclip scores the whole --val-data table"),
     Flag("--imagenet-v2", instead="zero-shot on ImageNet-V2 after training: topoclip benchmark RUN -- --dataset "
                                   "imagenetv2"),
     Flag("--image-interpolation", instead="topoclip resizes bicubic, as OpenCLIP's default"),
@@ -211,6 +212,18 @@ def pretrained_name(args: argparse.Namespace) -> Optional[str]:
         raise ConfigError(f"--model {model:.60} and --pretrained {tag:.80} name two models; give --pretrained MODEL:TAG "
                           f"alone, or --model MODEL --pretrained TAG")
     return f"{model}:{tag}" if model is not None and ":" not in tag else tag
+
+
+def caption_table(path: str) -> str:
+    """--val-data's value when it is a caption table (topoclip.data.folders.CAPTION_TABLE_SUFFIXES); ConfigError in
+    one line for OpenCLIP's other kinds (WebDataset shards)."""
+    from topoclip.data.folders import CAPTION_TABLE_SUFFIXES
+
+    if Path(path).suffix.lower() not in CAPTION_TABLE_SUFFIXES:
+        raise ConfigError(f"--val-data {path:.200}: topoclip scores a caption table (.csv or .tsv) as retrieval during "
+                          f"training; WebDataset shards are scored after it: topoclip benchmark RUN (CLIP_benchmark's "
+                          f"wds sets), or --set evaluate.retrieval='[\"a CLIP_benchmark wds folder\"]'")
+    return path
 
 
 def local_pretrained(args: argparse.Namespace) -> str:

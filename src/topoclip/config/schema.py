@@ -256,7 +256,8 @@ class EvaluateConfig:
     # The user's own sets: class folders, "imagenet1k=PATH" (or cifar10 / cifar100: the benchmark's names and
     # templates), or CLIP_benchmark WebDataset folders; see topoclip.run.evaluation.benchmarks.
     classification: list[str] = field(default_factory=list)
-    retrieval: list[str] = field(default_factory=list)  # Karpathy-layout caption JSON files, CLIP_benchmark folders
+    # Karpathy-layout caption JSON files, caption tables (.csv/.tsv: data.csv_* columns), CLIP_benchmark folders
+    retrieval: list[str] = field(default_factory=list)
     batch_size: int = 256
     # DataLoader workers decoding the images of a set read from disk (in-memory sets, as the scenes, take none).
     num_workers: int = 2

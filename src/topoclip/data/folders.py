@@ -1,4 +1,5 @@
-"""Evaluation sets a user brings: class folders (zero-shot classification), Karpathy caption JSON (retrieval).
+"""Evaluation sets a user brings: class folders (zero-shot classification), Karpathy caption JSON and caption
+tables (retrieval: a CSV / TSV of image path and caption, OpenCLIP's --val-data).
 
 Images are decoded lazily, one per index, by `LazyImages`. When listing, each image's header is checked
 (`verify=True`, cheap: no pixels decoded); missing or unreadable files are dropped, counted in
@@ -226,6 +227,58 @@ def load_karpathy_captions(
     return RetrievalSet(
         name=name or f"{json_path.stem}-{split}",
         images=_listed_images(paths, decode, counter, f"caption file {json_path} split {split!r} (images with a caption)"),
+        captions=captions,
+        caption_image=torch.tensor(caption_image, dtype=torch.int64),
+    )
+
+
+CAPTION_TABLE_SUFFIXES = (".csv", ".tsv", ".tab")  # a retrieval set read as a caption table, not a Karpathy JSON
+
+
+def load_caption_table(
+    path: Union[str, Path],
+    image_key: str = "filepath",
+    caption_key: str = "title",
+    separator: Optional[str] = None,
+    name: Optional[str] = None,
+    allow_outside: bool = False,
+    verify: bool = True,
+    decode: DecodeSettings = DecodeSettings(),
+) -> RetrievalSet:
+    """RetrievalSet from a caption table (topoclip.data.csv.CaptionTable: OpenCLIP's --val-data CSV, paths relative to
+    its folder): every row a pair, the rows of one image file its captions (in their order), the images in the
+    order of their first row. The whole table is the set (a table has no split). Rows are checked as training
+    checks them: an empty caption is skipped and counted, a path outside the table's folder (unless
+    `allow_outside`) or a missing or unreadable file drops its image."""
+    from topoclip.data.csv import CaptionTable
+
+    path = Path(path)
+    index_of: dict[Path, int] = {}
+    paths, captions, caption_image = [], [], []
+    counter = BadSampleCounter()
+    dropped: set[str] = set()  # written paths already found unusable: counted once, their other rows skipped
+    for written, raw in CaptionTable(path, image_key, caption_key, separator):
+        if written in dropped:
+            continue
+        try:
+            text = clean_caption(raw)
+            image = resolve_image_path(written, path.parent, allow_outside)
+        except BadSample as bad:
+            counter.add(bad.kind)
+            if bad.kind in ("path_outside_root", "missing_file"):
+                dropped.add(written)
+            continue
+        if image not in index_of:
+            if verify and not _usable(image, decode, counter):
+                dropped.add(written)
+                continue
+            index_of[image] = len(paths)
+            paths.append(image)
+        captions.append(text)
+        caption_image.append(index_of[image])
+    return RetrievalSet(
+        name=name or path.stem,
+        images=_listed_images(paths, decode, counter, f"caption table {path} (images with a caption)"),
         captions=captions,
         caption_image=torch.tensor(caption_image, dtype=torch.int64),
     )

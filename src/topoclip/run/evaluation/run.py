@@ -43,7 +43,7 @@ def user_evaluation_sets(config: Config, split: str = "test") -> tuple[list[Clas
     if not (settings.classification or settings.retrieval):
         return classification, retrieval
     from topoclip.data.benchmark_sets import is_wds_folder, load_wds_set
-    from topoclip.data.folders import load_karpathy_captions
+    from topoclip.data.folders import CAPTION_TABLE_SUFFIXES, load_caption_table, load_karpathy_captions
     from topoclip.run.evaluation.benchmarks import load_classification_entry
 
     for entry in settings.classification:
@@ -59,10 +59,17 @@ def user_evaluation_sets(config: Config, split: str = "test") -> tuple[list[Clas
                                      f"zero-shot classification needs at least 2 classes (one class scores "
                                      f"100 % whatever the model)")
         classification.append(dataset)
+    data = config.data  # a caption table's columns and separator are the training table's settings
     for path in settings.retrieval:
         try:
-            retrieval.append(load_wds_set(path, split) if is_wds_folder(path) else
-                             load_karpathy_captions(path, Path(path).parent, split))
+            if is_wds_folder(path):
+                retrieval.append(load_wds_set(path, split))
+            elif Path(path).suffix.lower() in CAPTION_TABLE_SUFFIXES:  # the whole table, whatever the split
+                retrieval.append(load_caption_table(path, data.csv_image_key, data.csv_caption_key,
+                                                    data.csv_separator or None,
+                                                    allow_outside=data.csv_allow_outside_paths))
+            else:
+                retrieval.append(load_karpathy_captions(path, Path(path).parent, split))
         except (ValueError, FileNotFoundError) as error:
             raise EvaluationSetError(f"evaluate.retrieval: {error}") from None
     return classification, retrieval
