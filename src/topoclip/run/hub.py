@@ -2,9 +2,8 @@
 
 The repository holds the exported layout that `topoclip.load("org/name")` reads (model.safetensors,
 topoclip_config.json, tokenizer.json), README.md (the card: topology, config, training data, the
-evaluation table of the run's eval.json, the model it was fine-tuned from and how (LoRA), license, how to load), and,
-for a model OpenCLIP can express,
-OpenCLIP's open_clip_config.json + open_clip_model.safetensors, so that
+evaluation table of the run's eval.json, the model it was fine-tuned from and how (LoRA), license, how to load),
+and, for a model OpenCLIP can express, OpenCLIP's open_clip_config.json + open_clip_model.safetensors, so that
 `open_clip.create_model_and_transforms("hf-hub:org/name")` loads it too. Uploading goes through
 huggingface_hub (`pip install "topoclip[hub]"`; log in with `hf auth login` or pass a token).
 """
