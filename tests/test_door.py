@@ -28,6 +28,7 @@ ALLOWED = {
     ("io/checkpoint.py", "check_weights_fit", "safe_open"): "the path comes from door.regular_file just before",
     ("io/checkpoint.py", "read_weights", "load_file"): "the path comes from door.regular_file just before",
     ("io/checkpoint.py", "stored_scalar", "safe_open"): "the path comes from door.regular_file just before",
+    ("io/checkpoint.py", "first_non_finite", "safe_open"): "the path comes from door.regular_file just before",
     ("io/checkpoint.py", "load_training_state", "torch.load"): "reads the file object door.open_regular opened",
     ("cli/__init__.py", "main", "os.open"): "opens os.devnull for writing",
     ("cli/files.py", "command_push", "iterdir"): "lists the folder `push --dry-run` has just written",

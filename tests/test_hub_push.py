@@ -105,3 +105,10 @@ def test_a_fine_tune_s_card_names_its_base_and_its_lora_and_its_license_is_asked
     assert main(["push", str(tmp_path / "scratch"), "someone/scratch", "--dry-run", str(tmp_path / "mine")]) == 0
     card = (tmp_path / "mine" / "README.md").read_text()
     assert card.startswith("---\nlicense: mit\nlibrary_name: topoclip\n") and "fine-tuned" not in card
+
+
+@pytest.mark.parametrize("license", ["yes", "No", "on", "null", "1.0", "0x10", "1mit"])
+def test_a_license_yaml_would_read_as_another_type_is_refused(license, tmp_path, capsys):
+    """From the second review of #62: the card's front matter took `--license yes` (YAML: true) or `1.0` (a number)."""
+    assert main(["push", str(tmp_path), "someone/x", "--license", license, "--dry-run", str(tmp_path / "up")]) == 2
+    assert f"--license {license!r} is not a license identifier" in capsys.readouterr().err

@@ -1,8 +1,10 @@
 """An OpenCLIP user's habits on topoclip's command line (issue #43): OpenCLIP's training flags are aliases for the
 topoclip settings they stand for, or answered in one line naming what to do; no abbreviations; one device default."""
 import json
+import os
 
 import pytest
+import torch
 
 from topoclip.cli import main
 from topoclip.cli.openclip_flags import FLAGS
@@ -288,8 +290,8 @@ def test_siglip_from_a_softmax_trained_checkpoint_starts_the_bias_fresh_and_says
     assert main(["train", "--init-from", str(base), "--siglip", *quick, "--set", "train.lr=1e-12",
                  "--out", str(tmp_path / "siglip")]) == 0
     note = capsys.readouterr().err
-    assert "has no sigmoid-loss bias (it was trained with a softmax loss); the bias starts at " \
-           "model.temperature.bias_init = -10" in note
+    assert note.count("has no sigmoid-loss bias (it was trained with a softmax loss); the bias starts at "
+                      "model.temperature.bias_init = -10") == 1
     before = load_file(base / "checkpoints" / "step-000002" / "model.safetensors")
     after = load_file(tmp_path / "siglip" / "checkpoints" / "step-000002" / "model.safetensors")
     assert "temperature.bias" not in before and after["temperature.bias"].item() == pytest.approx(-10.0, abs=1e-9)
@@ -315,6 +317,25 @@ def test_pretrained_given_a_path_starts_from_the_model_there_as_openclip_s_does(
         assert config["train"]["init_from"] == flags[-1]
     weights = tmp_path / "open_clip_pytorch_model.bin"
     weights.write_bytes(b"not read")
+    capsys.readouterr()
+    assert main(["train", "--model", "RN50", "--pretrained", str(run), "--print-config"]) == 0  # the folder's model
+    assert "--model RN50 is not read: the run takes" in capsys.readouterr().err
+    (tmp_path / "openai").mkdir()  # a name wins over a folder that happens to share it, as in OpenCLIP
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "model")
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        import topoclip.io.pretrained as pretrained
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pretrained, "pretrained_folder", lambda name, revision=None: run)
+            config = printed_config(capsys, "--model", "ViT-B-16", "--pretrained", "openai")
+        assert config["train"]["init_from"] == str(run)
+        assert main(["train", "--pretrained", "fifo/model", "--print-config"]) == 2
+        assert "--pretrained fifo/model: not a file or folder (a link to nothing, a FIFO" in capsys.readouterr().err
+    finally:
+        os.chdir(here)
     assert main(["train", "--model", "ViT-B-16", "--pretrained", str(weights), "--print-config"]) == 2
     said = capsys.readouterr().err
     assert said.count("\n") == 1 and f"convert OpenCLIP's own files first (topoclip convert --from openclip {weights}" in said
@@ -332,3 +353,26 @@ def test_a_run_shorter_than_its_warmup_says_so(tmp_path, capsys):
             "and never decays; set fewer (OpenCLIP's --warmup), e.g. --set train.warmup_steps=1") in capsys.readouterr().err
     assert main(["train", "--preset", "tiny", *quick, "--warmup", "1", "--out", str(tmp_path / "fine")]) == 0
     assert "warmup" not in capsys.readouterr().err
+
+
+def test_an_init_checkpoint_s_fresh_parts_are_named_exactly_and_its_weights_are_finite(tmp_path, capsys):
+    """From the second review of #62: the sigmoid bias a run may start fresh let any tensor whose name began with it
+    through (temperature.bias_junk), and a checkpoint holding NaN was trained on until the loss said "lower the lr"."""
+    from safetensors.torch import load_file, save_file
+
+    base = tmp_path / "clip"
+    quick = ["--set", "train.steps=2", "--set", "evaluate.size=8", "--set", "train.eval_every=0", "--set",
+             "train.batch_size=8", "--quiet"]
+    assert main(["train", "--preset", "tiny", *quick, "--out", str(base)]) == 0
+    file = base / "checkpoints" / "step-000002" / "model.safetensors"
+    weights = load_file(file)
+    for name, change in (("extra", lambda w: {**w, "temperature.bias_junk": torch.zeros(7, 7)}),
+                         ("nan", lambda w: {**w, "text.ln_final.weight": w["text.ln_final.weight"] * float("nan")})):
+        save_file(change(weights), str(file))
+        capsys.readouterr()
+        assert main(["train", "--init-from", str(base), "--siglip", *quick, "--out", str(tmp_path / name)]) == 2
+        said = capsys.readouterr().err
+        assert said.count("\n") == 1, said
+        assert ("the file has 1 tensors the model lacks, e.g. temperature.bias_junk" if name == "extra" else
+                "its weight text.ln_final.weight holds non-finite values; the checkpoint is damaged") in said
+        assert not (tmp_path / name).exists()

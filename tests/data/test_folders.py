@@ -1,5 +1,6 @@
 """Evaluation sets from folders: class folders and Karpathy caption files, paths kept inside the root."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,3 +97,23 @@ def test_karpathy_paths_outside_the_root_are_refused_and_counted(tmp_path, verif
         retrieval = load_karpathy_captions(path, root, verify=verify)
     assert retrieval.captions == ["red"] and [p.name for p in retrieval.images.paths] == ["a.jpg"]
     assert retrieval.images.skipped.bad == {"path_outside_root": 5}
+
+
+def test_an_absolute_path_inside_a_relative_root_is_the_same_file_as_its_relative_form(tmp_path, monkeypatch):
+    """From the second review of #62: an absolute image path inside the table's folder was refused as outside it when
+    the folder was given relatively (its check compared a relative root with an absolute path), and accepted when the
+    same folder was given absolutely; and one image written two ways counted as two images of a retrieval set."""
+    from topoclip.data.folders import load_caption_table
+    from topoclip.data.images import resolve_image_path
+
+    (tmp_path / "val" / "img").mkdir(parents=True)
+    for i, colour in enumerate([(255, 0, 0), (0, 0, 255)]):
+        Image.new("RGB", (12, 8), colour).save(tmp_path / "val" / "img" / f"{i}.png")
+    absolute = tmp_path / "val" / "img" / "0.png"
+    monkeypatch.chdir(tmp_path)
+    for root in ("val", tmp_path / "val"):
+        assert resolve_image_path(str(absolute), root) == resolve_image_path("img/./0.png", root) == Path(root) / "img/0.png"
+    (tmp_path / "val" / "pairs.csv").write_text(f"filepath,title\nimg/0.png,red\n{absolute},a red one\nimg/1.png,blue\n")
+    for table in ("val/pairs.csv", tmp_path / "val" / "pairs.csv"):
+        pairs = load_caption_table(table)
+        assert pairs.caption_image.tolist() == [0, 0, 1] and len(pairs.images) == 2, table

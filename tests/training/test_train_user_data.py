@@ -404,10 +404,18 @@ def test_a_caption_table_is_the_retrieval_set_its_karpathy_twin_is_and_openclip_
     assert [entry["step"] for entry in periodic] == [1, 2, 2] and all("val/mean_recall" in e["eval"] for e in periodic)
     records = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert [record["dataset"] for record in records] == ["val"]
-    assert main(["eval", str(tmp_path / "run"), "--set", f'evaluate.retrieval=["{folder / "twin.json"}"]']) == 0
+    for name in ("val.csv", "twin.json"):  # the same pairs, the same model: the same scores
+        assert main(["eval", str(tmp_path / "run"), "--set", f'evaluate.retrieval=["{folder / name}"]',
+                     "--json", str(tmp_path / f"{name}.records.json")]) == 0
+    table_records, twin_records = (json.loads((tmp_path / f"{name}.records.json").read_text())
+                                   for name in ("val.csv", "twin.json"))
+    assert [r["dataset"] for r in table_records + twin_records] == ["val", "twin-test"]
+    assert table_records[0]["metrics"] == twin_records[0]["metrics"] and table_records[0]["metrics"]["mean_recall"] > 0
     capsys.readouterr()
-    twin_records = json.loads((tmp_path / "run" / "eval.json").read_text())
-    assert twin_records[0]["metrics"] == records[0]["metrics"]  # the same pairs, the same model: the same scores
+    missing = tmp_path / "nowhere.csv"
+    assert main(["eval", str(tmp_path / "run"), "--set", f'evaluate.retrieval=["{missing}"]']) == 2
+    said = capsys.readouterr().err  # the setting that named it, not the training table's
+    assert said.count("\n") == 1 and f"{missing} does not exist (setting evaluate.retrieval, OpenCLIP's --val-data)" in said
 
     assert main([*flags, "--val-data", "shards/{000..009}.tar", "--print-config"]) == 2
     said = capsys.readouterr().err

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from topoclip.config import ConfigError
-from topoclip.core.distributed import launch_world_size
+from topoclip.core.distributed import launch_rank, launch_world_size
 from topoclip.data.hf import is_hf_data
 
 
@@ -226,6 +228,17 @@ def caption_table(path: str) -> str:
     return path
 
 
+def local_pretrained_given(args: argparse.Namespace) -> bool:
+    """Whether --pretrained names a model on disk: a path that exists and is not a pretrained name (a name wins, as
+    in OpenCLIP, over a file or folder that happens to share it)."""
+    from topoclip.io.pretrained import PRETRAINED
+
+    path = args.openclip_pretrained
+    if path is None or not os.path.lexists(path):
+        return False
+    return (f"{args.openclip_model}:{path}" if args.openclip_model and ":" not in path else path) not in PRETRAINED
+
+
 def local_pretrained(args: argparse.Namespace) -> str:
     """OpenCLIP's `--pretrained PATH` (a model on disk, beside --model or not) as --init-from PATH, when topoclip reads
     PATH as it is (a topoclip run or checkpoint folder or its weights file, a transformers CLIPModel or SiglipModel
@@ -236,12 +249,18 @@ def local_pretrained(args: argparse.Namespace) -> str:
     if args.init_from or args.resume:
         raise ConfigError("--pretrained starts a new run from a pretrained model; it cannot be combined with "
                           "--init-from or --resume")
+    if not os.path.exists(path) or not (os.path.isdir(path) or os.path.isfile(path)):
+        raise ConfigError(f"--pretrained {path:.200}: not a file or folder (a link to nothing, a FIFO, a device); give "
+                          f"a topoclip run or checkpoint folder, or a pretrained name (`topoclip pretrained`)")
     try:
         resolve_checkpoint(Path(path))
     except FileNotFoundError:
         raise ConfigError(f"--pretrained {path:.200}: a model on disk is a topoclip run or checkpoint folder or a "
                           f"transformers model folder; convert OpenCLIP's own files first (topoclip convert --from "
                           f"openclip {path:.200} OUT), then --pretrained OUT") from None
+    if args.openclip_model is not None and launch_rank() == 0:
+        print(f"topoclip: note: --model {args.openclip_model:.60} is not read: the run takes {path:.200}'s own model "
+              f"(its config)", file=sys.stderr)
     return path
 
 

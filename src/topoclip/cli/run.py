@@ -20,7 +20,7 @@ from topoclip.config.schema import TEMPLATE_MODES
 
 
 def command_train(args) -> int:
-    from topoclip.cli.openclip_flags import local_pretrained, overrides, pretrained_name
+    from topoclip.cli.openclip_flags import local_pretrained, local_pretrained_given, overrides, pretrained_name
     from topoclip.data.sources import SourceError, epoch_steps
     from topoclip.core.distributed import launch_rank, launch_world_size
     from topoclip.io.run_folder import RunFolder
@@ -47,7 +47,7 @@ def command_train(args) -> int:
         if os.path.lexists(args.openclip_logs) and not Path(args.openclip_logs).is_dir():
             raise ConfigError(f"--logs {args.openclip_logs}: not a folder; give the folder run folders go in "
                               f"(OpenCLIP's parent of run folders; made when missing)")
-    if args.openclip_pretrained is not None and os.path.lexists(args.openclip_pretrained):
+    if local_pretrained_given(args):
         args.init_from = local_pretrained(args)
         args.openclip_model = args.openclip_pretrained = None
     name = pretrained_name(args)

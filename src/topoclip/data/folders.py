@@ -9,6 +9,7 @@ BadSample naming the file when it is decoded.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -250,14 +251,15 @@ def load_caption_table(
     order of their first row. The whole table is the set (a table has no split). Rows are checked as training
     checks them: an empty caption is skipped and counted, a path outside the table's folder (unless
     `allow_outside`) or a missing or unreadable file drops its image."""
-    from topoclip.data.csv import CaptionTable
+    from topoclip.data.csv import SETTINGS, CaptionTable
 
     path = Path(path)
-    index_of: dict[Path, int] = {}
+    index_of: dict[str, int] = {}
     paths, captions, caption_image = [], [], []
     counter = BadSampleCounter()
     dropped: set[str] = set()  # written paths already found unusable: counted once, their other rows skipped
-    for written, raw in CaptionTable(path, image_key, caption_key, separator):
+    names = {**SETTINGS, "path": "setting evaluate.retrieval, OpenCLIP's --val-data"}  # (not the training table's)
+    for written, raw in CaptionTable(path, image_key, caption_key, separator, names):
         if written in dropped:
             continue
         try:
@@ -268,14 +270,15 @@ def load_caption_table(
             if bad.kind in ("path_outside_root", "missing_file"):
                 dropped.add(written)
             continue
-        if image not in index_of:
+        key = os.path.abspath(image)  # one file however it is written (outside paths, when allowed, are not rewritten)
+        if key not in index_of:
             if verify and not _usable(image, decode, counter):
                 dropped.add(written)
                 continue
-            index_of[image] = len(paths)
+            index_of[key] = len(paths)
             paths.append(image)
         captions.append(text)
-        caption_image.append(index_of[image])
+        caption_image.append(index_of[key])
     return RetrievalSet(
         name=name or path.stem,
         images=_listed_images(paths, decode, counter, f"caption table {path} (images with a caption)"),

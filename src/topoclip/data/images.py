@@ -286,10 +286,12 @@ def resolve_image_path(written: str, root: Union[str, Path], allow_outside: bool
     joined = os.path.join(root, os.path.expanduser(text))
     if allow_outside:
         return Path(joined)
-    base = os.path.abspath(root)
-    if os.path.commonpath([base, os.path.abspath(joined)]) != base:  # abspath normalises ".." lexically
+    base, absolute = os.path.abspath(root), os.path.abspath(joined)  # abspath normalises ".." lexically
+    if os.path.commonpath([base, absolute]) != base:
         raise BadSample("path_outside_root", f"image path {text!r} leads outside {str(root)!r}")
-    path = Path(os.path.normpath(joined))  # the path checked is the path opened ("a/../b" is root/b)
+    # The path checked is the path opened, root/… however it was written ("a/../b" is root/b; an absolute path inside
+    # a relative root is root/its part below it), so one file is one path and the links below root are looked at.
+    path = Path(os.path.normpath(os.path.join(root, os.path.relpath(absolute, base))))
     why = escapes(path, root)
     if why:  # a link on the way leads out: the door never follows one (allow_outside_paths does)
         raise BadSample("path_outside_root", why)

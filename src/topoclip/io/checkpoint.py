@@ -199,11 +199,17 @@ def _damaged_as_checkpoint_error(file: Path):
         raise CheckpointError(f"{file} cannot be read as safetensors ({error}); the checkpoint is damaged") from None
 
 
+def optional_part(name: str, optional: tuple[str, ...]) -> bool:
+    """Whether tensor `name` is one of `optional`'s: under an entry ending in ".", or equal to another."""
+    return any(name.startswith(part) if part.endswith(".") else name == part for part in optional)
+
+
 def check_weights_fit(folder: Path, model_config, optional: tuple[str, ...] = ()) -> None:
     """CheckpointError naming the first difference between `folder`'s weights and the model `model_config`
     describes, read from the safetensors header and a model on the meta device: nothing is allocated, so a
     config.json that claims a huge model costs nothing before it is refused. Tensors whose names start with one of
-    `optional` may be missing from the file or extra in it (a run's own new parts, see `read_weights`)."""
+    `optional` may be missing from the file or extra in it (a run's own new parts, see `read_weights`): an entry ending
+    in "." names every tensor under it, any other one tensor."""
     file = regular_file(Path(folder) / WEIGHTS, "the weights", Path(folder), error=CheckpointError)
     with _damaged_as_checkpoint_error(file), safe_open(file, framework="pt") as weights:  # the header only
         found = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
@@ -212,14 +218,22 @@ def check_weights_fit(folder: Path, model_config, optional: tuple[str, ...] = ()
     where = f"{file} does not fit the model its config.json describes"
     for name, shape in expected.items():
         if name not in found:
-            if name.startswith(optional):
+            if optional_part(name, optional):
                 continue
             raise CheckpointError(f"{where}: {name} {shape} is missing from the file")
         if found[name] != shape:
             raise CheckpointError(f"{where}: {name} is {found[name]} in the file but {shape} in the config")
-    extra = sorted(name for name in set(found) - set(expected) if not name.startswith(optional))
+    extra = sorted(name for name in set(found) - set(expected) if not optional_part(name, optional))
     if extra:
         raise CheckpointError(f"{where}: the file has {len(extra)} tensors the model lacks, e.g. {extra[0]}")
+
+
+def first_non_finite(folder: Path) -> Optional[str]:
+    """The first tensor of a checkpoint folder's weights holding a NaN or an infinity, else None: read one tensor at
+    a time (memory of the largest one), after check_weights_fit has checked the header."""
+    file = regular_file(Path(folder) / WEIGHTS, "the weights", Path(folder), error=CheckpointError)
+    with _damaged_as_checkpoint_error(file), safe_open(file, framework="pt") as weights:
+        return next((name for name in weights.keys() if not torch.isfinite(weights.get_tensor(name)).all()), None)
 
 
 def stored_scalar(folder: Path, name: str) -> Optional[float]:

@@ -136,7 +136,8 @@ def pretrained_of(folder) -> Optional[PretrainedModel]:
     parts = Path(folder).parts
     if len(parts) < 3 or parts[-3] != "pretrained":
         return None
-    return PRETRAINED.get(parts[-2].replace("--", ":", 1))
+    entry = PRETRAINED.get(parts[-2].replace("--", ":", 1))
+    return entry if entry is not None and entry.name.replace(":", "--") == parts[-2] else None
 
 
 def cache_dir() -> Path:

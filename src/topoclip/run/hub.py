@@ -32,7 +32,9 @@ def markdown_table(rows: list[list], columns: list[str]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows])
 
 
-LICENSE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}$", re.ASCII)  # the Hub's license identifiers: mit, apache-2.0
+# The Hub's license identifiers (mit, apache-2.0, cc-by-nc-4.0, other): a letter first, so that YAML reads none of
+# them as a number (1.0, 0x10), and none of YAML 1.1's booleans and null, which it would read as those.
+LICENSE = re.compile(r"^(?!(?:y|n|yes|no|true|false|on|off|null)$)[A-Za-z][A-Za-z0-9.+-]{0,63}$", re.ASCII | re.IGNORECASE)
 
 
 def base_model(config) -> Optional[tuple[Optional[str], Optional[str]]]:

@@ -75,7 +75,7 @@ def build(config: Config, folder: RunFolder, resuming: bool, info: DistributedIn
         position, resumed_stream = restore(state, config, folder, found, info)
     if main and not resuming and settings.warmup_steps >= settings.steps > 1:  # a short run on small data, say
         print(f"topoclip: note: train.warmup_steps = {settings.warmup_steps} is not below train.steps = "
-              f"{settings.steps}: the lr rises to {100 * settings.steps / settings.warmup_steps:.0f} % of train.lr "
+              f"{settings.steps}: the lr rises to {100 * settings.steps / settings.warmup_steps:.2g} % of train.lr "
               f"and never decays; set fewer (OpenCLIP's --warmup), e.g. --set "
               f"train.warmup_steps={max(1, settings.steps // 10)}", file=sys.stderr)
     if main and state.adapters is not None:

@@ -24,8 +24,9 @@ from typing import Optional, Sequence, Union
 from topoclip.core.curvature import CURVATURE_RANGE
 from topoclip.core.distributed import launch_rank
 from topoclip.core.geometry import get_topology
-from topoclip.io.checkpoint import (TOKENIZER, check_weights_fit, load_config_from, read_weights, resolve_checkpoint,
-                                    stored_scalar)
+from topoclip.core.errors import CheckpointError
+from topoclip.io.checkpoint import (TOKENIZER, check_weights_fit, first_non_finite, load_config_from, read_weights,
+                                    resolve_checkpoint, stored_scalar)
 from topoclip.config import DEFAULT_PRESET, Config, ConfigError, flat_dict, load_config, merge, to_dict
 from topoclip.model.clip import CLIP
 
@@ -80,11 +81,11 @@ def check_initial_checkpoint(config: Config) -> None:
                           f"this run's is {_json(value)}; {hint} (or leave out the --preset, --set or OpenCLIP flag that "
                           f"changed it, to train the checkpoint's own config)")
     check_weights_fit(folder, config.model, FRESH_PARTS)  # from the safetensors header and a meta model
+    damaged = first_non_finite(folder)
+    if damaged is not None:  # no run writes one (the trainer's guard): a file from elsewhere, which training would spread
+        raise CheckpointError(f"train.init_from={config.train.init_from}: its weight {damaged} holds non-finite values; "
+                              f"the checkpoint is damaged, start from another")
     check_initial_curvature(folder, config)
-    bias = config.model.temperature.bias_init
-    if bias is not None and stored_scalar(folder, "temperature.bias") is None and launch_rank() == 0:
-        print(f"topoclip: note: train.init_from={config.train.init_from} has no sigmoid-loss bias (it was trained with "
-              f"a softmax loss); the bias starts at model.temperature.bias_init = {bias:g}", file=sys.stderr)
 
 
 def check_initial_curvature(folder: Path, config: Config) -> None:
@@ -112,6 +113,10 @@ def load_initial_weights(model: CLIP, config: Config) -> None:
     """Load the init_from checkpoint's weights into the freshly built `model` (on its device); the topology's own
     parts and the loss's (FRESH_PARTS) keep their initial values where the checkpoint has none."""
     weights = read_weights(initial_checkpoint(config), model.config, str(next(model.parameters()).device), FRESH_PARTS)
+    bias = config.model.temperature.bias_init
+    if bias is not None and "temperature.bias" not in weights and launch_rank() == 0:
+        print(f"topoclip: note: train.init_from={config.train.init_from} has no sigmoid-loss bias (it was trained with "
+              f"a softmax loss); the bias starts at model.temperature.bias_init = {bias:g}", file=sys.stderr)
     model.load_state_dict(weights, strict=False)  # read_weights checked every other tensor is there
 
 
