@@ -213,6 +213,11 @@ def pretrained_name(args: argparse.Namespace) -> Optional[str]:
     if model is not None and ":" in tag and tag.partition(":")[0] != model:
         raise ConfigError(f"--model {model:.60} and --pretrained {tag:.80} name two models; give --pretrained MODEL:TAG "
                           f"alone, or --model MODEL --pretrained TAG")
+    return joined_name(model, tag)
+
+
+def joined_name(model: Optional[str], tag: str) -> str:
+    """OpenCLIP's --model MODEL --pretrained TAG as topoclip's MODEL:TAG (a TAG holding ":" is a whole name)."""
     return f"{model}:{tag}" if model is not None and ":" not in tag else tag
 
 
@@ -236,7 +241,7 @@ def local_pretrained_given(args: argparse.Namespace) -> bool:
     path = args.openclip_pretrained
     if path is None or not os.path.lexists(path):
         return False
-    return (f"{args.openclip_model}:{path}" if args.openclip_model and ":" not in path else path) not in PRETRAINED
+    return joined_name(args.openclip_model, path) not in PRETRAINED
 
 
 def local_pretrained(args: argparse.Namespace) -> str:

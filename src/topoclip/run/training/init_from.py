@@ -81,11 +81,17 @@ def check_initial_checkpoint(config: Config) -> None:
                           f"this run's is {_json(value)}; {hint} (or leave out the --preset, --set or OpenCLIP flag that "
                           f"changed it, to train the checkpoint's own config)")
     check_weights_fit(folder, config.model, FRESH_PARTS)  # from the safetensors header and a meta model
-    damaged = first_non_finite(folder)
-    if damaged is not None:  # no run writes one (the trainer's guard): a file from elsewhere, which training would spread
+    check_initial_curvature(folder, config)
+
+
+def check_initial_weights_finite(config: Config) -> None:
+    """Refuse an init_from checkpoint holding a NaN or an infinity (before anything is written). No run writes one
+    (the trainer's guard): it is a file from elsewhere, which training would spread. Reads every weight, so the
+    trainer asks it once, not the command line's early checks."""
+    damaged = first_non_finite(initial_checkpoint(config))
+    if damaged is not None:
         raise CheckpointError(f"train.init_from={config.train.init_from}: its weight {damaged} holds non-finite values; "
                               f"the checkpoint is damaged, start from another")
-    check_initial_curvature(folder, config)
 
 
 def check_initial_curvature(folder: Path, config: Config) -> None:

@@ -79,9 +79,10 @@ def train(config: Optional[Config] = None, out_dir=None, resume=None, progress: 
     validate(config)
     require_device(config.train.device, "train.device")
     if config.train.init_from and resume is None:
-        from topoclip.run.training.init_from import check_initial_checkpoint
+        from topoclip.run.training.init_from import check_initial_checkpoint, check_initial_weights_finite
 
         check_initial_checkpoint(config)
+        check_initial_weights_finite(config)
     if resume is not None:
         note = finished(run_dir, config)
         if note is not None:
