@@ -816,3 +816,52 @@ for batch in torch.utils.data.DataLoader(Slow(), num_workers=2, worker_init_fn=i
     while any(map(alive, workers)) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(map(alive, workers))
+
+
+def test_a_stray_quote_in_a_caption_table_loses_no_row_silently(tmp_path):
+    """Found on main: a caption that opens with a quote and never closes it made csv read every row after it into one
+    caption (996 of 1,000 rows gone, without a word); one that closes rows later did the same up to that row; one whose
+    field outgrew csv's limit cost thousands of rows counted as "1 row". Now: never closing refuses the table in one
+    line naming the line; a row over several lines (a caption may hold a line break) is read and counted in one
+    warning naming the longest; a row csv cannot read counts the lines it held. Every reader shares CaptionTable."""
+    from topoclip.core.errors import ConfigError
+    from topoclip.data.csv import read_caption_table
+
+    rows = ["filepath,title", *(f"{i}.png,caption {i}" for i in range(1000))]
+    table = tmp_path / "t.csv"
+    table.write_text("\n".join(rows[:5] + ['4.png,"a stray quote'] + rows[6:]) + "\n")
+    with pytest.raises(ConfigError, match="the quote that opens a field on line 6 never closes, so csv read the 995 "):
+        read_caption_table(table)
+    table.write_text("\n".join(rows[:5] + ['4.png,"a stray quote'] + rows[6:600] + ['598.png,a closing " quote"'])
+                     + "\n" + "\n".join(rows[601:]) + "\n")
+    with pytest.warns(UserWarning, match=r"1 row\(s\) run over several lines \(lines 6–601 the longest\)"):
+        assert len(read_caption_table(table)) == 1000 - 595
+    table.write_text('filepath,title\na.png,"two\nlines"\nb.png,blue')  # a line break in a caption, no newline at the end
+    with pytest.warns(UserWarning, match=r"1 row\(s\) run over several lines \(lines 2–3"):
+        assert read_caption_table(table) == [("a.png", "two\nlines"), ("b.png", "blue")]
+    table.write_text('"filepath,title\na.png,red\n')
+    with pytest.raises(ConfigError, match="a quote opens in its header row and never closes"):
+        read_caption_table(table)
+    table.write_text('"filepath,title\na.png,red"\n')
+    with pytest.raises(ConfigError, match="a quote opens in its header row and closes on line 2"):
+        read_caption_table(table)
+    # The open field is "open\n" (5 characters) and then 100 per line; csv refuses its 131,073rd character, on the
+    # 1,311th line after line 3 (5 + 1,310·100 = 131,005 < 131,072 < 131,105), and goes on at the next line.
+    lines = ["filepath,title", "a.jpg,red", 'b.jpg,"open', *(f"{i:04d}.png,{'x' * 90}" for i in range(2000)), 'c.jpg,blue']
+    table.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) csv cannot read \(1,312 lines\), e\.g\. lines 3–1,314: field"):
+        kept = read_caption_table(table)
+    assert kept[:2] == [("a.jpg", "red"), ("1311.png", "x" * 90)] and kept[-1] == ("c.jpg", "blue") and len(kept) == 691
+
+
+def test_a_stray_quote_in_the_training_table_is_one_line_before_any_run_folder(tmp_path, capsys):
+    from topoclip.cli import main
+
+    table = tmp_path / "t.csv"
+    table.write_text("filepath,title\n" + "".join(f"{i}.png,caption {i}\n" for i in range(30)) + '30.png,"stray\n'
+                     + "".join(f"{i}.png,caption {i}\n" for i in range(31, 40)))
+    assert main(["train", "--preset", "tiny", "--train-data", str(table), "--batch-size", "4", "--out",
+                 str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "the quote that opens a field on line 32 never closes" in error, error
+    assert not (tmp_path / "run").exists()

@@ -52,7 +52,9 @@ class CaptionTable:
 
     Text is read as UTF-8 with undecodable bytes kept as surrogates, so one bad caption is later skipped as
     "bad_encoding" instead of failing the whole file. Blank lines are ignored; a line csv cannot read is skipped
-    and counted in a warning at the end of the pass.
+    and counted in a warning at the end of the pass. A quote that opens a field and never closes refuses the table
+    (csv would read every line after it as one caption); rows over several lines are read as csv reads them (a
+    caption may hold a line break) and counted in a warning, since a stray quote that closes lines later looks the same.
     """
 
     def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
@@ -63,8 +65,8 @@ class CaptionTable:
         self.separator = sniff_separator(self.path) if separator is None else separator
         with self._open() as file:
             unreadable = []
-            header = self.header = self._header(csv.reader(bounded_lines(file, unreadable), delimiter=self.separator),
-                                                unreadable)
+            lines = _Lines(bounded_lines(file, unreadable))
+            header = self.header = self._header(csv.reader(lines, delimiter=self.separator), unreadable, lines)
         columns = {}
         for key, name in ((image_key, "image_key"), (caption_key, "caption_key")):
             if key is None:
@@ -84,11 +86,15 @@ class CaptionTable:
         return io.TextIOWrapper(open_regular(self.path, "caption table", limit=None, error=ConfigError), newline="",
                                 encoding="utf-8", errors="surrogateescape")
 
-    def _header(self, reader, unreadable: list) -> list[str]:
+    def _header(self, reader, unreadable: list, lines: "_Lines") -> list[str]:
         try:
             header = next(reader, None)
         except csv.Error as error:  # a header field past csv.field_size_limit(), a NUL
             raise ConfigError(f"{self.path}: its header row cannot be read ({error}); is it a caption table?") from None
+        if reader.line_num > 1 and header is not None:  # a quote opened in it and closed lines later, or never
+            closes = "never closes" if lines.ended else f"closes on line {reader.line_num:,}"
+            raise ConfigError(f"{self.path}: a quote opens in its header row and {closes}, so csv read the lines after "
+                              f"it as header; the header names the image and caption columns on one line")
         if unreadable:  # (bounded_lines: the first line ran past MAX_LINE_CHARS)
             raise ConfigError(f"{self.path}: its first line is over {MAX_LINE_CHARS:,} characters, not a header row "
                               f"naming the image and caption columns")
@@ -97,27 +103,76 @@ class CaptionTable:
         return [name.lstrip("\ufeff").strip() for name in header]
 
     def __iter__(self) -> Iterator[tuple[str, Optional[str]]]:
-        unreadable = []
+        # The rows csv cannot read and the lines they held beyond one each; the rows over several lines, the longest
+        unreadable, more_lines, several, longest = [], 0, 0, (0, 0)
         with self._open() as file:
-            reader = csv.reader(bounded_lines(file, unreadable), delimiter=self.separator)
-            if self._header(reader, unreadable) != self.header:  # the columns were found in another file
+            lines = _Lines(bounded_lines(file, unreadable))
+            reader = csv.reader(lines, delimiter=self.separator)
+            if self._header(reader, unreadable, lines) != self.header:  # the columns were found in another file
                 raise ConfigError(f"{self.path} was replaced after it was opened (its header changed); read it again")
             while True:
+                first = reader.line_num + 1
                 try:
                     row = next(reader)
                 except StopIteration:
                     break
                 except csv.Error as error:  # a field past csv.field_size_limit(), a NUL: the reader goes on at the next line
-                    unreadable.append(f"line {reader.line_num}: {error}")
+                    unreadable.append(f"{_span(first, reader.line_num)}: {error}")
+                    more_lines += reader.line_num - first
                     continue
+                if lines.ended:  # csv asked for a line past the last in the middle of a row: a quote never closed
+                    raise ConfigError(f"{self.path}: the quote that opens a field on line {first:,} never closes, so csv "
+                                      f"read the {reader.line_num - first:,} line(s) after it as part of that field; "
+                                      f"close it, or write a quote inside a quoted field as \"\"")
+                if reader.line_num > first:
+                    several += 1
+                    longest = max(longest, (first, reader.line_num), key=lambda span: span[1] - span[0])
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
                 image = row[self.image_column] if self.image_column < len(row) else ""
                 caption = row[self.caption_column] if self.caption_column is not None and self.caption_column < len(row) else None
                 yield image, caption
         if unreadable:
-            warnings.warn(f"{self.path}: skipped {len(unreadable)} row(s) csv cannot read, e.g. {unreadable[0]}",
-                          stacklevel=2)
+            held = f" ({len(unreadable) + more_lines:,} lines)" if more_lines else ""
+            _warn_once(f"{self.path}: skipped {len(unreadable):,} row(s) csv cannot read{held}, e.g. {unreadable[0]}")
+        if several:  # read as csv reads them (a caption may hold a line break), but a stray quote looks the same
+            _warn_once(f"{self.path}: {several:,} row(s) run over several lines ({_span(*longest)} the longest): a "
+                       f"field that opens with a quote runs to the next quote, so one stray quote makes the rows after "
+                       f"it part of one caption; if no caption holds a line break, fix the quote (a quote inside a "
+                       f"quoted field is written \"\")")
+
+
+# What this process has said about its tables: a table read twice (the tokenizer's captions, then the rows) says it
+# once. (Python's own once-per-location registry is reset by every warnings.catch_warnings() another library enters.)
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def _span(first: int, last: int) -> str:
+    return f"line {first:,}" if last <= first else f"lines {first:,}–{last:,}"
+
+
+class _Lines:
+    """An iterator of lines that knows whether it has run out (`ended`): csv asks for a line past the last only in
+    the middle of a row, when a quoted field is still open."""
+
+    def __init__(self, lines: Iterator[str]):
+        self.lines, self.ended = lines, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self.lines)
+        except StopIteration:
+            self.ended = True
+            raise
 
 
 # The longest line of a caption table read into memory: csv's own limit is per field (131,072 characters), after
