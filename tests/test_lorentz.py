@@ -384,7 +384,7 @@ def test_the_wilson_interval():
     assert wilson(0, 50)[0] == pytest.approx(0.0, abs=1e-15) and wilson(50, 50)[1] == pytest.approx(1.0)
 
 
-def test_the_hierarchy_analysis_writes_its_measures(tmp_path):
+def test_the_hierarchy_analysis_writes_its_measures(tmp_path, monkeypatch):
     from topoclip.analysis.hierarchy import analyze_hierarchy
     from topoclip.io.checkpoint import save_checkpoint
     from topoclip.preprocess.tokenizer import Tokenizer
@@ -404,6 +404,21 @@ def test_the_hierarchy_analysis_writes_its_measures(tmp_path):
         assert [row["s"] for row in measured["traversal"]] == [1.0, 0.5, 0.0]
         # At the origin every image is the same point: one caption is retrieved for all.
         assert measured["traversal"][-1]["level_std"] == 0.0
+    # The report's table reads these files as they are written, one a seed (docs/results/lorentz-hierarchy-STEPS/).
+    import shutil
+
+    from topoclip.experiments import results as report
+
+    landed = tmp_path / "results" / "lorentz-hierarchy-4"
+    landed.mkdir(parents=True)
+    for seed in (0, 1):
+        shutil.copy(tmp_path / "out" / "hierarchy.json", landed / f"lorentz-product_lr-1e-3-seed-{seed}.json")
+    monkeypatch.setattr(report.files, "RESULTS", tmp_path / "results")
+    table = report.renderer_for("lorentz-hierarchy-4")(report.load_results("lorentz-hierarchy-4"))
+    share = result["trained"]["generic_nearer"]["all"]["mean"]
+    assert f"| lorentz-product_lr-1e-3 | 2 | {share:.2f} ± 0.00 | " in table
+    assert "| cell | s = 1.0 | s = 0.5 | s = 0.0 |" in table
+    assert table.startswith("20 test scenes a run, each a chain of 5 captions from the generic (object)")
     sphere = fit_to_trained_tokenizer(load_config("tiny"), tokenizer)
     other = save_checkpoint(tmp_path / "sphere", CLIP(sphere.model), sphere, tokenizer)
     with pytest.raises(ConfigError, match="needs an origin"):

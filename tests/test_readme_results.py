@@ -340,6 +340,30 @@ def test_convergence_needs_both_curves_flat_and_the_longer_schedule_no_better(tm
         readme_results.convergence_table({"about": "A.", "short": "short", "long": "long", "cells": ["flat"]})
 
 
+def test_a_stability_row_counts_skipped_steps_and_fp16s_halvings_and_spans_tau_and_curvature(tmp_path, monkeypatch):
+    """#61's stability measures from the run records `ablate` writes: non-finite skips summed (and the runs with any),
+    fp16's overflow skips counted from the loss scale's halvings, τ and c at the end (mean ± sd) and over the run."""
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
+    assert readme_results.overflow_skips([65536.0, 32768.0, 65536.0, 8192.0, 8192.0]) == 1 + 3
+
+    def run(cell, seed, skipped=0, **curve):
+        return {"cell": cell, "seed": seed, "skipped_steps": skipped, "curve": {"steps": [1, 2], **curve}}
+    runs = [run("lorentz", 0, skipped=2, scale=[10.0, 20.0], curvature=[1.0, 0.5]),
+            run("lorentz", 1, scale=[10.0, 30.0], curvature=[0.8, 0.7]),
+            run("half", 0, scale=[10.0, 12.0], curvature=[1.0, 1.2], loss_scale=[65536.0, 16384.0]),
+            run("sphere", 0, scale=[10.0, 11.0])]
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "ablation.json").write_text(json.dumps({"steps": 2, "seeds": 2, "runs": runs,
+                                                              "unfinished": {"later": 0}}))
+    rows = [{"label": label, "source": "g", "cell": cell} for label, cell in
+            (("L", "lorentz"), ("H", "half"), ("S", "sphere"), ("W", "later"))]
+    table = readme_results.stability_table({"about": "A.", "rows": rows}).splitlines()
+    assert table[4] == "| L | 2 | 2 (1) | — (not fp16) | 25.0 ± 7.1 | 10.0–30.0 | 0.600 ± 0.141 | 0.500–1.000 |"
+    assert table[5] == "| H | 1 | 0 (0) | 2 | 12.0 ± 0.0 | 10.0–12.0 | 1.200 ± 0.000 | 1.000–1.200 |"
+    assert table[6] == "| S | 1 | 0 (0) | — (not fp16) | 11.0 ± 0.0 | 10.0–11.0 | — | — |"
+    assert table[7] == "| W | 0 of 2 so far | | | | | | |"
+
+
 def test_the_full_scenes_presets_are_the_preregistered_task_at_each_familys_chosen_lr():
     """cpu-{multi,sphere}-full-scenes train the task whose ceiling ceiling-hard.json gives, at the lr the
     pre-registered rule chose for the family; apart from the scenes and the schedule they are the family's preset."""

@@ -5,7 +5,8 @@ The documents hold generated blocks between ``<!-- results:NAME -->`` and ``<!--
 each is in docs/results/: NAME.json (``default-run``: `topoclip train`'s eval.json plus how it was run; ``compare``:
 what `topoclip compare` wrote; ``claims``: the paper's claims, which cells measure each, and our verdict;
 {"parts": [...]}: a grid trained in parts, `files.pooled`), or NAME/ablation.json (what `topoclip ablate` wrote), or
-NAME/*.json (``experts``, ``equilibrium``, ``similarities``: that `topoclip analyze` command on each run).
+NAME/*.json (``experts``, ``equilibrium``, ``similarities``, ``lorentz-hierarchy``: that `topoclip analyze` command on
+each run).
 tests/test_readme_results.py runs `check`.
 
 By what it does: `files` (where the files are, reading, pooling, landing, recording), `grids` (a grid's and the

@@ -13,13 +13,13 @@ from topoclip.experiments.results.benchmarks import (csv_rows_table, fsdp_memory
                                                      loader_table, lora_table, meru_equality_table, topology_cost_table)
 from topoclip.experiments.results.files import land, load_result, pack, record
 from topoclip.experiments.results.grids import (ablation_table, ceiling_table, compare_table, default_run_table,
-                                                equilibrium_table, experts_table, false_negatives_table, pilot_table,
-                                                plot_grid, similarities_table)
+                                                equilibrium_table, experts_table, false_negatives_table, hierarchy_table,
+                                                pilot_table, plot_grid, similarities_table)
 from topoclip.experiments.results.headline import (drawn_from, fingerprint, headline_points, headline_table,
                                                    plot_headline)
 from topoclip.experiments.results.tables import (LR_CHOICE, claims_summary_table, claims_table, comparison_table,
                                                  convergence_table, equivalence_table, lr_choice_table, reruns_table,
-                                                 retrieval_table, tau_late_rise, tau_late_rise_table)
+                                                 retrieval_table, stability_table, tau_late_rise, tau_late_rise_table)
 
 
 # The documents with generated blocks: the front door, the docs, the report.
@@ -33,12 +33,13 @@ RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "comp
              "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
              "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table,
              "gpu-check": gpu_check_table, "gpu-feeding": gpu_feeding_table, "fsdp-memory": fsdp_memory_table, "loader": loader_table,
-             "topology-cost": topology_cost_table, "meru-equality": meru_equality_table, "lora": lora_table}
+             "topology-cost": topology_cost_table, "meru-equality": meru_equality_table, "lora": lora_table,
+             "lorentz-hierarchy": hierarchy_table}
 
 
 # A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.
 SUFFIX_RENDERERS = {"-tests": comparison_table, "-equivalence": equivalence_table, "-retrieval": retrieval_table,
-                    "-convergence": convergence_table, "-reruns": reruns_table}
+                    "-convergence": convergence_table, "-reruns": reruns_table, "-stability": stability_table}
 
 
 def load_results(name: str):

@@ -151,6 +151,37 @@ def similarities_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def hierarchy_table(runs: list[dict]) -> str:
+    """Markdown: `topoclip analyze hierarchy` over the seeds of each cell (files CELL-seed-K.json): how often the generic
+    caption of a pair lies nearer the origin, the trained model beside an untrained one of the same config, how often
+    the image lies beyond its most specific caption, and the traversal's mean retrieved level from the image (s = 1)
+    to the origin (s = 0). Mean ± sd over the seeds; each run's own intervals are in its file."""
+    cells: dict[str, list[dict]] = {}
+    for run in runs:
+        cells.setdefault(run["file"].rsplit("-seed-", 1)[0], []).append(run)
+    steps = [point["s"] for point in runs[0]["trained"]["traversal"]]
+
+    def spread(values) -> str:
+        mean, sd = mean_std(list(values))
+        return f"{mean:.2f} ± {sd:.2f}"
+
+    lines = [f"{runs[0]['size']} test scenes a run, each a chain of {len(runs[0]['levels'])} captions from the generic "
+             f"({runs[0]['levels'][0]}) to the specific ({runs[0]['levels'][-1]}); mean ± sd over the seeds.", "",
+             "| cell | runs | generic nearer the origin, trained | untrained | image beyond its most specific caption |",
+             "|---|---|---|---|---|"]
+    for cell, chosen in cells.items():
+        lines.append(f"| {cell} | {len(chosen)} | " + " | ".join(
+            spread(run[model]["generic_nearer"]["all"]["mean"] for run in chosen) for model in ("trained", "untrained"))
+            + f" | {spread(run['trained']['image_beyond_captions']['fraction'] for run in chosen)} |")
+    lines += ["", "The traversal from each image towards the origin (x_s = exp₀(s·log₀ x)): the mean level of the nearest "
+                  "caption (0 generic … 4 specific), trained models, mean over the seeds.", "",
+              "| cell | " + " | ".join(f"s = {s:.1f}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    for cell, chosen in cells.items():
+        levels = [mean_std([run["trained"]["traversal"][k]["mean_level"] for run in chosen])[0] for k in range(len(steps))]
+        lines.append(f"| {cell} | " + " | ".join(f"{level:.2f}" for level in levels) + " |")
+    return "\n".join(lines)
+
+
 def false_negatives_table(result: dict) -> str:
     """Markdown: how often a training batch holds a caption true of another of its images
     (scripts/false_negatives.py)."""

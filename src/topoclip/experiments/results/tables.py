@@ -1,6 +1,6 @@
-"""The tables a spec file in docs/results asks for (NAME-tests, -equivalence, -convergence, -reruns, -retrieval, the
-claims, each family's lr), each value recomputed from the runs: Welch's t, TOST, Holm, prediction intervals,
-τ's late rise."""
+"""The tables a spec file in docs/results asks for (NAME-tests, -equivalence, -convergence, -reruns, -retrieval,
+-stability, the claims, each family's lr), each value recomputed from the runs: Welch's t, TOST, Holm, prediction
+intervals, τ's late rise, skipped steps."""
 from __future__ import annotations
 
 import math
@@ -208,6 +208,44 @@ def convergence_table(spec: dict) -> str:
                                    "seeds' sd at the end. Converged: each change smaller than that sd and not significant, "
                                    "and the longer schedule not significantly better on test mean recall "
                                    "(preregistration-hard-task.md)."])
+
+
+def overflow_skips(loss_scale: list[float]) -> int:
+    """The steps fp16's GradScaler skipped at least, from its loss scale at the logged steps: it halves the scale at
+    every step whose gradients overflow, so each halving between two logged steps is one skipped step (a rise
+    between them hides as many more)."""
+    return sum(max(0, round(math.log2(before / after))) for before, after in zip(loss_scale, loss_scale[1:]))
+
+
+def stability_table(spec: dict) -> str:
+    """Markdown: how stable each cell's runs were (docs/results/NAME-stability.json: {"about", "rows": [{"label",
+    "source", "cell"}]}): the steps skipped for a non-finite loss, fp16's overflow skips (from the loss scale), τ and a
+    hyperbolic model's curvature c at the end (mean ± sd over the seeds) and over the whole run (the range of every
+    logged value of every seed)."""
+    lines = [spec["about"], "", "| cell | runs | non-finite steps skipped (runs with any) | fp16 overflow skips, at least "
+             "| τ at the end | τ, whole run | c at the end | c, whole run |", "|---|---|---|---|---|---|---|---|"]
+    for row in spec["rows"]:
+        results = load_result(row["source"])
+        runs = [r for r in results["runs"] if r["cell"] == row["cell"]]
+        if not runs or row["cell"] in results.get("unfinished", {}):
+            lines.append(f"| {row['label']} | {len(runs)} of {results['seeds']} so far | | | | | | |")
+            continue
+        skipped = [r["skipped_steps"] for r in runs]
+        scaled = [r["curve"]["loss_scale"] for r in runs if "loss_scale" in r["curve"]]
+        cells = [f"{sum(skipped):,} ({sum(k > 0 for k in skipped)})",
+                 f"{sum(map(overflow_skips, scaled)):,}" if scaled else "— (not fp16)"]
+        for key, digits in (("scale", 1), ("curvature", 3)):
+            curves = [r["curve"][key] for r in runs if r["curve"].get(key)]
+            if len(curves) < len(runs):
+                cells += ["—", "—"]
+                continue
+            mean, sd = mean_std([curve[-1] for curve in curves])
+            every = [value for curve in curves for value in curve]
+            cells += [f"{mean:.{digits}f} ± {sd:.{digits}f}", f"{min(every):.{digits}f}–{max(every):.{digits}f}"]
+        lines.append(f"| {row['label']} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", "τ and c as logged every few steps; a non-finite loss skips its step (the trainer's "
+                                   "count); under fp16 a step whose gradients overflow is skipped too, and halves the "
+                                   "loss scale, so the halvings between logged steps count those skips from below."])
 
 
 def rerun_table(source: str, cells: list[str], metrics: list[dict]) -> str:
