@@ -40,7 +40,7 @@ COMMANDS = [add_train, add_eval, add_benchmark, add_embed, add_predict, add_conv
 
 def parser() -> argparse.ArgumentParser:
     top = Parser(prog="topoclip", description="Train, evaluate and dissect CLIP models whose "
-                                  "embedding topology (sphere, euclidean, product of spheres) is a setting.")
+                                  "embedding topology (sphere, euclidean, product of spheres, hyperbolic) is a setting.")
     top.add_argument("--version", action="version", version=f"topoclip {__version__}")
     top.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     commands = top.add_subparsers(dest="command", required=True)
