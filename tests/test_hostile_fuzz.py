@@ -303,3 +303,44 @@ def test_an_ablation_folder_plans_or_is_one_line_and_nothing_outside_changes(tmp
     except UserError as error:
         assert "\n" not in str(error)
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
+# Captions as a stranger's table holds them: quotes anywhere, separators, line breaks, blanks.
+captions = st.text(alphabet=st.sampled_from(list('ab "\',\t\r\n')), max_size=12)
+
+
+@FUZZ
+@given(rows=st.lists(captions, min_size=1, max_size=20), written=st.sampled_from(["csv", "joined"]),
+       separator=st.sampled_from([",", "\t"]))
+def test_a_caption_table_loses_no_row_without_a_word(tmp_path_factory, rows, written, separator):
+    """Issue class: a stray quote made csv read the rows after it as one caption, silently. Whatever the captions:
+    a table written by csv.writer reads back exactly; one joined by hand (no quoting) gives every row, or says in a
+    warning or a one-line error where rows went."""
+    import csv
+    import io
+    import warnings
+
+    from topoclip.core.errors import ConfigError
+    from topoclip.data.csv import read_caption_table
+
+    table = tmp_path_factory.mktemp("table") / ("t.tsv" if separator == "\t" else "t.csv")
+    if written == "csv":
+        text = io.StringIO()
+        csv.writer(text, delimiter=separator).writerows([["filepath", "title"], *([f"{i}.png", c] for i, c in enumerate(rows))])
+        table.write_text(text.getvalue(), newline="")
+    else:
+        table.write_text("".join(f"{i}.png{separator}{c}\n" for i, c in enumerate(["title", *rows])).replace(
+            "0.png", "filepath", 1), newline="")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            read = read_caption_table(table)
+        except ConfigError as error:
+            assert "\n" not in str(error) and written == "joined"
+            return
+    said = [str(warning.message) for warning in said]
+    if written == "csv":
+        assert read == [(f"{i}.png", c) for i, c in enumerate(rows)]
+        assert bool(said) == any(c in "\r\n" for c in "".join(rows))  # a line break in a caption is said, nothing else
+    elif len(read) < len(rows):
+        assert said, (rows, read)
