@@ -101,6 +101,16 @@ def test_a_fine_tune_s_card_names_its_base_and_its_lora_and_its_license_is_asked
     assert card.startswith("---\nlicense: other\nbase_model: openai/clip-vit-base-patch16\nbase_model_relation: finetune\n")
     assert "- fine-tuned from `ViT-B-16:openai`" in card and "- LoRA (peft): rank 2, alpha 16" in card
     assert "import pathlib" in card
+    # a fine-tune of the fine-tune: the chain of train.init_from leads back to the same base (noticed in #62's note)
+    assert main(["train", "--init-from", str(tmp_path / "tuned"), *short, "--out", str(tmp_path / "twice")]) == 0
+    assert main(["push", str(tmp_path / "twice"), "someone/twice", "--license", "other",
+                 "--dry-run", str(tmp_path / "upload2")]) == 0
+    card = (tmp_path / "upload2" / "README.md").read_text()
+    assert card.startswith("---\nlicense: other\nbase_model: openai/clip-vit-base-patch16\n")
+    shutil.rmtree(tmp_path / "tuned")  # the chain's middle gone: a local checkpoint, its license still asked for
+    capsys.readouterr()
+    assert main(["push", str(tmp_path / "twice"), "someone/twice", "--dry-run", str(tmp_path / "refused2")]) == 2
+    assert "fine-tuned from another checkpoint (train.init_from), whose license" in capsys.readouterr().err
     # a model trained from scratch keeps MIT as its default and has no base
     assert main(["push", str(tmp_path / "scratch"), "someone/scratch", "--dry-run", str(tmp_path / "mine")]) == 0
     card = (tmp_path / "mine" / "README.md").read_text()

@@ -37,13 +37,27 @@ def markdown_table(rows: list[list], columns: list[str]) -> str:
 LICENSE = re.compile(r"^(?!(?:y|n|yes|no|true|false|on|off|null)$)[A-Za-z][A-Za-z0-9.+-]{0,63}$", re.ASCII | re.IGNORECASE)
 
 
+# How many fine-tunes back the card looks for the pretrained model a chain of train.init_from starts from.
+BASE_MODEL_HOPS = 8
+
+
 def base_model(config) -> Optional[tuple[Optional[str], Optional[str]]]:
-    """The model this one was fine-tuned from, as (pretrained name, its Hub repository) for `--pretrained NAME`,
-    (None, None) for another checkpoint (`--init-from`); None for a model trained from scratch."""
-    if not config.train.init_from:
-        return None
-    entry = pretrained_of(config.train.init_from)
-    return (entry.name, entry.repo) if entry else (None, None)
+    """The model this one was fine-tuned from, as (pretrained name, its Hub repository) where its chain of
+    train.init_from (each folder's own config, as far as the folders are on this machine) starts at `--pretrained
+    NAME`, (None, None) where it starts at another checkpoint; None for a model trained from scratch."""
+    from topoclip.io.checkpoint import load_config_from, resolve_checkpoint
+
+    folder, seen = config.train.init_from, set()
+    while folder and folder not in seen and len(seen) < BASE_MODEL_HOPS:
+        entry = pretrained_of(folder)
+        if entry:
+            return entry.name, entry.repo
+        seen.add(folder)
+        try:  # a fine-tune of a fine-tune: the folder's own start
+            folder = load_config_from(resolve_checkpoint(Path(folder))).train.init_from
+        except (OSError, UserError):  # moved, deleted or damaged since: the chain ends here
+            break
+    return (None, None) if config.train.init_from else None
 
 
 def model_card(config, repo_id: str, evaluation: Optional[list], license: str, openclip: bool) -> str:
