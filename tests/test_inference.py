@@ -42,7 +42,7 @@ def images(count=3, seed=0):
 
 def test_load_encode_classify_retrieve(checkpoint):
     clip = topoclip.load(checkpoint)
-    model, tokenizer, transform = clip  # also a plain 3-tuple
+    model, tokenizer, transform = clip  # unpacks as a 3-tuple
     assert not model.training and isinstance(tokenizer, Tokenizer)
     u, v = clip.encode_image(images()), clip.encode_text(CAPTIONS)
     assert u.shape == (3, 4, 16) and v.shape == (5, 4, 16)
@@ -153,3 +153,17 @@ def test_a_folder_of_the_earlier_layout_still_loads(checkpoint, tmp_path):
     shutil.copytree(checkpoint, earlier)
     (earlier / "topoclip_config.json").rename(earlier / "config.json")
     assert topoclip.load(earlier).config.model.class_tokens == topoclip.load(checkpoint).config.model.class_tokens
+
+
+@pytest.mark.parametrize("topology", ["lorentz", "lorentz-product"])
+def test_classify_and_retrieve_on_a_hyperbolic_model_give_plain_tensors(tmp_path, topology):
+    """From the hostile test of #61: a hyperbolic similarity reads the learned curvature, a parameter, so classify and
+    retrieve returned tensors that required grad (numpy() refused) and kept a graph alive on every call."""
+    config = load_config("tiny", [f"model.topology={topology}"])
+    tokenizer = Tokenizer.train(CAPTIONS, vocab_size=80, context_length=config.model.text.context_length)
+    config = fit_to_trained_tokenizer(config, tokenizer)
+    clip = topoclip.load(save_checkpoint(tmp_path / "ckpt", CLIP(config.model), config, tokenizer))
+    probabilities = clip.classify(images(), ["cat", "dog", "car"], templates=["a photo of a {}."])
+    found = clip.retrieve(CAPTIONS[3], CAPTIONS, top_k=2)
+    assert not probabilities.requires_grad and not found.values.requires_grad
+    assert probabilities.numpy().shape == (3, 3) and found.values.numpy().shape == (1, 2)

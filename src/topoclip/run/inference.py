@@ -108,8 +108,9 @@ class Pretrained:
         """Images, class names (or a ready classifier) -> (B, C) probabilities, softmax(τ · scores)."""
         classifier = classnames if isinstance(classnames, ZeroShotClassifier) else \
             self.zero_shot_classifier(classnames, templates, mode)
-        scores = classifier.scores(self.model, self.encode_image(images))  # (B, C)
-        return (self.model.temperature.scale.detach() * scores).softmax(dim=-1)
+        images = self.encode_image(images)
+        with evaluating(self.model):  # a hyperbolic similarity reads the learned curvature: no graph kept
+            return (self.model.temperature.scale * classifier.scores(self.model, images)).softmax(dim=-1)  # (B, C)
 
     def retrieve(self, query, gallery, top_k: int = 5) -> torch.return_types.topk:
         """The `top_k` gallery items most similar to each query -> (values, indices), each (Q, k).
@@ -117,8 +118,8 @@ class Pretrained:
         query and gallery: texts (str or list of str), images, or embeddings (N, m, n) already made.
         """
         queries, items = self._embed(query), self._embed(gallery)
-        similarity = self.model.similarity(queries, items)  # (Q, G)
-        return similarity.topk(min(top_k, items.shape[0]), dim=1)
+        with evaluating(self.model):  # a hyperbolic similarity reads the learned curvature: no graph kept
+            return self.model.similarity(queries, items).topk(min(top_k, items.shape[0]), dim=1)  # (Q, G)
 
     def _embed(self, things) -> torch.Tensor:
         shape = tuple(self.model.embedding_shape)
