@@ -265,6 +265,19 @@ def test_the_index_vectors_rank_as_the_distance():
     assert torch.equal(ip.argsort(dim=1, descending=True)[:, :10], expected.argsort(dim=1, descending=True)[:, :10])
 
 
+@pytest.mark.parametrize("c", [-1.0, 0, 0.0, math.nan, math.inf, True, torch.tensor(-1.0), torch.tensor([1.0, 2.0])])
+def test_the_library_refuses_a_curvature_that_is_not_one_finite_number_above_0(c):
+    """From the hostile test of #61: c = −1 gave finite numbers (of no space), 0 a bare ZeroDivisionError, nan all-NaN
+    scores, and to_space a complex-number error; the index helper took a product's points and ranked them wrongly."""
+    x = torch.randn(4, 1, 8)
+    for call in (lambda: G.similarity("lorentz", x, x, curvature=c), lambda: G.to_space("lorentz", x, curvature=c),
+                 lambda: G.lorentz_index_vectors(x, c, query=True)):
+        with pytest.raises(ValueError, match="curvature"):
+            call()
+    with pytest.raises(ValueError, match=r"a lorentz model's points \(B, 1, d\); got \(3, 4, 16\)"):
+        G.lorentz_index_vectors(torch.randn(3, 4, 16), 1.0, query=False)
+
+
 def test_the_prompt_ensemble_averages_in_the_tangent_space():
     c = 1.3
     v = torch.randn(4, 2, 8, dtype=torch.float64)

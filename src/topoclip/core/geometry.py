@@ -30,6 +30,7 @@ gradients are needed, so the backward pass does not keep every chunk's intermedi
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
@@ -362,10 +363,23 @@ def implied_topology(class_tokens: int, single: str = "sphere") -> str:
 
 
 def _curvature(entry: Topology, topology: str, curvature):
-    """The curvature in fp32 (or float64) for a curved topology; a ValueError when it is missing or given to a flat one."""
+    """The curvature in fp32 (or float64) for a curved topology; a ValueError when it is missing or given to a flat one,
+    or is not one finite number > 0 (a tensor's value is checked on the CPU only: on an accelerator the check would
+    wait for it every step, and the model's c is exp of a clamped log, positive and finite by construction)."""
     if entry.curved != (curvature is not None):
         raise ValueError(f"{topology} {'needs the model' if entry.curved else 'takes no'} curvature")
-    return fp32_or_wider(curvature) if isinstance(curvature, torch.Tensor) else curvature
+    if curvature is None:
+        return None
+    if isinstance(curvature, torch.Tensor):
+        if curvature.dim() != 0:
+            raise ValueError(f"{topology}'s curvature is one number (a 0-d tensor); got shape {tuple(curvature.shape)}")
+        value = curvature.item() if curvature.device.type == "cpu" else 1.0
+        curvature = fp32_or_wider(curvature)
+    else:
+        value = curvature
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{topology}'s curvature c (the space's is −c) must be a finite number > 0; got {value!r}")
+    return curvature
 
 
 def _pairwise(entry: Topology, curvature) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -414,8 +428,11 @@ def lorentz_index_vectors(points: torch.Tensor, curvature, query: bool) -> torch
     """"lorentz" points (B, m, n) -> (B, m·n + 1) vectors for an inner-product index: items [x, t], queries
     [x, −t], whose inner product is ⟨q, x⟩_L = −cosh(√c·d)/c, so the largest is the nearest (the similarity itself is
     −arcosh(−c·ip)/√c, a decreasing function). The product form has no such vectors (see its `not_flat`)."""
+    if points.dim() != 3 or points.shape[1] != 1:
+        raise ValueError(f"lorentz_index_vectors takes a lorentz model's points (B, 1, d); got {tuple(points.shape)} (the "
+                         f"product of hyperboloids, lorentz-product, has no inner-product form)")
     flat = fp32_or_wider(points).flatten(1)
-    time = lorentz_time(flat, fp32_or_wider(curvature) if isinstance(curvature, torch.Tensor) else curvature)
+    time = lorentz_time(flat, _curvature(get_topology("lorentz"), "lorentz", curvature))
     return torch.cat([flat, (-time if query else time)[:, None]], dim=1)
 
 
