@@ -330,7 +330,7 @@ def test_onnx_carries_the_curvature(tmp_path):
     assert float(metadata["topoclip.curvature"]) == pytest.approx(0.4)
 
 
-def test_init_from_crosses_between_the_spheres_and_the_hyperboloids(tmp_path):
+def test_init_from_crosses_between_the_spheres_and_the_hyperboloids(tmp_path, capsys):
     """The topology is the run's choice: a hyperbolic run from a sphere checkpoint gets its towers and τ and a fresh
     curvature; a sphere run from a hyperbolic checkpoint leaves the curvature out."""
     from topoclip.io.checkpoint import save_checkpoint
@@ -364,6 +364,15 @@ def test_init_from_crosses_between_the_spheres_and_the_hyperboloids(tmp_path):
                                    f"train.init_from={back_folder}"])
     with pytest.raises(ConfigError, match="outside this run's range.*model.curvature.init=0.8187"):
         check_initial_checkpoint(outside)
+    # A run that does not learn c keeps its configured one, whatever the checkpoint's (from the hostile test of #61:
+    # it trained at the checkpoint's c while its config.json said another), and says so; no range to check.
+    fixed = load_config("tiny", ["model.topology=lorentz-product", "model.curvature.init=20",
+                                 "model.curvature.learnable=false", f"train.init_from={back_folder}"])
+    check_initial_checkpoint(fixed)
+    model = CLIP(fixed.model)
+    load_initial_weights(model, fixed)
+    assert model.curvature_value.item() == pytest.approx(20.0)
+    assert "keeps c = model.curvature.init = 20, not train.init_from's c = 0.818731" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the hierarchy measure

@@ -96,8 +96,10 @@ def check_initial_weights_finite(config: Config) -> None:
 
 def check_initial_curvature(folder: Path, config: Config) -> None:
     """Refuse a hyperbolic run whose checkpoint's learned c lies outside the run's clamp range [init/10, 10·init]: the
-    first step would move it there silently."""
-    log_c = stored_scalar(folder, "curvature.log_c") if get_topology(config.model.topology).curved else None
+    first step would move it there silently. (A run that does not learn c keeps its own: load_initial_weights.)"""
+    curvature = config.model.curvature
+    log_c = stored_scalar(folder, "curvature.log_c") if get_topology(config.model.topology).curved \
+        and curvature.learnable else None
     init = config.model.curvature.init
     if log_c is not None and not init / CURVATURE_RANGE <= math.exp(log_c) <= init * CURVATURE_RANGE:
         raise ConfigError(f"train.init_from={config.train.init_from}: its learned curvature c = {math.exp(log_c):.4g} "
@@ -119,6 +121,13 @@ def load_initial_weights(model: CLIP, config: Config) -> None:
     """Load the init_from checkpoint's weights into the freshly built `model` (on its device); the topology's own
     parts and the loss's (FRESH_PARTS) keep their initial values where the checkpoint has none."""
     weights = read_weights(initial_checkpoint(config), model.config, str(next(model.parameters()).device), FRESH_PARTS)
+    init = config.model.curvature.init
+    if "curvature.log_c" in weights and not config.model.curvature.learnable:  # the run's fixed c is its config's
+        saved = math.exp(weights.pop("curvature.log_c").item())
+        if not math.isclose(saved, init, rel_tol=1e-6) and launch_rank() == 0:
+            print(f"topoclip: note: model.curvature.learnable=false keeps c = model.curvature.init = {init:g}, not "
+                  f"train.init_from's c = {saved:.6g}; --set model.curvature.init={saved:.6g} keeps that one instead",
+                  file=sys.stderr)
     bias = config.model.temperature.bias_init
     if bias is not None and "temperature.bias" not in weights and launch_rank() == 0:
         print(f"topoclip: note: train.init_from={config.train.init_from} has no sigmoid-loss bias (it was trained with "
