@@ -175,6 +175,22 @@ def test_still_rising_names_a_rise_without_spread():
     assert still_rising(row([0.0, 1.0, 2.0]), "shape") == "no +1.0 (-1.5 to +3.5)"  # 1 ± t(0.975, 2)·1/√3
 
 
+def test_rows_a_hidden_axis_tells_apart_are_named_by_their_cell():
+    """From the hostile test of #61: the lorentz grid hides its model axis, whose levels differ by the entailment loss
+    (a training setting the model's description does not show), so two rows read `| Lorentz H^128 | lr 1e-3 |`."""
+    from topoclip.experiments.report import markdown_table
+
+    grid = grids.load_grid("lorentz")
+    numbers = {key: {"values": [1.0]} for key in ("final_t", "convergence_step", "i2t_r1", "t2i_r1", "zero_shot_top1",
+                                                  "linear_probe_top1")}
+    rows = [{"cell": cell, "model": model, "columns": {"learning rate": "lr 1e-3"}, "t_init": 2.659, "learnable": True,
+             **numbers} for cell, model in (("lorentz_lr-1e-3", "L"), ("lorentz-entail_lr-1e-3", "L"),
+                                            ("lorentz-product_lr-1e-3", "P"))]
+    meta = {"cells": "all", "seeds": 1, "preset": grid.preset, "steps": 3, "command": "topoclip ablate"}
+    table = [line for line in markdown_table(grid, rows, meta).splitlines() if line.startswith("| ")][1:]
+    assert [line.split(" | ")[0] for line in table] == ["| L (`lorentz_lr-1e-3`)", "| L (`lorentz-entail_lr-1e-3`)", "| P"]
+
+
 def read_runs(out):
     return {(r["cell"], r["seed"]): r for r in json.loads((out / "ablation.json").read_text())["runs"]}
 

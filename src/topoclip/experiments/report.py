@@ -2,6 +2,7 @@
 ours), the late-rise test of each cell's validation curve, and the plots (curves.png, temperature.png)."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -94,12 +95,17 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
              f"interval, shown, is above 0; \"—\" without periodic evaluations."
              + (f" Rows in italics are the paper's, from its {grid.paper['source']}" if grid.paper else ""), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    # Rows that the model and the shown axes do not tell apart (a hidden axis that changes training, as the lorentz
+    # grid's entailment loss) are named by their cell too.
+    same = Counter((row["model"], *(row["columns"][name] for name in shown)) for row in rows)
     for row in rows:
         def column(key: str, digits: int) -> str:
             return _format(row[key]["values"], digits)
 
         convergence = column("convergence_step", 0) if row["learnable"] else "fixed"
-        cells = ([row["model"]] + [row["columns"][name] for name in shown]
+        twins = same[(row["model"], *(row["columns"][name] for name in shown))]
+        model = row["model"] + (f" (`{row['cell']}`)" if twins > 1 else "")
+        cells = ([model] + [row["columns"][name] for name in shown]
                  + [f"{row['t_init']:.3f}", "yes" if row["learnable"] else "no", column("final_t", 3), convergence,
                     column("i2t_r1", 1), column("t2i_r1", 1), column("zero_shot_top1", 1),
                     still_rising(row, grid.zero_shot_set), column("linear_probe_top1", 1)])
