@@ -5,6 +5,7 @@ nothing run, nothing written outside the named folder."""
 import json
 import shutil
 import tarfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -821,9 +822,10 @@ for batch in torch.utils.data.DataLoader(Slow(), num_workers=2, worker_init_fn=i
 def test_a_stray_quote_in_a_caption_table_loses_no_row_silently(tmp_path):
     """Found on main: a caption that opens with a quote and never closes it made csv read every row after it into one
     caption (996 of 1,000 rows gone, without a word); one that closes rows later did the same up to that row; one whose
-    field outgrew csv's limit cost thousands of rows counted as "1 row". Now: never closing refuses the table in one
-    line naming the line; a row over several lines (a caption may hold a line break) is read and counted in one
-    warning naming the longest; a row csv cannot read counts the lines it held. Every reader shares CaptionTable."""
+    field outgrew csv's limit cost thousands of rows counted as "1 row". Now: never closing, or closing past the limit,
+    refuses the table in one line naming the line; a row over several lines (a caption may hold a line break) is read
+    and counted in one warning naming the longest; a row with a line too long to read is skipped whole and counted
+    with its lines. Every reader shares CaptionTable."""
     from topoclip.core.errors import ConfigError
     from topoclip.data.csv import read_caption_table
 
@@ -845,13 +847,36 @@ def test_a_stray_quote_in_a_caption_table_loses_no_row_silently(tmp_path):
     table.write_text('"filepath,title\na.png,red"\n')
     with pytest.raises(ConfigError, match="a quote opens in its header row and closes on line 2"):
         read_caption_table(table)
-    # The open field is "open\n" (5 characters) and then 100 per line; csv refuses its 131,073rd character, on the
-    # 1,311th line after line 3 (5 + 1,310·100 = 131,005 < 131,072 < 131,105), and goes on at the next line.
+    # In a table longer than csv's field limit (131,072 characters) the open field outgrows it first, and csv would go
+    # on at the next line, reading the rest of the field as rows: refused too (the review found 2,778 lines lost so).
     lines = ["filepath,title", "a.jpg,red", 'b.jpg,"open', *(f"{i:04d}.png,{'x' * 90}" for i in range(2000)), 'c.jpg,blue']
     table.write_text("\n".join(lines) + "\n")
-    with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) csv cannot read \(1,312 lines\), e\.g\. lines 3–1,314: field"):
-        kept = read_caption_table(table)
-    assert kept[:2] == [("a.jpg", "red"), ("1311.png", "x" * 90)] and kept[-1] == ("c.jpg", "blue") and len(kept) == 691
+    with pytest.raises(ConfigError, match="the field that opens with a quote on line 3 runs on to line 1,314, past what "
+                                          "csv reads"):  # "open\n" and then 100 characters a line: 5 + 1,311·100 > 131,072
+        read_caption_table(table)
+    # A line over 1 MiB (left out unread) inside a quoted field: its row is not whole, so it is skipped and counted,
+    # with the rows a quote inside it would have closed; with lone-CR line endings the rows after one are kept.
+    big = "z" * ((1 << 20) + 5)
+    table.write_text(f'filepath,title\na.jpg,"start\n{big}"\nb.jpg,bb\nc.jpg,"cc"\nd.jpg,dd\n')
+    with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) that cannot be read \(4 lines\), e\.g\. line 3: over 1,048,576"):
+        assert read_caption_table(table) == [("d.jpg", "dd")]
+    table.write_text(f"filepath,title\rbig.jpg,{big}\r" + "".join(f"{k}.jpg,cap {k}\r" for k in range(3)), newline="")
+    with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) that cannot be read, e\.g\. line 2: over"):
+        assert read_caption_table(table) == [(f"{k}.jpg", f"cap {k}") for k in range(3)]
+    table.write_text('\ufeff"filepath","title"\na.jpg,aa\n')  # a BOM before a quoted header is no part of it
+    assert read_caption_table(table) == [("a.jpg", "aa")]
+
+
+def test_a_table_warning_turned_into_an_error_is_raised_each_time(tmp_path):
+    from topoclip.data.csv import read_caption_table
+
+    table = tmp_path / "t.csv"
+    table.write_text('filepath,title\na.png,"two\nlines"\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # the review: the second read was silent (the message was noted as said before it was)
+            with pytest.raises(UserWarning, match="run over several lines"):
+                read_caption_table(table)
 
 
 def test_a_stray_quote_in_the_training_table_is_one_line_before_any_run_folder(tmp_path, capsys):

@@ -52,9 +52,10 @@ class CaptionTable:
 
     Text is read as UTF-8 with undecodable bytes kept as surrogates, so one bad caption is later skipped as
     "bad_encoding" instead of failing the whole file. Blank lines are ignored; a line csv cannot read is skipped
-    and counted in a warning at the end of the pass. A quote that opens a field and never closes refuses the table
-    (csv would read every line after it as one caption); rows over several lines are read as csv reads them (a
-    caption may hold a line break) and counted in a warning, since a stray quote that closes lines later looks the same.
+    and counted in a warning at the end of the pass, as is a row with a line over MAX_LINE_CHARS. A quote that opens a
+    field and never closes, or closes only past csv's field limit, refuses the table (csv would read the lines after
+    it as one caption, or as rows cut anywhere); rows over several lines are read as csv reads them (a caption may
+    hold a line break) and counted in a warning, since a stray quote that closes lines later looks the same.
     """
 
     def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
@@ -84,7 +85,7 @@ class CaptionTable:
     def _open(self):
         """The table as text, through the door (a regular file: a FIFO is refused, not read; any size, streamed)."""
         return io.TextIOWrapper(open_regular(self.path, "caption table", limit=None, error=ConfigError), newline="",
-                                encoding="utf-8", errors="surrogateescape")
+                                encoding="utf-8-sig", errors="surrogateescape")  # -sig: a BOM is not text
 
     def _header(self, reader, unreadable: list, lines: "_Lines") -> list[str]:
         try:
@@ -100,10 +101,10 @@ class CaptionTable:
                               f"naming the image and caption columns")
         if header is None:
             raise ConfigError(f"{self.path} is empty; it needs a header row naming the image and caption columns")
-        return [name.lstrip("\ufeff").strip() for name in header]
+        return [name.strip() for name in header]
 
     def __iter__(self) -> Iterator[tuple[str, Optional[str]]]:
-        # The rows csv cannot read and the lines they held beyond one each; the rows over several lines, the longest
+        # The rows that cannot be read and the lines they held beyond one each; the rows over several lines, the longest
         unreadable, more_lines, several, longest = [], 0, 0, (0, 0)
         with self._open() as file:
             lines = _Lines(bounded_lines(file, unreadable))
@@ -111,20 +112,27 @@ class CaptionTable:
             if self._header(reader, unreadable, lines) != self.header:  # the columns were found in another file
                 raise ConfigError(f"{self.path} was replaced after it was opened (its header changed); read it again")
             while True:
-                first = reader.line_num + 1
+                first, noted = reader.line_num + 1, len(unreadable)
                 try:
                     row = next(reader)
                 except StopIteration:
                     break
-                except csv.Error as error:  # a field past csv.field_size_limit(), a NUL: the reader goes on at the next line
-                    unreadable.append(f"{_span(first, reader.line_num)}: {error}")
-                    more_lines += reader.line_num - first
+                except csv.Error as error:  # a field past csv.field_size_limit(): the reader goes on at the next line
+                    if reader.line_num > first:  # a quoted field over lines: going on would read the rest of it as rows
+                        raise ConfigError(f"{self.path}: the field that opens with a quote on line {first:,} runs on to "
+                                          f"line {reader.line_num:,}, past what csv reads ({error}): a quote that never "
+                                          f"closes, or closes too late; close it, or write a quote inside a quoted "
+                                          f"field as \"\"") from None
+                    unreadable.append(f"line {first:,}: {error}")
                     continue
                 if lines.ended:  # csv asked for a line past the last in the middle of a row: a quote never closed
                     raise ConfigError(f"{self.path}: the quote that opens a field on line {first:,} never closes, so csv "
                                       f"read the {reader.line_num - first:,} line(s) after it as part of that field; "
                                       f"close it, or write a quote inside a quoted field as \"\"")
                 if reader.line_num > first:
+                    if len(unreadable) > noted:  # one of its lines was too long to read (bounded_lines): not whole
+                        more_lines += reader.line_num - first
+                        continue
                     several += 1
                     longest = max(longest, (first, reader.line_num), key=lambda span: span[1] - span[0])
                 if not row or (len(row) == 1 and not row[0].strip()):
@@ -134,7 +142,7 @@ class CaptionTable:
                 yield image, caption
         if unreadable:
             held = f" ({len(unreadable) + more_lines:,} lines)" if more_lines else ""
-            _warn_once(f"{self.path}: skipped {len(unreadable):,} row(s) csv cannot read{held}, e.g. {unreadable[0]}")
+            _warn_once(f"{self.path}: skipped {len(unreadable):,} row(s) that cannot be read{held}, e.g. {unreadable[0]}")
         if several:  # read as csv reads them (a caption may hold a line break), but a stray quote looks the same
             _warn_once(f"{self.path}: {several:,} row(s) run over several lines ({_span(*longest)} the longest): a "
                        f"field that opens with a quote runs to the next quote, so one stray quote makes the rows after "
@@ -149,8 +157,8 @@ _WARNED: set[str] = set()
 
 def _warn_once(message: str) -> None:
     if message not in _WARNED:
-        _WARNED.add(message)
         warnings.warn(message, stacklevel=3)
+        _WARNED.add(message)  # after: a warning turned into an error (-W error) is raised again next time
 
 
 def _span(first: int, last: int) -> str:
@@ -189,8 +197,8 @@ def bounded_lines(file, unreadable: list) -> Iterator[str]:
         if not line:
             return
         number += 1
-        if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
-            while (rest := file.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+        if len(line) > MAX_LINE_CHARS and not line.endswith(("\n", "\r")):  # (a lone \r ends a line too)
+            while (rest := file.readline(MAX_LINE_CHARS)) and not rest.endswith(("\n", "\r")):
                 pass
             unreadable.append(f"line {number}: over {MAX_LINE_CHARS:,} characters")
             line = "\n"
