@@ -1,5 +1,6 @@
 """`topoclip push`: the files and the model card it sends, against a local fake of huggingface_hub's HfApi."""
 import json
+import os
 
 import pytest
 
@@ -107,6 +108,12 @@ def test_a_fine_tune_s_card_names_its_base_and_its_lora_and_its_license_is_asked
                  "--dry-run", str(tmp_path / "upload2")]) == 0
     card = (tmp_path / "upload2" / "README.md").read_text()
     assert card.startswith("---\nlicense: other\nbase_model: openai/clip-vit-base-patch16\n")
+    # a relative link is as typed where that run started, not a folder of this cwd: the chain ends there
+    capsys.readouterr()
+    assert main(["train", "--init-from", os.path.relpath(tmp_path / "tuned"), *short, "--out", str(tmp_path / "rel")]) == 0
+    assert main(["push", str(tmp_path / "rel"), "someone/rel", "--license", "other",
+                 "--dry-run", str(tmp_path / "upload3")]) == 0
+    assert "- fine-tuned from a local checkpoint" in (tmp_path / "upload3" / "README.md").read_text()
     shutil.rmtree(tmp_path / "tuned")  # the chain's middle gone: a local checkpoint, its license still asked for
     capsys.readouterr()
     assert main(["push", str(tmp_path / "twice"), "someone/twice", "--dry-run", str(tmp_path / "refused2")]) == 2

@@ -43,8 +43,9 @@ BASE_MODEL_HOPS = 8
 
 def base_model(config) -> Optional[tuple[Optional[str], Optional[str]]]:
     """The model this one was fine-tuned from, as (pretrained name, its Hub repository) where its chain of
-    train.init_from (each folder's own config, as far as the folders are on this machine) starts at `--pretrained
-    NAME`, (None, None) where it starts at another checkpoint; None for a model trained from scratch."""
+    train.init_from (each folder's own config, as far as the folders are on this machine and named by absolute paths)
+    starts at `--pretrained NAME`, (None, None) where it starts at another checkpoint; None for a model trained from
+    scratch."""
     from topoclip.io.checkpoint import load_config_from, resolve_checkpoint
 
     folder, seen = config.train.init_from, set()
@@ -53,6 +54,8 @@ def base_model(config) -> Optional[tuple[Optional[str], Optional[str]]]:
         if entry:
             return entry.name, entry.repo
         seen.add(folder)
+        if not Path(folder).is_absolute():  # as typed where that run started, a folder this cwd may not be
+            break
         try:  # a fine-tune of a fine-tune: the folder's own start
             folder = load_config_from(resolve_checkpoint(Path(folder))).train.init_from
         except (OSError, UserError):  # moved, deleted or damaged since: the chain ends here
