@@ -56,3 +56,24 @@ def test_difference_is_welchs_t():
     assert clear["effect"] == 9.0 and clear["df"] == 4.0 and clear["low"] > 0 and clear["p"] < 0.001
     assert unclear["low"] < 0 < unclear["high"] and unclear["p"] > 0.05
     assert "| m | 11.0 ± 1.0 | 2.0 ± 1.0 | +9.0 (" in markdown(rows, 3, 10)
+
+
+def test_a_comparison_that_cannot_be_made_is_one_line_before_any_run(tmp_path, capsys):
+    """From the hostile test of #61: `compare --seeds 1` trained every run and then ended in a traceback (Welch's t
+    needs two a side); `--preset tiny` made both cells Multi(16, 4) and `--set model.topology=lorentz` both lorentz,
+    compared under a header naming Multi(16, 8) and the sphere."""
+    from topoclip.cli import main
+    from topoclip.experiments.compare import compared_models
+
+    assert main(["compare", "--seeds", "1", "--out", str(tmp_path / "one")]) == 2
+    assert "--seeds: must be a whole number ≥ 2" in capsys.readouterr().err
+    assert main(["compare", "--preset", "tiny", "--set", "model.topology=lorentz", "--out", str(tmp_path / "set")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--set model.topology=lorentz would change both or blur them" in error, error
+    assert main(["compare", "--preset", "cpu-sphere", "--out", str(tmp_path / "same")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "under --preset cpu-sphere both models are Sphere(128)" in error, error
+    assert not any((tmp_path / name).exists() for name in ("one", "set", "same"))
+    # a smoke test's base preset keeps the two models apart, and the table names them
+    assert compared_models(2, [], "tiny") == {"multi": "Multi(16,4), ps-inner", "sphere": "Sphere(16), sphere"}
+    assert compared_models(2, [], None) == {"multi": "Multi(16,8), ps-inner", "sphere": "Sphere(128), sphere"}

@@ -50,7 +50,7 @@ def command_compare(args) -> int:
 def add_compare(commands) -> None:
     compare = add_command(commands, "compare", command_compare, "train the default multi-token model and its sphere "
                           "baseline under the same recipe for N seeds (resumable) and compare them, mean ± std")
-    compare.add_argument("--seeds", type=whole(1), default=3, help="seeds per model (default 3)")
+    compare.add_argument("--seeds", type=whole(2), default=3, help="seeds per model (default 3; at least 2, for Welch's t)")
     compare.add_argument("--steps", type=whole(1), help="train.steps of every run (default: the presets')")
     compare.add_argument("--jobs", type=whole(1), default=1, help="runs trained at once, each in its own process")
     compare.add_argument("--preset", help="replace both models' base preset (e.g. tiny for a smoke test)")

@@ -21,6 +21,7 @@ from topoclip.experiments.statistics import mean_std, welch
 
 GRID = "compare"
 MODELS = ("multi", "sphere")
+FIXED = ("model.topology", "model.class_tokens")  # what tells the two models apart
 
 
 def metric_values(records: Sequence[dict]) -> dict[str, dict[str, list[float]]]:
@@ -48,12 +49,17 @@ def comparison_rows(values: dict[str, dict[str, list[float]]]) -> list[dict]:
     return rows
 
 
-def markdown(rows: Sequence[dict], seeds: int, steps: int) -> str:
-    """The comparison as a markdown table (numbers in %, τ as is)."""
+# The default run's two models, as the tables of results written before each run's model was recorded name them.
+DEFAULT_MODELS = {"multi": "Multi(16, 8), ps-inner", "sphere": "1 token, cosine"}
+
+
+def markdown(rows: Sequence[dict], seeds: int, steps: int, models: Optional[dict] = None) -> str:
+    """The comparison as a markdown table (numbers in %, τ as is); models: each label's model, as its runs describe it."""
+    models = models or DEFAULT_MODELS
     lines = [f"Mean ± sample std over n = {seeds} seeds per model (train.seed 0 … {seeds - 1}), {steps} steps each; "
              "difference = multi − sphere (of the unrounded means) with its 95 % confidence interval and the "
              "two-sided p-value of Welch's t.", "",
-             "| metric | multi (Multi(16, 8), ps-inner) | sphere (1 token, cosine) | difference (95 % CI) | p |",
+             f"| metric | multi ({models['multi']}) | sphere ({models['sphere']}) | difference (95 % CI) | p |",
              "|---|---|---|---|---|"]
     for row in rows:
         def cell(model: str) -> str:
@@ -82,19 +88,42 @@ def plot(rows: Sequence[dict], out_dir: Path) -> Path:
     return save_figure(figure, out_dir, "compare")
 
 
+def compared_models(seeds: int, overrides: Sequence[str], preset: Optional[str]) -> dict[str, str]:
+    """Each label's model (describe_model, topology), refused in one line before any run when the comparison cannot
+    be made: fewer than two seeds (Welch's t needs two a side), or settings under which both models are the same."""
+    from topoclip.config import ConfigError
+    from topoclip.experiments.grid import cell_config, load_grid
+    from topoclip.model.clip import describe_model
+
+    if seeds < 2:
+        raise ConfigError(f"compare needs at least 2 seeds per model (Welch's t compares their spreads); got {seeds}")
+    fixed = [setting for setting in overrides if setting.split("=", 1)[0].strip() in FIXED]
+    if fixed:
+        raise ConfigError(f"compare's two models are its own (the multi-token product sphere against the one-token "
+                          f"sphere), so --set {fixed[0]:.60} would change both or blur them; compare other models with "
+                          f"`topoclip ablate` and a grid")
+    grid = load_grid(GRID)
+    configs = {level.label: cell_config(grid, [level], overrides, 0, preset).model for level in grid.axes[0].levels}
+    if configs["multi"] == configs["sphere"]:
+        raise ConfigError(f"compare: under --preset {preset} both models are {describe_model(configs['multi'])}; it "
+                          f"trains the multi-token model against the one-token sphere: give a multi-token preset")
+    return {label: f"{describe_model(model)}, {model.topology}" for label, model in configs.items()}
+
+
 def compare(out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (), jobs: int = 1,
             preset: Optional[str] = None, command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
     """Train (or finish) both models for `seeds` seeds; write compare.md / .json / .png; returns the JSON."""
     out_dir = Path(out_dir)
+    models = compared_models(seeds, overrides, preset)
     result = ablate(GRID, out_dir, seeds=seeds, steps=steps, overrides=overrides, jobs=jobs, preset=preset,
                     probe_size=0, command=command, log=log)
     rows = comparison_rows(metric_values(result["runs"]))
-    table = markdown(rows, seeds, result["steps"])
+    table = markdown(rows, seeds, result["steps"], models)
     (out_dir / "compare.md").write_text(table)
     picture = plot(rows, out_dir)
     summary = {"analysis": "compare", "command": result["command"], "seeds": list(range(seeds)),
                "steps": result["steps"], "machine": result["machine"], "wall_seconds": result["wall_seconds"],
-               "rows": rows, "table": table, "plots": [picture.name]}
+               "models": models, "rows": rows, "table": table, "plots": [picture.name]}
     write_json(out_dir, "compare", summary)
     log(table)
     log(f"wrote {out_dir / 'compare.md'}, {out_dir / 'compare.json'}, {picture}")

@@ -95,16 +95,18 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
              f"interval, shown, is above 0; \"—\" without periodic evaluations."
              + (f" Rows in italics are the paper's, from its {grid.paper['source']}" if grid.paper else ""), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    # Rows that the model and the shown axes do not tell apart (a hidden axis that changes training, as the lorentz
-    # grid's entailment loss) are named by their cell too.
-    same = Counter((row["model"], *(row["columns"][name] for name in shown)) for row in rows)
+    # Rows that the model, the shown axes and τ's start do not tell apart (a hidden axis that changes training, as the
+    # lorentz grid's entailment loss) are named by their cell too.
+    def seen(row: dict) -> tuple:
+        return row["model"], *(row["columns"][name] for name in shown), row["t_init"], row["learnable"]
+
+    same = Counter(map(seen, rows))
     for row in rows:
         def column(key: str, digits: int) -> str:
             return _format(row[key]["values"], digits)
 
         convergence = column("convergence_step", 0) if row["learnable"] else "fixed"
-        twins = same[(row["model"], *(row["columns"][name] for name in shown))]
-        model = row["model"] + (f" (`{row['cell']}`)" if twins > 1 else "")
+        model = row["model"] + (f" (`{row['cell']}`)" if same[seen(row)] > 1 else "")
         cells = ([model] + [row["columns"][name] for name in shown]
                  + [f"{row['t_init']:.3f}", "yes" if row["learnable"] else "no", column("final_t", 3), convergence,
                     column("i2t_r1", 1), column("t2i_r1", 1), column("zero_shot_top1", 1),

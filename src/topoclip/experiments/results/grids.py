@@ -44,7 +44,7 @@ def compare_table(results: dict) -> str:
     from each row's per-seed values."""
     values = {row["metric"]: {model: row[model]["values"] for model in MODELS} for row in results["rows"]}
     return (f"Measured: `{results['command']}` ({len(results['seeds'])} seeds) on {describe_machine(results['machine'])}.\n\n"
-            + compare_markdown(comparison_rows(values), len(results["seeds"]), results["steps"]))
+            + compare_markdown(comparison_rows(values), len(results["seeds"]), results["steps"], results.get("models")))
 
 
 def ablation_table(results: dict) -> str:
