@@ -131,6 +131,19 @@ def test_an_unusable_evaluation_folder_is_one_line(run, tmp_path, capsys, case, 
 # --------------------------------------------------------------------------- damaged run files
 
 
+@pytest.mark.parametrize("setting", ["model.curvature.init=5", "model.class_tokens=8", "model.topology=sphere"])
+def test_a_checkpoints_model_settings_are_its_own_to_eval_and_convert(run, tmp_path, capsys, setting):
+    """From the hostile test of #61: `eval --set model.curvature.init=5` or `model.class_tokens=8` were accepted and
+    ignored (the weights decide), `model.topology=sphere` blamed another setting. One line, for each command that
+    reads a checkpoint with --set."""
+    assert main(["eval", str(run), "--set", setting]) == 2
+    assert f"eval: a checkpoint's model settings are its own (--set {setting})" in one_error_line(capsys.readouterr().err)
+    assert main(["convert", str(run), str(tmp_path / "c"), "--set", setting]) == 2
+    assert f"convert: a checkpoint's model settings are its own (--set {setting})" in one_error_line(
+        capsys.readouterr().err)
+    assert not (tmp_path / "c").exists()
+
+
 def test_a_malformed_tokenizer_is_one_line(run, tmp_path, capsys):
     """main: a malformed tokenizer.json ended in a ValueError traceback (eval and --resume)."""
     broken = unfinished_copy(run, tmp_path / "run")

@@ -185,7 +185,7 @@ def add_pretrained(commands) -> None:
 def command_eval(args) -> int:
     from topoclip.io.checkpoint import load_checkpoint
     from topoclip.run.inference import checkpoint_folder
-    from topoclip.config import Config, apply_overrides, from_dict, validate
+    from topoclip.config import validate, with_overrides
     from topoclip.run.clip_benchmark import default_template_mode, write_results
     from topoclip.run.evaluation.run import evaluate, no_evaluation_sets, summary_table
 
@@ -194,9 +194,8 @@ def command_eval(args) -> int:
                           "(the records of every mode in evaluate.template_modes go to --json)")
     device = resolve_device(args.device, "--device")
     model, tokenizer, config = load_checkpoint(checkpoint_folder(args.checkpoint))
-    if args.overrides:  # e.g. evaluate on other sets: --set evaluate.classification='["folder"]'
-        config = from_dict(Config, apply_overrides(to_dict(config), args.overrides))
-        validate(config)
+    # e.g. evaluate on other sets: --set evaluate.classification='["folder"]'
+    config = with_overrides(config, args.overrides, "eval")
     config = with_imagenet_val(config, args.imagenet_val)
     if tokenizer is None:
         raise ConfigError(f"{args.checkpoint} has no tokenizer.json; it cannot encode prompts")

@@ -16,7 +16,7 @@ from topoclip.config.checks import (FOLDER_GUARDED, NUMERIC_RANGES, Range, comma
                                     require_lora_library, validate_readable, validate_source, validate_train)
 from topoclip.config.loading import (DEFAULT_PRESET, PRESET_PACKAGE, apply_overrides, coerce, describe_preset, flat_dict,
                                      from_dict, load_config, merge, override_value, parse_value, preset_dict, presets,
-                                     read_preset_file, to_dict, unknown_key_message, valid_keys)
+                                     read_preset_file, to_dict, unknown_key_message, valid_keys, with_overrides)
 from topoclip.config.schema import (Config, ConfigError, CurvatureConfig, DataConfig, EvaluateConfig, ModelConfig, TemperatureConfig,
                                     TextConfig, TrainConfig, VisionConfig)
 
@@ -26,6 +26,6 @@ __all__ = ["FOLDER_GUARDED", "NUMERIC_RANGES", "Range", "command_urls", "numeric
            "validate_source",
            "validate_train", "DEFAULT_PRESET", "PRESET_PACKAGE", "apply_overrides", "coerce", "describe_preset",
            "flat_dict", "from_dict", "load_config", "merge", "override_value", "parse_value", "preset_dict",
-           "presets", "read_preset_file", "to_dict", "unknown_key_message", "valid_keys", "Config", "ConfigError",
+           "presets", "read_preset_file", "to_dict", "unknown_key_message", "valid_keys", "with_overrides", "Config", "ConfigError",
            "CurvatureConfig", "DataConfig", "EvaluateConfig", "ModelConfig", "TemperatureConfig", "TextConfig", "TrainConfig",
            "VisionConfig"]

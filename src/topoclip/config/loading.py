@@ -217,6 +217,21 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
     return out
 
 
+def with_overrides(config: Config, overrides: Sequence[str], command: str) -> Config:
+    """A loaded checkpoint's config with `overrides` applied and checked. Its model settings are its weights', so a
+    model.* override is refused in one line (`command` names who refuses): applied, it would be ignored or blamed on
+    another setting."""
+    model = [item for item in overrides if item.strip().startswith("model.")]
+    if model:
+        raise ConfigError(f"{command}: a checkpoint's model settings are its own (--set {model[0]:.60}); only train, "
+                          f"data and evaluate settings can be changed")
+    if not overrides:
+        return config
+    config = from_dict(Config, apply_overrides(to_dict(config), list(overrides)))
+    validate(config)
+    return config
+
+
 def override_value(overrides: list[str], key: str) -> Any:
     """The value the last of `overrides` gives `key` (None when none names it)."""
     value = None

@@ -36,16 +36,13 @@ def read_model(format: str, source: Union[str, Path], vocab: Optional[Union[str,
     if format == "topoclip":
         from topoclip.io.checkpoint import load_checkpoint
 
-        architecture = [item for item in overrides if item.strip().startswith("model.")]
-        if architecture or activation:
-            raise ConfigError(f"a topoclip checkpoint's model settings are its own ({architecture[0] if architecture else 'activation'}); "
-                              f"only train/data/evaluate settings can be changed")
-        model, tokenizer, config = load_checkpoint(source)
-        if overrides:
-            from topoclip.config import apply_overrides, from_dict, to_dict, validate
+        from topoclip.config import with_overrides
 
-            config = from_dict(Config, apply_overrides(to_dict(config), list(overrides)))
-            validate(config)
+        if activation:
+            raise ConfigError("a topoclip checkpoint's model settings are its own (activation); only train, data and "
+                              "evaluate settings can be changed")
+        model, tokenizer, config = load_checkpoint(source)
+        config = with_overrides(config, overrides, "convert")
         if vocab is not None:
             tokenizer = Tokenizer.from_vocab(vocab, context_length=config.model.text.context_length)
         return model, tokenizer, config
