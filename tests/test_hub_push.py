@@ -129,3 +129,25 @@ def test_a_license_yaml_would_read_as_another_type_is_refused(license, tmp_path,
     """From the second review of #62: the card's front matter took `--license yes` (YAML: true) or `1.0` (a number)."""
     assert main(["push", str(tmp_path), "someone/x", "--license", license, "--dry-run", str(tmp_path / "up")]) == 2
     assert f"--license {license!r} is not a license identifier" in capsys.readouterr().err
+
+
+def test_a_hyperbolic_models_card_says_its_curvature(tmp_path):
+    """From the hostile test of #61: the card of a lorentz model never said its learned c (and the export refusal
+    spoke of class tokens)."""
+    import torch
+
+    from topoclip.io.checkpoint import save_checkpoint
+    from topoclip.model.clip import CLIP
+    from topoclip.preprocess.tokenizer import Tokenizer
+    from topoclip.run.training.tokenizer_setup import fit_to_trained_tokenizer
+
+    tokenizer = Tokenizer.train(["a red circle", "a blue square"], vocab_size=40, context_length=16)
+    config = fit_to_trained_tokenizer(load_config("tiny", ["model.topology=lorentz", "model.class_tokens=1"]), tokenizer)
+    model = CLIP(config.model)
+    with torch.no_grad():
+        model.curvature.log_c.fill_(-0.5)
+    folder = save_checkpoint(tmp_path / "model", model, config, tokenizer)
+    assert main(["push", str(folder), "someone/meru", "--dry-run", str(tmp_path / "up")]) == 0
+    card = (tmp_path / "up" / "README.md").read_text()
+    assert "hyperbolic space of curvature −c, c = 0.606531 (learned)" in card
+    assert not (tmp_path / "up" / "open_clip_config.json").exists()

@@ -278,6 +278,14 @@ def test_the_library_refuses_a_curvature_that_is_not_one_finite_number_above_0(c
         G.lorentz_index_vectors(torch.randn(3, 4, 16), 1.0, query=False)
 
 
+def test_the_cost_analysis_counts_the_curvature_and_the_scalings_apart():
+    """From the hostile test of #61: the parts of `analyze cost`'s parameter count summed to 3 less than its total."""
+    from topoclip.analysis.cost import count_parameters
+
+    counts = count_parameters(CLIP(load_config("tiny", ["model.topology=lorentz"]).model))
+    assert counts["curvature"] == 3 and counts["total"] == sum(v for k, v in counts.items() if k != "total")
+
+
 def test_the_prompt_ensemble_averages_in_the_tangent_space():
     c = 1.3
     v = torch.randn(4, 2, 8, dtype=torch.float64)
@@ -305,7 +313,7 @@ def test_exports_and_upcycling_refuse_in_one_line(tmp_path):
     from topoclip.io.convert.upcycle import upcycle
 
     config = load_config("tiny", ["model.topology=lorentz", "model.class_tokens=1"])
-    assert "one sphere; this model is lorentz" in openclip_refusal(config)
+    assert "points of hyperbolic space (lorentz), scored by their distance" in openclip_refusal(config)
     with pytest.raises(ConfigError, match="upcycles the spheres only"):
         upcycle(CLIP(config.model), config, 4)
     sphere = load_config("tiny", ["model.topology=sphere", "model.class_tokens=1"])

@@ -169,6 +169,7 @@ def test_landscape_origin_equals_model_loss(loaded, tmp_path):
     result = landscape.analyze_landscape(loaded, tmp_path, batch_size=12, resolution=3, plane_scales=(1.0, 100.0),
                                          gradient_scales=(1.0, 100.0), gradient_points=3)
     written(tmp_path, "landscape")
+    assert (result["loss"], result["entailment_weight"]) == ("infonce", 0.0)  # the loss drawn, whole
     pairs = scene_pairs(loaded.config, 12)
     model = loaded.model
     with torch.no_grad():

@@ -28,12 +28,14 @@ BYTES_PER_FLOAT = 4
 
 
 def count_parameters(model) -> dict[str, int]:
-    """{"total", "vision", "text", "temperature"} parameter counts."""
+    """{"total", "vision", "text", "temperature"} parameter counts, and "curvature" (c and the towers' scalings) for a
+    hyperbolic model: the parts sum to the total."""
     def count(module) -> int:
         return sum(p.numel() for p in module.parameters())
 
-    return {"total": count(model), "vision": count(model.visual), "text": count(model.text),
-            "temperature": count(model.temperature)}
+    counts = {"total": count(model), "vision": count(model.visual), "text": count(model.text),
+              "temperature": count(model.temperature)}
+    return counts | ({"curvature": count(model.curvature)} if model.curvature is not None else {})
 
 
 def _attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:

@@ -171,6 +171,7 @@ def analyze_landscape(loaded: Pretrained, out_dir, batch_size: int = 64, resolut
     norms = gradient_norms(model, pixels, text, directions[0], line, gradient_scales, loss)
     result = {"analysis": "landscape", "model": loaded.name, "checkpoint": str(loaded.checkpoint),
               "topology": model.config.topology, "loss": loaded.config.train.loss,
+              "entailment_weight": loaded.config.train.entailment_weight,  # MERU's term, part of the loss drawn
               "model_scale": model.temperature.scale.item(), "batch_size": batch_size, "seed": seed,
               "coordinates": coordinates,
               "planes": [{"scale": s, "loss": plane[t].tolist(), "loss_at_origin": plane[t, resolution // 2, resolution // 2].item()}

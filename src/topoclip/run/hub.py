@@ -63,8 +63,10 @@ def base_model(config) -> Optional[tuple[Optional[str], Optional[str]]]:
     return (None, None) if config.train.init_from else None
 
 
-def model_card(config, repo_id: str, evaluation: Optional[list], license: str, openclip: bool) -> str:
-    """The README.md of a pushed model: front matter for the Hub, then what it is and how to load it."""
+def model_card(config, repo_id: str, evaluation: Optional[list], license: str, openclip: bool,
+               curvature: Optional[float] = None) -> str:
+    """The README.md of a pushed model: front matter for the Hub, then what it is and how to load it; curvature: a
+    hyperbolic model's learned c."""
     from topoclip.config import to_dict
     from topoclip.run.evaluation.run import table_rows
     from topoclip.model.clip import describe_model
@@ -80,7 +82,9 @@ def model_card(config, repo_id: str, evaluation: Optional[list], license: str, o
              f"# {repo_id.split('/')[-1]}", "",
              f"A CLIP-style image–text model trained with topoclip: "
              f"embeddings on **{label}** (topology `{model.topology}`, {model.class_tokens} class token(s) per "
-             f"tower, {model.embed_dim}-dimensional each), similarities scaled by a learned τ.", "",
+             f"tower, {model.embed_dim}-dimensional each), similarities scaled by a learned τ"
+             + (f"; hyperbolic space of curvature −c, c = {curvature:.6g} ({'learned' if model.curvature.learnable else 'fixed'})"
+                if curvature is not None else "") + ".", "",
              "## Training", ""]
     if base:
         name, repo = base
@@ -149,7 +153,9 @@ def upload_folder(source, destination: Path, repo_id: str, license: Optional[str
             evaluation = read_evaluation(run.evaluation)
         except UserError as error:  # the model is still worth its card: said, and the table left out
             print(f"topoclip: note: the model card has no evaluation table: {error}", file=sys.stderr)
-    (destination / CARD).write_text(model_card(loaded.config, repo_id, evaluation, license, openclip), encoding="utf-8")
+    curvature = loaded.model.curvature_value.item() if loaded.model.curvature is not None else None
+    (destination / CARD).write_text(model_card(loaded.config, repo_id, evaluation, license, openclip, curvature),
+                                    encoding="utf-8")
     return destination
 
 

@@ -23,6 +23,7 @@ from typing import Union
 from safetensors.torch import save_file
 
 from topoclip.config import Config, ConfigError
+from topoclip.core.geometry import get_topology
 from topoclip.io.convert.architecture import rename_keys
 from topoclip.model.pooling import end_of_text_id
 
@@ -41,9 +42,12 @@ EXPORT_RULES = [
 def openclip_refusal(config: Config) -> str:
     """Why OpenCLIP cannot express this model ("" when it can)."""
     model, text, vision = config.model, config.model.text, config.model.vision
+    if get_topology(model.topology).curved:
+        return (f"OpenCLIP's CLIP scores by the cosine on one sphere; this model's embeddings are points of hyperbolic "
+                f"space ({model.topology}), scored by their distance under a learned curvature")
     if model.class_tokens != 1 or model.topology != "sphere":
         return (f"OpenCLIP's CLIP has one class token per tower on one sphere; this model is {model.topology} with "
-                f"{model.class_tokens} class tokens")
+                f"{model.class_tokens} class token{'s' * (model.class_tokens != 1)}")
     # SigLIP's settings (topoclip.io.convert.siglip), none of which OpenCLIP's CLIP class has
     siglip = [f"model.{name}={json.dumps(value)}" for name, value, differs in (
         ("vision.pooling", vision.pooling, vision.pooling != "class_tokens"),
