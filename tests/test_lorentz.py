@@ -308,7 +308,7 @@ def test_settings_that_cannot_work_are_refused_before_training():
         load_config("tiny", ["model.topology=lorentz-product", "evaluate.template_modes=[\"flat\"]"])
 
 
-def test_exports_and_upcycling_refuse_in_one_line(tmp_path):
+def test_exports_and_upcycling_refuse_in_one_line(tmp_path, capsys):
     from topoclip.io.convert.openclip_export import openclip_refusal
     from topoclip.io.convert.upcycle import upcycle
 
@@ -319,6 +319,14 @@ def test_exports_and_upcycling_refuse_in_one_line(tmp_path):
     sphere = load_config("tiny", ["model.topology=sphere", "model.class_tokens=1"])
     with pytest.raises(ConfigError, match="lorentz-product's is unbounded"):
         upcycle(CLIP(sphere.model), sphere, 4, topology="lorentz-product")
+    # `benchmark` says it before it asks for clip_benchmark (installing that would not help)
+    from topoclip.cli import main
+    from topoclip.io.checkpoint import save_checkpoint
+
+    folder = save_checkpoint(tmp_path / "lorentz", CLIP(config.model), config)
+    assert main(["benchmark", str(folder), "--", "--dataset", "cifar10"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "lorentz embeddings have no flat form" in error and "topoclip eval" in error
 
 
 def test_onnx_carries_the_curvature(tmp_path):

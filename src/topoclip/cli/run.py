@@ -239,12 +239,18 @@ def add_eval(commands) -> None:
 
 
 def command_benchmark(args) -> int:
+    from topoclip.core.geometry import require_flat
     from topoclip.io.checkpoint import load_config_from, resolve_checkpoint
     from topoclip.run.clip_benchmark import run_clip_benchmark
 
     arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
-    name = args.name or load_config_from(resolve_checkpoint(Path(args.checkpoint))).name or "topoclip"
-    return run_clip_benchmark(args.checkpoint, arguments, name)
+    config = load_config_from(resolve_checkpoint(Path(args.checkpoint)))
+    try:  # before clip_benchmark is asked for: installing it would not help a model it cannot rank
+        require_flat(config.model.topology)
+    except ValueError as error:
+        raise ConfigError(f"CLIP_benchmark ranks by inner products of flat features: {error}; evaluate it with "
+                          f"`topoclip eval`") from None
+    return run_clip_benchmark(args.checkpoint, arguments, args.name or config.name or "topoclip")
 
 
 def add_benchmark(commands) -> None:
