@@ -423,7 +423,7 @@ def test_the_wilson_interval():
 
 
 def test_the_hierarchy_analysis_writes_its_measures(tmp_path, monkeypatch):
-    from topoclip.analysis.hierarchy import analyze_hierarchy
+    from topoclip.analysis.hierarchy import analyze_hierarchy, wilson
     from topoclip.io.checkpoint import save_checkpoint
     from topoclip.preprocess.tokenizer import Tokenizer
     from topoclip.run.inference import load_folder
@@ -455,8 +455,18 @@ def test_the_hierarchy_analysis_writes_its_measures(tmp_path, monkeypatch):
     table = report.renderer_for("lorentz-hierarchy-4")(report.load_results("lorentz-hierarchy-4"))
     share = result["trained"]["generic_nearer"]["all"]["mean"]
     assert f"| lorentz-product_lr-1e-3 | 2 | {share:.2f} ± 0.00 | " in table
-    assert "| cell | s = 1.0 | s = 0.5 | s = 0.0 |" in table
+    assert "| cell | s = 1.0 | s = 0.5 | s = 0.0 |" in table and "(the first 5 images)" in table
     assert table.startswith("20 test scenes a run, each a chain of 5 captions from the generic (object)")
+    # pooled: 2 seeds × 10 pairs × 20 chains = 400 trials, the successes those of one file twice
+    pairs = result["trained"]["generic_nearer"]["pairs"].values()
+    successes = 2 * sum(round(p["fraction"] * 20) for p in pairs)
+    low, high = wilson(successes, 400)
+    assert f" | {successes / 400:.3f} ({low:.3f}–{high:.3f}) | " in table
+    other = json.loads((landed / "lorentz-product_lr-1e-3-seed-1.json").read_text())
+    other["size"] = 21  # measured on other scenes: its numbers would share a column
+    (landed / "lorentz-product_lr-1e-3-seed-1.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="seed-1 was measured on other test scenes"):
+        report.renderer_for("lorentz-hierarchy-4")(report.load_results("lorentz-hierarchy-4"))
     sphere = fit_to_trained_tokenizer(load_config("tiny"), tokenizer)
     other = save_checkpoint(tmp_path / "sphere", CLIP(sphere.model), sphere, tokenizer)
     with pytest.raises(ConfigError, match="needs an origin"):

@@ -345,6 +345,7 @@ def test_a_stability_row_counts_skipped_steps_and_fp16s_halvings_and_spans_tau_a
     fp16's overflow skips counted from the loss scale's halvings, τ and c at the end (mean ± sd) and over the run."""
     monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     assert readme_results.overflow_skips([65536.0, 32768.0, 65536.0, 8192.0, 8192.0]) == 1 + 3
+    assert readme_results.overflow_skips([16384.0, 16384.0]) == 2  # halved twice before the first logged step
 
     def run(cell, seed, skipped=0, **curve):
         return {"cell": cell, "seed": seed, "skipped_steps": skipped, "curve": {"steps": [1, 2], **curve}}
@@ -352,6 +353,7 @@ def test_a_stability_row_counts_skipped_steps_and_fp16s_halvings_and_spans_tau_a
             run("lorentz", 1, scale=[10.0, 30.0], curvature=[0.8, 0.7]),
             run("half", 0, scale=[10.0, 12.0], curvature=[1.0, 1.2], loss_scale=[65536.0, 16384.0]),
             run("sphere", 0, scale=[10.0, 11.0])]
+    del runs[-1]["skipped_steps"]  # a record from before the count was kept
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "ablation.json").write_text(json.dumps({"steps": 2, "seeds": 2, "runs": runs,
                                                               "unfinished": {"later": 0}}))
@@ -359,8 +361,8 @@ def test_a_stability_row_counts_skipped_steps_and_fp16s_halvings_and_spans_tau_a
             (("L", "lorentz"), ("H", "half"), ("S", "sphere"), ("W", "later"))]
     table = readme_results.stability_table({"about": "A.", "rows": rows}).splitlines()
     assert table[4] == "| L | 2 | 2 (1) | — (not fp16) | 25.0 ± 7.1 | 10.0–30.0 | 0.600 ± 0.141 | 0.500–1.000 |"
-    assert table[5] == "| H | 1 | 0 (0) | 2 | 12.0 ± 0.0 | 10.0–12.0 | 1.200 ± 0.000 | 1.000–1.200 |"
-    assert table[6] == "| S | 1 | 0 (0) | — (not fp16) | 11.0 ± 0.0 | 10.0–11.0 | — | — |"
+    assert table[5] == "| H | 1 | 0 (0) | 2 | 12.0 (one run) | 10.0–12.0 | 1.200 (one run) | 1.000–1.200 |"
+    assert table[6] == "| S | 1 | — (not recorded) | — (not fp16) | 11.0 (one run) | 10.0–11.0 | — | — |"
     assert table[7] == "| W | 0 of 2 so far | | | | | | |"
 
 

@@ -337,6 +337,31 @@ def test_weights_that_become_non_finite_stop_the_run_before_a_checkpoint(tmp_pat
     assert all_checkpoints_finite(tmp_path / "run")
 
 
+def test_a_resumed_run_counts_its_skipped_steps_on_from_its_checkpoint(tmp_path, monkeypatch):
+    """From the review of #61's stability table: the count of steps skipped for a non-finite loss started at 0 again
+    on every resume (it was not in the checkpoint), so a run killed and resumed under-reported them."""
+    import shutil
+
+    real, calls = trainer.forward_backward_loss, []
+
+    def nan_at_the_second_step(*args, **kwargs):
+        calls.append(1)
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if len(calls) == 2 else loss
+
+    monkeypatch.setattr(trainer, "forward_backward_loss", nan_at_the_second_step)
+    config = load_config("tiny", SMALL + ["train.steps=4", "train.checkpoint_every=3", "train.keep_checkpoints=9"])
+    run = train(config, out_dir=tmp_path / "run", progress=False)
+    state = torch.load(run / "checkpoints" / "step-000003" / "training_state.pt", weights_only=True)
+    assert state["skipped"] == 1
+    # killed after step 3's checkpoint: resumed, step 4 trains again (finite) and the count goes on from 1
+    shutil.rmtree(run / "checkpoints" / "step-000004")
+    (run / "eval.json").unlink()
+    train(None, resume=run, progress=False)
+    logged = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert [(r["step"], r.get("skipped_steps", 0)) for r in logged] == [(1, 0), (2, 1), (3, 1), (4, 1)]
+
+
 # --------------------------------------------------------------------------- 6. a full disk
 
 

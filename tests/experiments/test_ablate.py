@@ -322,3 +322,15 @@ def test_recorded_command_names_no_machine_path(monkeypatch, tmp_path):
                                      f"--reuse={tmp_path / 'compare'}", "--cells", "*_t-0-fixed", "--set", "train.lr=1e-3"])
     assert recorded_command() == ("topoclip ablate --grid table3 --out X/table3 --reuse=X/compare "
                                   "--cells '*_t-0-fixed' --set train.lr=1e-3")
+
+
+def test_skipped_steps_add_up_over_resumes_that_restarted_the_count():
+    """A run resumed by a topoclip whose checkpoints did not carry the count logged it from 0 again: 3 before, 2 after
+    is 5, not the largest logged (3); a count that only grows is its last."""
+    from topoclip.experiments.runner import skipped_steps
+
+    def log(*counts):
+        return [{"step": k, "loss": 1.0, **({"skipped_steps": c} if c else {})} for k, c in enumerate(counts)]
+
+    assert skipped_steps(log(0, 3, 3, 0, 1, 2) + [{"step": 9, "eval": {}}]) == 5
+    assert skipped_steps(log(0, 1, 1, 4)) == 4 and skipped_steps(log(0, 0)) == 0 and skipped_steps([]) == 0

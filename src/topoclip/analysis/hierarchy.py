@@ -197,7 +197,8 @@ def analyze_hierarchy(loaded: Pretrained, out_dir, size: int = 500, traversal_im
     torch.manual_seed(config.train.seed)  # as the trainer seeds before it builds the model
     untrained = CLIP(config.model).to(loaded.device).eval()
     result = {"analysis": "hierarchy", "model": loaded.name, "checkpoint": str(loaded.checkpoint),
-              "topology": config.model.topology, "size": size, "template": TEMPLATE, "levels": LEVEL_NAMES,
+              "topology": config.model.topology, "size": size, "traversal_images": traversal_images,
+              "template": TEMPLATE, "levels": LEVEL_NAMES,
               "curvature": model.curvature_value.item() if model.curvature is not None else None}
     for name, subject in (("trained", model), ("untrained", untrained)):
         texts = embed_texts(subject, loaded.tokenizer, captions, batch_size, loaded.device)

@@ -169,8 +169,7 @@ def run_record(spec: RunSpec) -> dict:
             "headline": headline(records), "curve": {"steps": curve.steps, "scale": curve.scale,
                                                      **({"curvature": curvature} if curvature else {}),
                                                      **({"loss_scale": loss_scale} if loss_scale else {})},
-            # steps whose loss was not finite, skipped (the trainer's running count, logged once one happens)
-            "skipped_steps": max((r.get("skipped_steps", 0) for r in metrics), default=0),
+            "skipped_steps": skipped_steps(metrics),
             # every retrieval metric of the final evaluation (R@K, mean recall, mAP@R, R-Precision) per set
             "retrieval": {r["dataset"]: r["metrics"] for r in records if r["task"] == "zeroshot_retrieval"},
             "evaluations": evaluations,  # the periodic validation evaluations (train.eval_every), headline keys
@@ -178,6 +177,17 @@ def run_record(spec: RunSpec) -> dict:
             # a run stopped and resumed later counts the pause
             "train_seconds": folder.evaluation.stat().st_mtime - folder.config.stat().st_mtime,
             "reused_from": os.path.relpath(reused, out_dir) if reused else None}
+
+
+def skipped_steps(metrics: list[dict]) -> int:
+    """The steps of a run skipped for a non-finite loss, from the trainer's running count in its log (logged once one
+    happens). A checkpoint carries the count, so it only grows; a run resumed by a topoclip from before that started
+    again from 0, which shows as a fall: each stretch's last count is added."""
+    total = last = 0
+    for record in (r for r in metrics if "loss" in r):  # the training steps' records (not the evaluations')
+        count = record.get("skipped_steps", 0)
+        total, last = total + (last if count < last else 0), count
+    return total + last
 
 
 def read_run_json(path: Path, out_dir: Path, expect: type, key: str, kind: Union[type, tuple]):

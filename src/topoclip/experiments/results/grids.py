@@ -153,31 +153,49 @@ def similarities_table(runs: list[dict]) -> str:
 
 def hierarchy_table(runs: list[dict]) -> str:
     """Markdown: `topoclip analyze hierarchy` over the seeds of each cell (files CELL-seed-K.json): how often the generic
-    caption of a pair lies nearer the origin, the trained model beside an untrained one of the same config, how often
-    the image lies beyond its most specific caption, and the traversal's mean retrieved level from the image (s = 1)
-    to the origin (s = 0). Mean ± sd over the seeds; each run's own intervals are in its file."""
+    caption of a pair lies nearer the origin, the trained model beside an untrained one of the same config, with the
+    Wilson interval of every seed's pairs pooled; how often the image lies beyond its most specific caption; and the
+    traversal's mean retrieved level from the image (s = 1) to the origin (s = 0). Mean ± sd over the seeds. Runs
+    measured on other scenes, levels or traversal steps are refused (their numbers would share a column)."""
+    from topoclip.analysis.hierarchy import wilson
+
+    first = runs[0]
+    shape = (first["size"], first["levels"], [point["s"] for point in first["trained"]["traversal"]])
+    for run in runs:
+        if (run["size"], run["levels"], [point["s"] for point in run["trained"]["traversal"]]) != shape:
+            raise ValueError(f"{run['file']} was measured on other test scenes, levels or traversal steps than "
+                             f"{first['file']}; run `topoclip analyze hierarchy` on both alike")
     cells: dict[str, list[dict]] = {}
     for run in runs:
         cells.setdefault(run["file"].rsplit("-seed-", 1)[0], []).append(run)
-    steps = [point["s"] for point in runs[0]["trained"]["traversal"]]
 
     def spread(values) -> str:
         mean, sd = mean_std(list(values))
         return f"{mean:.2f} ± {sd:.2f}"
 
-    lines = [f"{runs[0]['size']} test scenes a run, each a chain of {len(runs[0]['levels'])} captions from the generic "
-             f"({runs[0]['levels'][0]}) to the specific ({runs[0]['levels'][-1]}); mean ± sd over the seeds.", "",
-             "| cell | runs | generic nearer the origin, trained | untrained | image beyond its most specific caption |",
-             "|---|---|---|---|---|"]
+    def pooled(chosen: list[dict]) -> str:  # every pair of levels of every chain of every seed, one trial each
+        pairs = [pair for run in chosen for pair in run["trained"]["generic_nearer"]["pairs"].values()]
+        successes, trials = sum(round(p["fraction"] * p["trials"]) for p in pairs), sum(p["trials"] for p in pairs)
+        low, high = wilson(successes, trials)
+        return f"{successes / trials:.3f} ({low:.3f}–{high:.3f})"
+
+    traversal = f" (the first {first['traversal_images']} images)" if "traversal_images" in first else ""
+    lines = [f"{first['size']} test scenes a run, each a chain of {len(first['levels'])} captions from the generic "
+             f"({first['levels'][0]}) to the specific ({first['levels'][-1]}); mean ± sd over the seeds.", "",
+             "| cell | runs | generic nearer the origin, trained | untrained | trained, pairs pooled (Wilson 95 %) "
+             "| image beyond its most specific caption |", "|---|---|---|---|---|---|"]
     for cell, chosen in cells.items():
         lines.append(f"| {cell} | {len(chosen)} | " + " | ".join(
             spread(run[model]["generic_nearer"]["all"]["mean"] for run in chosen) for model in ("trained", "untrained"))
-            + f" | {spread(run['trained']['image_beyond_captions']['fraction'] for run in chosen)} |")
-    lines += ["", "The traversal from each image towards the origin (x_s = exp₀(s·log₀ x)): the mean level of the nearest "
-                  "caption (0 generic … 4 specific), trained models, mean over the seeds.", "",
-              "| cell | " + " | ".join(f"s = {s:.1f}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+            + f" | {pooled(chosen)} | {spread(run['trained']['image_beyond_captions']['fraction'] for run in chosen)} |")
+    lines += ["", "Pooled: the pairs of one chain share its captions, so this interval is narrower than one over the "
+                  "chains (each run's file has that one, and a Wilson interval per pair of levels).", "",
+              f"The traversal from each image towards the origin (x_s = exp₀(s·log₀ x)){traversal}: the mean level of "
+              f"the nearest caption (0 generic … 4 specific), trained models, mean over the seeds.", "",
+              "| cell | " + " | ".join(f"s = {s:.1f}" for s in shape[2]) + " |", "|---|" + "---|" * len(shape[2])]
     for cell, chosen in cells.items():
-        levels = [mean_std([run["trained"]["traversal"][k]["mean_level"] for run in chosen])[0] for k in range(len(steps))]
+        levels = [mean_std([run["trained"]["traversal"][k]["mean_level"] for run in chosen])[0]
+                  for k in range(len(shape[2]))]
         lines.append(f"| {cell} | " + " | ".join(f"{level:.2f}" for level in levels) + " |")
     return "\n".join(lines)
 

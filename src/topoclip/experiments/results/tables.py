@@ -210,18 +210,24 @@ def convergence_table(spec: dict) -> str:
                                    "(preregistration-hard-task.md)."])
 
 
+# The loss scale fp16 training starts from: torch.amp.GradScaler's default init_scale, which the trainer keeps.
+GRAD_SCALER_INIT = 2.0**16
+
+
 def overflow_skips(loss_scale: list[float]) -> int:
-    """The steps fp16's GradScaler skipped at least, from its loss scale at the logged steps: it halves the scale at
-    every step whose gradients overflow, so each halving between two logged steps is one skipped step (a rise
-    between them hides as many more)."""
-    return sum(max(0, round(math.log2(before / after))) for before, after in zip(loss_scale, loss_scale[1:]))
+    """The steps fp16's GradScaler skipped at least, from its loss scale at the logged steps (after its start,
+    GRAD_SCALER_INIT): it halves the scale at every step whose gradients overflow, so each halving between two
+    logged values is one skipped step (a rise between them, after 2,000 good steps, hides as many more)."""
+    scales = [GRAD_SCALER_INIT, *loss_scale]
+    return sum(max(0, round(math.log2(before / after))) for before, after in zip(scales, scales[1:]))
 
 
 def stability_table(spec: dict) -> str:
     """Markdown: how stable each cell's runs were (docs/results/NAME-stability.json: {"about", "rows": [{"label",
     "source", "cell"}]}): the steps skipped for a non-finite loss, fp16's overflow skips (from the loss scale), τ and a
     hyperbolic model's curvature c at the end (mean ± sd over the seeds) and over the whole run (the range of every
-    logged value of every seed)."""
+    logged value of every seed). A run that stopped on non-finite losses has no record: `ablate` refuses to tabulate
+    its grid, so such a run is reported from its log, not here."""
     lines = [spec["about"], "", "| cell | runs | non-finite steps skipped (runs with any) | fp16 overflow skips, at least "
              "| τ at the end | τ, whole run | c at the end | c, whole run |", "|---|---|---|---|---|---|---|---|"]
     for row in spec["rows"]:
@@ -230,9 +236,9 @@ def stability_table(spec: dict) -> str:
         if not runs or row["cell"] in results.get("unfinished", {}):
             lines.append(f"| {row['label']} | {len(runs)} of {results['seeds']} so far | | | | | | |")
             continue
-        skipped = [r["skipped_steps"] for r in runs]
+        skipped = [r.get("skipped_steps") for r in runs]  # None: a record from before the count was kept
         scaled = [r["curve"]["loss_scale"] for r in runs if "loss_scale" in r["curve"]]
-        cells = [f"{sum(skipped):,} ({sum(k > 0 for k in skipped)})",
+        cells = [f"{sum(skipped):,} ({sum(k > 0 for k in skipped)})" if None not in skipped else "— (not recorded)",
                  f"{sum(map(overflow_skips, scaled)):,}" if scaled else "— (not fp16)"]
         for key, digits in (("scale", 1), ("curvature", 3)):
             curves = [r["curve"][key] for r in runs if r["curve"].get(key)]
@@ -241,7 +247,8 @@ def stability_table(spec: dict) -> str:
                 continue
             mean, sd = mean_std([curve[-1] for curve in curves])
             every = [value for curve in curves for value in curve]
-            cells += [f"{mean:.{digits}f} ± {sd:.{digits}f}", f"{min(every):.{digits}f}–{max(every):.{digits}f}"]
+            cells += [f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(curves) > 1 else " (one run)"),
+                      f"{min(every):.{digits}f}–{max(every):.{digits}f}"]
         lines.append(f"| {row['label']} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", "τ and c as logged every few steps; a non-finite loss skips its step (the trainer's "
                                    "count); under fp16 a step whose gradients overflow is skipped too, and halves the "

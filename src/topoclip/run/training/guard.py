@@ -86,10 +86,10 @@ class StepGuard:
     checkpoint, now safe to write.
     """
 
-    def __init__(self, device: torch.device, folder: RunFolder, config: Config, main: bool):
+    def __init__(self, device: torch.device, folder: RunFolder, config: Config, main: bool, skipped: int = 0):
         self.deferred = device.type == "cuda"
         self.skips = SkippedSteps(device)
-        self.skipped = 0
+        self.before, self.skipped = skipped, skipped  # a resumed run's count goes on from its checkpoint's
         self.pending: Optional[dict] = None
         self.folder, self.config, self.main = folder, config, main
 
@@ -119,7 +119,8 @@ class StepGuard:
             raise self.stop("an update since the last check made some weights inf/NaN", step)
         loss_value = float(loss)
         skipped_before = self.skipped
-        in_row, longest_in_row, self.skipped = self.skips.read()
+        in_row, longest_in_row, total = self.skips.read()
+        self.skipped = self.before + total
         finite = in_row == 0
         unseen = self.skipped - skipped_before - (0 if finite else 1)  # skipped on the device since the last check
         if self.main and unseen > 0:

@@ -35,7 +35,9 @@ class TrainState:
     """Everything a step checkpoint saves and a resume restores.
 
     step: the steps trained; streams: after `restore`, every rank's data-stream position as the checkpoint saved
-    them (user data), or None (the built-in scenes are a function of the step; an older topoclip saved none).
+    them (user data), or None (the built-in scenes are a function of the step; an older topoclip saved none);
+    skipped: the steps skipped for a non-finite loss so far (a resumed run counts on from it; an older topoclip
+    saved none, read as 0).
     """
 
     model: torch.nn.Module
@@ -45,13 +47,14 @@ class TrainState:
     counter: BadSampleCounter = field(default_factory=BadSampleCounter)
     step: int = 0
     streams: Optional[list] = None
+    skipped: int = 0
     adapters: Any = None  # a LoRA run's peft model around `model` (topoclip.model.lora), which saves the adapters
 
-    def snapshot(self, step: int, streams: Optional[list]) -> dict:
+    def snapshot(self, step: int, streams: Optional[list], skipped: int = 0) -> dict:
         """What a checkpoint of `step` saves besides the live objects, as of now: the data counts (copied), the RNG
-        states and every rank's stream position (None for the scenes)."""
+        states, every rank's stream position (None for the scenes) and the steps skipped so far."""
         return {"step": step, "counter": BadSampleCounter(self.counter.kept, self.counter.bad), "rng": rng_states(),
-                "streams": streams}
+                "streams": streams, "skipped": skipped}
 
     def gathered(self, folder: Path, step: int, main: bool) -> tuple[dict, dict, Optional[Path]]:
         """(weights, optimiser state, its shards' folder or None) of a checkpoint of `step` under `folder`, made on
@@ -103,6 +106,7 @@ class TrainState:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "rng": snapshot["rng"],
+            "skipped": snapshot["skipped"],
             # The scenes stream is a function of the step; a user stream continues from each rank's position.
             "data": {"step": step, **counter.as_dict(), **({"streams": streams} if streams is not None else {})},
         }
@@ -187,7 +191,7 @@ class TrainState:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         data = state["data"]
         self.counter += BadSampleCounter(data["kept"], data["bad"])
-        self.step, self.streams = int(state["step"]), data.get("streams")
+        self.step, self.streams, self.skipped = int(state["step"]), data.get("streams"), state.get("skipped", 0)
 
 
 def check_training_state(state, optimizer, folder: Path) -> None:
@@ -206,6 +210,9 @@ def check_training_state(state, optimizer, folder: Path) -> None:
         raise bad(f"its step {state['step']} is not its folder's ({folder.name})")
     if state["step"] < 0:
         raise bad(f"step {state['step']} is negative")
+    skipped = state.get("skipped", 0)
+    if not isinstance(skipped, int) or isinstance(skipped, bool) or not 0 <= skipped <= state["step"]:
+        raise bad(f"its count of skipped steps ({skipped!r:.40}) is not a whole number from 0 to its step")
     groups, saved = optimizer.param_groups, state["optimizer"].get("param_groups")
     if not isinstance(saved, list) or len(saved) != len(groups) or not all(
             isinstance(group, dict) and isinstance(group.get("params"), list) and len(group["params"]) == len(current["params"])

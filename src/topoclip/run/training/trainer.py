@@ -174,7 +174,7 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
     bar = tqdm(range(state.step, settings.steps), initial=state.step, total=settings.steps,
                disable=not (progress and main), desc="train", dynamic_ncols=True)
     window_start, window_images = time.perf_counter(), 0
-    guard = StepGuard(device, run.folder, config, main)
+    guard = StepGuard(device, run.folder, config, main, state.skipped)
     keywords = loss_keywords(config)  # the loss's margin and the topology's best similarity
     for step in bar:
         batch = next(batches)
@@ -217,7 +217,8 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
             if main:
                 logger.log({"step": done, "eval": values})
         if checkpoint_due:
-            snapshot = state.snapshot(done, gather_objects(run.position.state()) if run.user_stream else None)
+            snapshot = state.snapshot(done, gather_objects(run.position.state()) if run.user_stream else None,
+                                      guard.skipped)
             if done < settings.steps:
                 guard.hold(snapshot)
             else:
