@@ -841,12 +841,11 @@ def test_a_stray_quote_in_a_caption_table_loses_no_row_silently(tmp_path):
     table.write_text('filepath,title\na.png,"two\nlines"\nb.png,blue')  # a line break in a caption, no newline at the end
     with pytest.warns(UserWarning, match=r"1 row\(s\) run over several lines \(lines 2–3"):
         assert read_caption_table(table) == [("a.png", "two\nlines"), ("b.png", "blue")]
-    table.write_text('"filepath,title\na.png,red\n')
-    with pytest.raises(ConfigError, match="a quote opens in its header row and never closes"):
-        read_caption_table(table)
-    table.write_text('"filepath,title\na.png,red"\n')
-    with pytest.raises(ConfigError, match="a quote opens in its header row and closes on line 2"):
-        read_caption_table(table)
+    for text, problem in (('"filepath,title\na.png,red\n', "never closes"), ('"filepath,title\na.png,red"\n',
+                                                                             "closes on line 2")):
+        table.write_text(text)
+        with pytest.raises(ConfigError, match=f"a quote opens in its header row and {problem}"):
+            read_caption_table(table)
     # In a table longer than csv's field limit (131,072 characters) the open field outgrows it first, and csv would go
     # on at the next line, reading the rest of the field as rows: refused too (the review found 2,778 lines lost so).
     lines = ["filepath,title", "a.jpg,red", 'b.jpg,"open', *(f"{i:04d}.png,{'x' * 90}" for i in range(2000)), 'c.jpg,blue']
