@@ -155,8 +155,8 @@ def test_a_folder_of_the_earlier_layout_still_loads(checkpoint, tmp_path):
     assert topoclip.load(earlier).config.model.class_tokens == topoclip.load(checkpoint).config.model.class_tokens
 
 
-@pytest.mark.parametrize("topology", ["lorentz", "lorentz-product"])
-def test_classify_and_retrieve_on_a_hyperbolic_model_give_plain_tensors(tmp_path, topology):
+@pytest.mark.parametrize("topology", ["ps-inner", "lorentz", "lorentz-product"])
+def test_classify_and_retrieve_give_plain_tensors(tmp_path, topology):
     """From the hostile test of #61: a hyperbolic similarity reads the learned curvature, a parameter, so classify and
     retrieve returned tensors that required grad (numpy() refused) and kept a graph alive on every call."""
     config = load_config("tiny", [f"model.topology={topology}"])
@@ -167,3 +167,9 @@ def test_classify_and_retrieve_on_a_hyperbolic_model_give_plain_tensors(tmp_path
     found = clip.retrieve(CAPTIONS[3], CAPTIONS, top_k=2)
     assert not probabilities.requires_grad and not found.values.requires_grad
     assert probabilities.numpy().shape == (3, 3) and found.values.numpy().shape == (1, 2)
+    # plain tensors, not inference-mode ones (the second review): edited in place, a distillation target
+    probabilities.mul_(2)
+    found.indices.add_(1)
+    student = torch.zeros(3, 3, requires_grad=True)
+    torch.nn.functional.kl_div(student.log_softmax(-1), probabilities / 2, reduction="batchmean").backward()
+    assert student.grad is not None

@@ -265,7 +265,7 @@ def test_the_index_vectors_rank_as_the_distance():
     assert torch.equal(ip.argsort(dim=1, descending=True)[:, :10], expected.argsort(dim=1, descending=True)[:, :10])
 
 
-@pytest.mark.parametrize("c", [-1.0, 0, 0.0, math.nan, math.inf, True, torch.tensor(-1.0), torch.tensor([1.0, 2.0])])
+@pytest.mark.parametrize("c", [-1.0, 0, 0.0, math.nan, math.inf, True, "1", torch.tensor(-1.0), torch.tensor([1.0, 2.0])])
 def test_the_library_refuses_a_curvature_that_is_not_one_finite_number_above_0(c):
     """From the hostile test of #61: c = −1 gave finite numbers (of no space), 0 a bare ZeroDivisionError, nan all-NaN
     scores, and to_space a complex-number error; the index helper took a product's points and ranked them wrongly."""
@@ -276,6 +276,16 @@ def test_the_library_refuses_a_curvature_that_is_not_one_finite_number_above_0(c
             call()
     with pytest.raises(ValueError, match=r"a lorentz model's points \(B, 1, d\); got \(3, 4, 16\)"):
         G.lorentz_index_vectors(torch.randn(3, 4, 16), 1.0, query=False)
+
+
+def test_the_library_takes_a_curvature_as_any_number_type():
+    """NumPy's scalars and 0-d arrays are numbers too (the second review: a 0-d array was refused as not one)."""
+    import numpy as np
+
+    x = torch.randn(4, 1, 8, dtype=torch.float64)
+    expected = G.similarity("lorentz", x, x, curvature=0.5)
+    for c in (np.float32(0.5), np.array(0.5), torch.tensor(0.5, dtype=torch.float64)):
+        assert torch.equal(G.similarity("lorentz", x, x, curvature=c), expected)
 
 
 def test_the_cost_analysis_counts_the_curvature_and_the_scalings_apart():
@@ -388,7 +398,13 @@ def test_init_from_crosses_between_the_spheres_and_the_hyperboloids(tmp_path, ca
     model = CLIP(fixed.model)
     load_initial_weights(model, fixed)
     assert model.curvature_value.item() == pytest.approx(20.0)
-    assert "keeps c = model.curvature.init = 20, not train.init_from's c = 0.818731" in capsys.readouterr().err
+    saved = f"{math.exp(torch.tensor(-0.2).item()):.9g}"  # log c as stored (fp32), its exp as the loader takes it
+    assert f"keeps c = model.curvature.init = 20, not train.init_from's c = {saved}" in capsys.readouterr().err
+    # the note's own advice ends the note (the second review: 6 digits of c did not, a rel_tol of 1e-6 apart)
+    followed = load_config("tiny", ["model.topology=lorentz-product", f"model.curvature.init={saved}",
+                                    "model.curvature.learnable=false", f"train.init_from={back_folder}"])
+    load_initial_weights(CLIP(followed.model), followed)
+    assert "note" not in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the hierarchy measure

@@ -30,7 +30,6 @@ gradients are needed, so the backward pass does not keep every chunk's intermedi
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
@@ -364,21 +363,27 @@ def implied_topology(class_tokens: int, single: str = "sphere") -> str:
 
 def _curvature(entry: Topology, topology: str, curvature):
     """The curvature in fp32 (or float64) for a curved topology; a ValueError when it is missing or given to a flat one,
-    or is not one finite number > 0 (a tensor's value is checked on the CPU only: on an accelerator the check would
-    wait for it every step, and the model's c is exp of a clamped log, positive and finite by construction)."""
+    or is not one finite number > 0. A tensor's value is checked in eager mode on the CPU only: on an accelerator the
+    check would wait for it every step, under torch.compile it would break the graph, and the model's c is exp of a
+    clamped log, positive and finite by construction."""
     if entry.curved != (curvature is not None):
         raise ValueError(f"{topology} {'needs the model' if entry.curved else 'takes no'} curvature")
     if curvature is None:
         return None
+    given = curvature
     if isinstance(curvature, torch.Tensor):
         if curvature.dim() != 0:
             raise ValueError(f"{topology}'s curvature is one number (a 0-d tensor); got shape {tuple(curvature.shape)}")
-        value = curvature.item() if curvature.device.type == "cpu" else 1.0
-        curvature = fp32_or_wider(curvature)
+        if curvature.device.type != "cpu" or torch.compiler.is_compiling():
+            return fp32_or_wider(curvature)
+        value, curvature = curvature.item(), fp32_or_wider(curvature)
     else:
-        value = curvature
-    if isinstance(value, bool) or not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{topology}'s curvature c (the space's is −c) must be a finite number > 0; got {value!r}")
+        try:  # a Python or NumPy number, a 0-d array: used as the float it is
+            value = curvature = float(curvature) if not isinstance(curvature, (bool, str, bytes)) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{topology}'s curvature c (the space's is −c) must be a finite number > 0; got {given!r:.40}")
     return curvature
 
 

@@ -109,7 +109,9 @@ class Pretrained:
         classifier = classnames if isinstance(classnames, ZeroShotClassifier) else \
             self.zero_shot_classifier(classnames, templates, mode)
         images = self.encode_image(images)
-        with evaluating(self.model):  # a hyperbolic similarity reads the learned curvature: no graph kept
+        # no_grad, not inference mode: a hyperbolic similarity reads the learned curvature (no graph kept), and the
+        # result stays a plain tensor (edited in place, a target of a loss)
+        with torch.no_grad():
             return (self.model.temperature.scale * classifier.scores(self.model, images)).softmax(dim=-1)  # (B, C)
 
     def retrieve(self, query, gallery, top_k: int = 5) -> torch.return_types.topk:
@@ -118,7 +120,7 @@ class Pretrained:
         query and gallery: texts (str or list of str), images, or embeddings (N, m, n) already made.
         """
         queries, items = self._embed(query), self._embed(gallery)
-        with evaluating(self.model):  # a hyperbolic similarity reads the learned curvature: no graph kept
+        with torch.no_grad():  # as classify's
             return self.model.similarity(queries, items).topk(min(top_k, items.shape[0]), dim=1)  # (Q, G)
 
     def _embed(self, things) -> torch.Tensor:

@@ -124,9 +124,10 @@ def load_initial_weights(model: CLIP, config: Config) -> None:
     init = config.model.curvature.init
     if "curvature.log_c" in weights and not config.model.curvature.learnable:  # the run's fixed c is its config's
         saved = math.exp(weights.pop("curvature.log_c").item())
-        if not math.isclose(saved, init, rel_tol=1e-6) and launch_rank() == 0:
+        # 9 digits: an fp32 c exactly, so that following the note's own advice ends the note
+        if not math.isclose(saved, init, rel_tol=1e-7) and launch_rank() == 0:
             print(f"topoclip: note: model.curvature.learnable=false keeps c = model.curvature.init = {init:g}, not "
-                  f"train.init_from's c = {saved:.6g}; --set model.curvature.init={saved:.6g} keeps that one instead",
+                  f"train.init_from's c = {saved:.9g}; --set model.curvature.init={saved:.9g} keeps that one instead",
                   file=sys.stderr)
     bias = config.model.temperature.bias_init
     if bias is not None and "temperature.bias" not in weights and launch_rank() == 0:
