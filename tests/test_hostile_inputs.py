@@ -850,15 +850,23 @@ def test_a_stray_quote_in_a_caption_table_loses_no_row_silently(tmp_path):
     # on at the next line, reading the rest of the field as rows: refused too (the review found 2,778 lines lost so).
     lines = ["filepath,title", "a.jpg,red", 'b.jpg,"open', *(f"{i:04d}.png,{'x' * 90}" for i in range(2000)), 'c.jpg,blue']
     table.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ConfigError, match="the field that opens with a quote on line 3 runs on to line 1,314, past what "
-                                          "csv reads"):  # "open\n" and then 100 characters a line: 5 + 1,311·100 > 131,072
+    with pytest.raises(ConfigError, match=r"the field that opens with a quote on line 3 runs past what csv reads \(to "
+                                          r"line 1,314\)"):  # "open\n", then 100 characters a line: 5 + 1,311·100 > 131,072
         read_caption_table(table)
-    # A line over 1 MiB (left out unread) inside a quoted field: its row is not whole, so it is skipped and counted,
-    # with the rows a quote inside it would have closed; with lone-CR line endings the rows after one are kept.
+    # ... or on its own line, left open there (the second review: the lines after it were read as rows)
+    table.write_text(f'filepath,title\na.png,"{"y" * 140_000}\nb.png,fragment\nc.png,"end of it"\nd.png,ok\n')
+    with pytest.raises(ConfigError, match="the field that opens with a quote on line 2 runs past what csv reads, field"):
+        read_caption_table(table)
+    # A line too long to read that holds a quote cannot be left out: where its fields end is unknown
+    table.write_text(f'filepath,title\na.png,"start{"x" * (1 << 21)}\ncontinuation\nb.png,end"\nc.png,ok\n')
+    with pytest.raises(ConfigError, match="line 2 is over 1,048,576 characters and holds a quote"):
+        read_caption_table(table)
+    # A line over 1 MiB (left out unread) inside a quoted field: its row is not whole, so it is skipped and counted
+    # with its lines; with lone-CR line endings the rows after one are kept.
     big = "z" * ((1 << 20) + 5)
-    table.write_text(f'filepath,title\na.jpg,"start\n{big}"\nb.jpg,bb\nc.jpg,"cc"\nd.jpg,dd\n')
-    with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) that cannot be read \(4 lines\), e\.g\. line 3: over 1,048,576"):
-        assert read_caption_table(table) == [("d.jpg", "dd")]
+    table.write_text(f'filepath,title\na.jpg,"start\n{big}\nend"\nb.jpg,bb\n')
+    with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) that cannot be read \(3 lines\), e\.g\. line 3: over 1,048,576"):
+        assert read_caption_table(table) == [("b.jpg", "bb")]
     table.write_text(f"filepath,title\rbig.jpg,{big}\r" + "".join(f"{k}.jpg,cap {k}\r" for k in range(3)), newline="")
     with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) that cannot be read, e\.g\. line 2: over"):
         assert read_caption_table(table) == [(f"{k}.jpg", f"cap {k}") for k in range(3)]

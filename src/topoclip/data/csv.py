@@ -53,9 +53,10 @@ class CaptionTable:
     Text is read as UTF-8 with undecodable bytes kept as surrogates, so one bad caption is later skipped as
     "bad_encoding" instead of failing the whole file. Blank lines are ignored; a line csv cannot read is skipped
     and counted in a warning at the end of the pass, as is a row with a line over MAX_LINE_CHARS. A quote that opens a
-    field and never closes, or closes only past csv's field limit, refuses the table (csv would read the lines after
-    it as one caption, or as rows cut anywhere); rows over several lines are read as csv reads them (a caption may
-    hold a line break) and counted in a warning, since a stray quote that closes lines later looks the same.
+    field and never closes, or closes only past csv's field limit, or sits in a line too long to read, refuses the
+    table (csv would read the lines after it as one caption, or as rows cut anywhere); rows over several lines are read
+    as csv reads them (a caption may hold a line break) and counted in a warning, since a stray quote that closes
+    lines later looks the same.
     """
 
     def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
@@ -90,7 +91,7 @@ class CaptionTable:
     def _header(self, reader, unreadable: list, lines: "_Lines") -> list[str]:
         try:
             header = next(reader, None)
-        except csv.Error as error:  # a header field past csv.field_size_limit(), a NUL
+        except (csv.Error, ValueError) as error:  # a header field past csv.field_size_limit(); bounded_lines'
             raise ConfigError(f"{self.path}: its header row cannot be read ({error}); is it a caption table?") from None
         if reader.line_num > 1 and header is not None:  # a quote opened in it and closed lines later, or never
             closes = "never closes" if lines.ended else f"closes on line {reader.line_num:,}"
@@ -117,12 +118,16 @@ class CaptionTable:
                     row = next(reader)
                 except StopIteration:
                     break
+                except ValueError as error:  # bounded_lines: a line too long to read, with a quote in it
+                    raise ConfigError(f"{self.path}: {error}") from None
                 except csv.Error as error:  # a field past csv.field_size_limit(): the reader goes on at the next line
-                    if reader.line_num > first:  # a quoted field over lines: going on would read the rest of it as rows
-                        raise ConfigError(f"{self.path}: the field that opens with a quote on line {first:,} runs on to "
-                                          f"line {reader.line_num:,}, past what csv reads ({error}): a quote that never "
-                                          f"closes, or closes too late; close it, or write a quote inside a quoted "
-                                          f"field as \"\"") from None
+                    # A quoted field over lines, or one left open on its line (an odd count of quotes): going on would
+                    # read the rest of it as rows.
+                    if reader.line_num > first or lines.last.count('"') % 2:
+                        to = f" (to line {reader.line_num:,})" if reader.line_num > first else ""
+                        raise ConfigError(f"{self.path}: the field that opens with a quote on line {first:,} runs past "
+                                          f"what csv reads{to}, {error}: a quote that never closes, or closes too "
+                                          f"late; close it, or write a quote inside a quoted field as \"\"") from None
                     unreadable.append(f"line {first:,}: {error}")
                     continue
                 if lines.ended:  # csv asked for a line past the last in the middle of a row: a quote never closed
@@ -166,18 +171,19 @@ def _span(first: int, last: int) -> str:
 
 
 class _Lines:
-    """An iterator of lines that knows whether it has run out (`ended`): csv asks for a line past the last only in
-    the middle of a row, when a quoted field is still open."""
+    """An iterator of lines that knows the line it gave last (`last`) and whether it has run out (`ended`): csv asks
+    for a line past the last only in the middle of a row, when a quoted field is still open."""
 
     def __init__(self, lines: Iterator[str]):
-        self.lines, self.ended = lines, False
+        self.lines, self.ended, self.last = lines, False, ""
 
     def __iter__(self):
         return self
 
     def __next__(self) -> str:
         try:
-            return next(self.lines)
+            self.last = next(self.lines)
+            return self.last
         except StopIteration:
             self.ended = True
             raise
@@ -190,7 +196,9 @@ MAX_LINE_CHARS = 1 << 20
 
 def bounded_lines(file, unreadable: list) -> Iterator[str]:
     """The lines of a text file, none longer than MAX_LINE_CHARS: a longer one is read to its end in bounded pieces,
-    left out (a blank line in its place, which the reader skips) and noted in `unreadable`."""
+    left out (a blank line in its place, which the reader skips) and noted in `unreadable`. One that holds a quote is
+    a ValueError: left out, it would leave csv in the wrong state (a field it opens read on as rows, one it closes read
+    on as a caption)."""
     number = 0
     while True:
         line = file.readline(MAX_LINE_CHARS + 1)
@@ -198,8 +206,12 @@ def bounded_lines(file, unreadable: list) -> Iterator[str]:
             return
         number += 1
         if len(line) > MAX_LINE_CHARS and not line.endswith(("\n", "\r")):  # (a lone \r ends a line too)
+            quoted = '"' in line
             while (rest := file.readline(MAX_LINE_CHARS)) and not rest.endswith(("\n", "\r")):
-                pass
+                quoted = quoted or '"' in rest
+            if quoted or '"' in rest:
+                raise ValueError(f"line {number:,} is over {MAX_LINE_CHARS:,} characters and holds a quote, so where "
+                                 f"its fields end cannot be read; fix or remove that line")
             unreadable.append(f"line {number}: over {MAX_LINE_CHARS:,} characters")
             line = "\n"
         yield line
