@@ -141,7 +141,10 @@ def test_a_checkpoints_model_settings_are_its_own_to_eval_and_convert(run, tmp_p
     assert main(["convert", str(run), str(tmp_path / "c"), "--set", setting]) == 2
     assert f"convert: a checkpoint's model settings are its own (--set {setting})" in one_error_line(
         capsys.readouterr().err)
-    assert not (tmp_path / "c").exists()
+    assert main(["analyze", "cost", str(run), "--set", setting, "--out", str(tmp_path / "a")]) == 2
+    assert f"analyze cost: a checkpoint's model settings are its own (--set {setting})" in one_error_line(
+        capsys.readouterr().err)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "a").exists()
 
 
 def test_a_malformed_tokenizer_is_one_line(run, tmp_path, capsys):

@@ -63,17 +63,25 @@ def test_a_comparison_that_cannot_be_made_is_one_line_before_any_run(tmp_path, c
     needs two a side); `--preset tiny` made both cells Multi(16, 4) and `--set model.topology=lorentz` both lorentz,
     compared under a header naming Multi(16, 8) and the sphere."""
     from topoclip.cli import main
-    from topoclip.experiments.compare import compared_models
+    from topoclip.config import ConfigError
+    from topoclip.experiments.compare import compare_grid
 
     assert main(["compare", "--seeds", "1", "--out", str(tmp_path / "one")]) == 2
     assert "--seeds: must be a whole number ≥ 2" in capsys.readouterr().err
-    assert main(["compare", "--preset", "tiny", "--set", "model.topology=lorentz", "--out", str(tmp_path / "set")]) == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "--set model.topology=lorentz would change both or blur them" in error, error
-    assert main(["compare", "--preset", "cpu-sphere", "--out", str(tmp_path / "same")]) == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "under --preset cpu-sphere both models are Sphere(128)" in error, error
+    for setting in ("model.topology=lorentz", "model.spheres=1"):
+        assert main(["compare", "--preset", "tiny", "--set", setting, "--out", str(tmp_path / "set")]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"--set {setting} would change both or blur them" in error, error
+    for preset, model in (("cpu-sphere", "Sphere(128)"), ("euclidean-vit-s16", "Euclidean R^512")):
+        assert main(["compare", "--preset", preset, "--out", str(tmp_path / "same")]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"--preset {preset} is {model}: give a product-sphere preset" in error, error
     assert not any((tmp_path / name).exists() for name in ("one", "set", "same"))
-    # a smoke test's base preset keeps the two models apart, and the table names them
-    assert compared_models(2, [], "tiny") == {"multi": "Multi(16,4), ps-inner", "sphere": "Sphere(16), sphere"}
-    assert compared_models(2, [], None) == {"multi": "Multi(16,8), ps-inner", "sphere": "Sphere(128), sphere"}
+    with pytest.raises(ConfigError, match="at least 2 seeds"):
+        compare_grid(1, [], None)
+    # Under a base preset, its product of spheres against the one-token sphere of the same whole dimension (the
+    # second review: the sphere was embed_dim wide, 16 beside cpu-multi's 8 × 16); the table names both
+    models = {preset: compare_grid(2, [], preset)[1] for preset in (None, "cpu-multi", "tiny", "ps-inner-64x8-vit-s16")}
+    assert models[None] == models["cpu-multi"] == {"multi": "Multi(16,8), ps-inner", "sphere": "Sphere(128), sphere"}
+    assert models["tiny"] == {"multi": "Multi(16,4), ps-inner", "sphere": "Sphere(64), sphere"}
+    assert models["ps-inner-64x8-vit-s16"]["sphere"] == "Sphere(512), sphere"

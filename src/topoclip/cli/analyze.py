@@ -102,9 +102,11 @@ def command_analyze_probe(args) -> int:
 
 def command_analyze_cost(args) -> int:
     from topoclip.analysis.cost import analyze_cost
+    from topoclip.config import with_overrides
     from topoclip.io.checkpoint import load_config_from, resolve_checkpoint
 
-    configs = [load_config_from(resolve_checkpoint(Path(path))) for path in args.models]
+    configs = [with_overrides(load_config_from(resolve_checkpoint(Path(path))), args.overrides, "analyze cost")
+               for path in args.models]
     names = [Path(path).name for path in args.models]
     for preset in args.preset or ([] if args.models else [DEFAULT_PRESET]):
         configs.append(load_config(preset, args.overrides))
@@ -214,4 +216,4 @@ def add_analyze(commands) -> None:
     sub.add_argument("--preset", action="append", help=f"a preset to cost (repeatable; default {DEFAULT_PRESET} "
                      f"when no folder is given)")
     sub.add_argument("--batch-sizes", type=whole(1), nargs="+", default=default_of(analyze_cost, "batch_sizes"))
-    add_overrides(sub)
+    add_overrides(sub)  # each preset's; a folder's model settings are its own

@@ -53,7 +53,8 @@ def add_compare(commands) -> None:
     compare.add_argument("--seeds", type=whole(2), default=3, help="seeds per model (default 3; at least 2, for Welch's t)")
     compare.add_argument("--steps", type=whole(1), help="train.steps of every run (default: the presets')")
     compare.add_argument("--jobs", type=whole(1), default=1, help="runs trained at once, each in its own process")
-    compare.add_argument("--preset", help="replace both models' base preset (e.g. tiny for a smoke test)")
+    compare.add_argument("--preset", help="a product-sphere preset, trained against the one-token sphere of its whole "
+                         "dimension (e.g. tiny for a smoke test); default cpu-multi against cpu-sphere")
     compare.add_argument("--out", default="compare", help="output folder (default ./compare); re-running it "
                          "finishes what is missing")
     add_overrides(compare)

@@ -1,6 +1,7 @@
 """`topoclip compare`: the default multi-token model against its sphere baseline, same recipe, N seeds.
 
-A two-cell ablation (grid ``compare``: cpu-multi and cpu-sphere), so it is resumable the same way
+A two-cell ablation (grid ``compare``: cpu-multi and cpu-sphere; under --preset P, P against the one-token sphere
+of its whole dimension, `compare_grid`), so it is resumable the same way
 (finished runs are skipped, killed ones resumed). For every headline metric of the final evaluation
 (zero-shot top-1 of each built-in set in "distance" mode, retrieval mean recall) and for the final τ,
 it reports mean ± sample std over the seeds of each model, the difference multi − sphere (of the
@@ -11,17 +12,19 @@ Writes OUT/compare.md, OUT/compare.json and OUT/compare.png (one bar pair per me
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from topoclip.analysis.output import pyplot, save_figure, write_json
+from topoclip.experiments.grid import Grid
 from topoclip.experiments.runner import ablate
 from topoclip.experiments.statistics import mean_std, welch
 
 GRID = "compare"
 MODELS = ("multi", "sphere")
-FIXED = ("model.topology", "model.class_tokens")  # what tells the two models apart
+FIXED = ("model.topology", "model.class_tokens", "model.spheres")  # what tells the two models apart
 
 
 def metric_values(records: Sequence[dict]) -> dict[str, dict[str, list[float]]]:
@@ -72,55 +75,70 @@ def markdown(rows: Sequence[dict], seeds: int, steps: int, models: Optional[dict
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: Sequence[dict], out_dir: Path) -> Path:
-    """OUT/compare.png: a bar pair per metric with std error bars (τ left out: another scale)."""
+def plot(rows: Sequence[dict], out_dir: Path, models: dict[str, str]) -> Path:
+    """OUT/compare.png: a bar pair per metric with std error bars (τ left out: another scale), labelled with each
+    label's model."""
     plt = pyplot()
     shown = [r for r in rows if r["metric"] != "final τ"]
     figure, axes = plt.subplots(figsize=(max(6.0, 0.9 * len(shown)), 4.0))
     width = 0.4
     for offset, model in zip((-width / 2, width / 2), MODELS):
         axes.bar([i + offset for i in range(len(shown))], [r[model]["mean"] for r in shown], width,
-                 yerr=[r[model]["std"] for r in shown], capsize=3, label=model)
+                 yerr=[r[model]["std"] for r in shown], capsize=3, label=f"{model}: {models[model]}")
     axes.set_xticks(range(len(shown)), [r["metric"] for r in shown], rotation=35, ha="right", fontsize=8)
     axes.set_ylabel("%")
-    axes.set_title("multi-token product sphere vs sphere baseline (mean ± std over seeds)")
+    axes.set_title("a product of spheres against the sphere (mean ± std over seeds)")
     axes.legend()
     return save_figure(figure, out_dir, "compare")
 
 
-def compared_models(seeds: int, overrides: Sequence[str], preset: Optional[str]) -> dict[str, str]:
-    """Each label's model (describe_model, topology), refused in one line before any run when the comparison cannot
-    be made: fewer than two seeds (Welch's t needs two a side), or settings under which both models are the same."""
-    from topoclip.config import ConfigError
-    from topoclip.experiments.grid import cell_config, load_grid
+def compare_grid(seeds: int, overrides: Sequence[str], preset: Optional[str]) -> tuple[Grid, dict[str, str]]:
+    """The two-cell grid `compare` trains and each label's model (describe_model, topology): compare.json's (cpu-multi
+    against cpu-sphere) or, under --preset P, P's own product of spheres against the one-token sphere of its whole
+    dimension (P with model.topology=sphere, model.class_tokens=1, model.spheres=0, model.embed_dim=m·n). Refused in
+    one line before any run where the comparison cannot be made: fewer than two seeds (Welch's t needs two a side),
+    --set of what tells the models apart, a preset that is no product of spheres."""
+    from topoclip.config import ConfigError, load_config
+    from topoclip.core.geometry import get_topology
+    from topoclip.experiments.grid import Axis, Level, cell_config, load_grid
     from topoclip.model.clip import describe_model
 
     if seeds < 2:
         raise ConfigError(f"compare needs at least 2 seeds per model (Welch's t compares their spreads); got {seeds}")
     fixed = [setting for setting in overrides if setting.split("=", 1)[0].strip() in FIXED]
     if fixed:
-        raise ConfigError(f"compare's two models are its own (the multi-token product sphere against the one-token "
-                          f"sphere), so --set {fixed[0]:.60} would change both or blur them; compare other models with "
+        raise ConfigError(f"compare's two models are its own (a product of spheres against the one-token sphere), so "
+                          f"--set {fixed[0]:.60} would change both or blur them; compare other models with "
                           f"`topoclip ablate` and a grid")
     grid = load_grid(GRID)
-    configs = {level.label: cell_config(grid, [level], overrides, 0, preset).model for level in grid.axes[0].levels}
-    if configs["multi"] == configs["sphere"]:
-        raise ConfigError(f"compare: under --preset {preset} both models are {describe_model(configs['multi'])}; it "
-                          f"trains the multi-token model against the one-token sphere: give a multi-token preset")
-    return {label: f"{describe_model(model)}, {model.topology}" for label, model in configs.items()}
+    if preset is not None:
+        model = load_config(preset, list(overrides)).model
+        topology = get_topology(model.topology)
+        if not (topology.product and not topology.curved and model.sphere_count > 1):
+            raise ConfigError(f"compare trains a product of spheres against the one-token sphere; --preset {preset} is "
+                              f"{describe_model(model)}: give a product-sphere preset (e.g. cpu-multi, tiny)")
+        sphere = ["model.topology=sphere", "model.class_tokens=1", "model.spheres=0",
+                  f"model.embed_dim={model.class_tokens * model.embed_dim}"]
+        axis = Axis("model", [Level("model", "multi", preset), Level("model", "sphere", preset, sphere)], show=False)
+        grid = dataclasses.replace(grid, preset=preset, axes=[axis])
+    models = {}
+    for level in grid.axes[0].levels:
+        model = cell_config(grid, [level], overrides, 0).model
+        models[level.label] = f"{describe_model(model)}, {model.topology}"
+    return grid, models
 
 
 def compare(out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (), jobs: int = 1,
             preset: Optional[str] = None, command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
     """Train (or finish) both models for `seeds` seeds; write compare.md / .json / .png; returns the JSON."""
     out_dir = Path(out_dir)
-    models = compared_models(seeds, overrides, preset)
-    result = ablate(GRID, out_dir, seeds=seeds, steps=steps, overrides=overrides, jobs=jobs, preset=preset,
-                    probe_size=0, command=command, log=log)
+    grid, models = compare_grid(seeds, overrides, preset)
+    result = ablate(grid, out_dir, seeds=seeds, steps=steps, overrides=overrides, jobs=jobs, probe_size=0,
+                    command=command, log=log)
     rows = comparison_rows(metric_values(result["runs"]))
     table = markdown(rows, seeds, result["steps"], models)
     (out_dir / "compare.md").write_text(table)
-    picture = plot(rows, out_dir)
+    picture = plot(rows, out_dir, models)
     summary = {"analysis": "compare", "command": result["command"], "seeds": list(range(seeds)),
                "steps": result["steps"], "machine": result["machine"], "wall_seconds": result["wall_seconds"],
                "models": models, "rows": rows, "table": table, "plots": [picture.name]}

@@ -24,7 +24,7 @@ from topoclip.analysis.temperature import read_curve
 from topoclip.config import ConfigError, load_config
 from topoclip.model.clip import describe_model
 from topoclip.core.door import check_inside, copy_tree, is_folder, is_regular, list_folder, read_json, remove_tree
-from topoclip.experiments.grid import (RUNS, RunSpec, config_differences, load_grid, out_folder, plan,
+from topoclip.experiments.grid import (RUNS, Grid, RunSpec, config_differences, load_grid, out_folder, plan,
                                        saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
 from topoclip.core.losses import get_loss
@@ -233,12 +233,13 @@ def add_ablate_arguments(ablate) -> None:
     add_overrides(ablate)
 
 
-def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (),
+def ablate(grid_name: Union[str, Grid], out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Sequence[str] = (),
            jobs: int = 1, preset: Optional[str] = None, probe_size: int = 1000, cells: Optional[Sequence[str]] = None,
            reuse: Sequence = (), command: Optional[str] = None, first_seed: int = 0,
            log: Callable[[str], None] = print) -> dict:
     """Train every missing run of the grid (J at a time), probe them, write the report; returns ablation.json's data.
 
+    grid_name: a shipped grid's name or a grid file, or a Grid made in code.
     cells: shell patterns of cell names to run and tabulate (a reduced grid); None for every cell.
     reuse: other ablation folders whose finished runs with the same config are copied instead of trained.
     first_seed: the seeds are first_seed, ..., first_seed + seeds − 1.
@@ -246,7 +247,7 @@ def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None,
     """
     if seeds < 1 or jobs < 1 or probe_size < 0 or first_seed < 0:
         raise ConfigError("--seeds and --jobs must be ≥ 1, --probe-size and --first-seed ≥ 0")
-    grid = load_grid(grid_name)
+    grid = grid_name if isinstance(grid_name, Grid) else load_grid(grid_name)  # a Grid: one made in code (compare)
     out_dir = Path(out_dir)
     overrides = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     # One owner per ablation folder: a second ablate on the same --out would delete "new" run folders the
@@ -260,7 +261,7 @@ def ablate(grid_name: str, out_dir, seeds: int = 3, steps: Optional[int] = None,
         records, trained = finish_runs(specs, jobs, probe_size, log)
         meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "first_seed": first_seed,
                 "preset": preset or grid.preset, "steps": load_config(values=specs[0].config).train.steps,
-                "command": command or (f"ablate({grid_name!r}, seeds={seeds}, first_seed={first_seed}, steps={steps}, "
+                "command": command or (f"ablate({grid.name!r}, seeds={seeds}, first_seed={first_seed}, steps={steps}, "
                                        f"jobs={jobs}, preset={preset!r})"),
                 "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": trained, "reused_now": reused,
                 "reused": sum(r["reused_from"] is not None for r in records),
