@@ -355,15 +355,19 @@ def test_a_stability_row_counts_skipped_steps_and_fp16s_halvings_and_spans_tau_a
             run("sphere", 0, scale=[10.0, 11.0])]
     del runs[-1]["skipped_steps"]  # a record from before the count was kept
     (tmp_path / "g").mkdir()
-    (tmp_path / "g" / "ablation.json").write_text(json.dumps({"steps": 2, "seeds": 2, "runs": runs,
+    stopped = [{"cell": "half", "seed": 1, "stopped": "training stopped at step 7: …"},
+               {"cell": "wild", "seed": 0, "stopped": "training stopped at step 3: …"}]
+    (tmp_path / "g" / "ablation.json").write_text(json.dumps({"steps": 2, "seeds": 2, "runs": runs, "stopped": stopped,
                                                               "unfinished": {"later": 0}}))
     rows = [{"label": label, "source": "g", "cell": cell} for label, cell in
-            (("L", "lorentz"), ("H", "half"), ("S", "sphere"), ("W", "later"))]
+            (("L", "lorentz"), ("H", "half"), ("S", "sphere"), ("W", "later"), ("X", "wild"))]
     table = readme_results.stability_table({"about": "A.", "rows": rows}).splitlines()
     assert table[4] == "| L | 2 | 2 (1) | — (not fp16) | 25.0 ± 7.1 | 10.0–30.0 | 0.600 ± 0.141 | 0.500–1.000 |"
-    assert table[5] == "| H | 1 | 0 (0) | 2 | 12.0 (one run) | 10.0–12.0 | 1.200 (one run) | 1.000–1.200 |"
+    assert table[5] == ("| H | 1 (+ 1 stopped on non-finite values) | 0 (0) | 2 | 12.0 (one run) | 10.0–12.0 | "
+                        "1.200 (one run) | 1.000–1.200 |")
     assert table[6] == "| S | 1 | — (not recorded) | — (not fp16) | 11.0 (one run) | 10.0–11.0 | — | — |"
     assert table[7] == "| W | 0 of 2 so far | | | | | | |"
+    assert table[8] == "| X | 0 (+ 1 stopped on non-finite values) | | | | | | |"
 
 
 def test_the_full_scenes_presets_are_the_preregistered_task_at_each_familys_chosen_lr():
@@ -528,6 +532,27 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
         readme_results.land(out / "whole")
     monkeypatch.setattr(sys, "argv", ["readme_results.py", "land", str(out / "whole")])
     assert readme_results.main() == 1  # a refused landing: one line, no traceback
+
+
+def test_a_run_that_stopped_completes_its_cell_of_a_grid_in_parts(tmp_path, monkeypatch):
+    """A run that stopped on non-finite values (ablate's "stopped") is done, not trained again: its cell is no longer
+    waiting for it, and its numbers are in no table; listed in two parts, it would count twice."""
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
+    command = "topoclip ablate --grid g --steps 9600 --out X/p"
+    for name, runs, stopped in (("p1", [{"cell": "a", "seed": k, "zero_shot_top1": 50.0 + k} for k in (0, 1)], []),
+                                ("p2", [], [{"cell": "a", "seed": 2, "stopped": "training stopped at step 9: …"}])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ablation.json").write_text(json.dumps({"analysis": "ablation", "grid": "g", "steps": 9600,
+                                                                   "preset": "cpu", "command": command, "runs": runs,
+                                                                   "stopped": stopped}))
+    (tmp_path / "whole.json").write_text(json.dumps({"about": "A.", "seeds": 3, "parts": ["p1", "p2"]}))
+    whole = readme_results.load_results("whole")
+    assert whole["unfinished"] == {} and [(r["cell"], r["seed"]) for r in whole["stopped"]] == [("a", 2)]
+    assert readme_results.cell_values("whole", "a", "zero_shot_top1") == [50.0, 51.0]
+    (tmp_path / "whole.json").write_text(json.dumps({"about": "A.", "seeds": 3, "parts": ["p1", "p2", "p3"]}))
+    shutil.copytree(tmp_path / "p2", tmp_path / "p3")
+    with pytest.raises(ValueError, match="a seed 2 is in two of its parts"):
+        readme_results.load_results("whole")
 
 
 def test_a_cell_of_a_grid_in_parts_without_its_newer_metrics_names_the_part(tmp_path, monkeypatch):

@@ -334,3 +334,33 @@ def test_skipped_steps_add_up_over_resumes_that_restarted_the_count():
 
     assert skipped_steps(log(0, 3, 3, 0, 1, 2) + [{"step": 9, "eval": {}}]) == 5
     assert skipped_steps(log(0, 1, 1, 4)) == 4 and skipped_steps(log(0, 0)) == 0 and skipped_steps([]) == 0
+
+
+@pytest.mark.slow
+def test_a_run_that_stops_on_non_finite_values_leaves_the_grid_going(tmp_path, capsys):
+    """From the review of #61's stability table: one diverging run ended the whole ablate (and the sweep script
+    around it), and every later ablate trained it again and ended again. Now the run is marked (RUN/stopped.json, with
+    the trainer's reason), left out of the table with a line saying why, listed under "stopped", and not trained
+    again; the grid's other runs train and tabulate. τ = exp(101) makes the loss non-finite (test_run_folder)."""
+    grid = {"preset": "tiny", "settings": ["train.num_workers=0", "train.batch_size=16", "evaluate.size=8",
+                                           'evaluate.template_modes=["distance"]', "data.scenes.train_size=256",
+                                           "data.scenes.val_size=16", "data.scenes.test_size=16"],
+            "axes": [{"name": "start", "levels": [
+                {"label": "fine", "set": []},
+                {"label": "wild", "set": ["model.temperature.max_scale=1e44", "model.temperature.init=101"]}]}]}
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(grid))
+    out, command = tmp_path / "out", ["ablate", "--grid", str(path), "--seeds", "1", "--steps", "12", "--probe-size", "0"]
+    assert main([*command, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "wild seed 0: new -> stopped on non-finite values" in said and "left out of the table" in said
+    result = json.loads((out / "ablation.json").read_text())
+    assert [run["cell"] for run in result["runs"]] == ["fine"]
+    assert [(run["cell"], run["seed"]) for run in result["stopped"]] == [("wild", 0)]
+    assert result["stopped"][0]["stopped"].startswith("training stopped at step ")
+    assert json.loads((out / "runs" / "wild" / "seed-0" / "stopped.json").read_text())["reason"] == \
+        result["stopped"][0]["stopped"]
+    assert "Left out: wild seed 0, which stopped on non-finite values (training stopped at step" in \
+        (out / "table.md").read_text()
+    assert main([*command, "--out", str(out)]) == 0  # not trained again
+    assert "2 already done, 0 to run" in capsys.readouterr().out

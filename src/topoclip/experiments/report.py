@@ -93,7 +93,9 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
              f"Still rising?: the zero-shot top-1 of the periodic validation evaluations at the last one against "
              f"the one {LATE_FRACTION:.0%} of the run before (paired t over the seeds): \"yes\" when its 95 % "
              f"interval, shown, is above 0; \"—\" without periodic evaluations."
-             + (f" Rows in italics are the paper's, from its {grid.paper['source']}" if grid.paper else ""), "",
+             + (f" Rows in italics are the paper's, from its {grid.paper['source']}" if grid.paper else "")
+             + "".join(f" Left out: {run['cell']} seed {run['seed']}, which stopped on non-finite values "
+                       f"({run['stopped'].split(';')[0]})." for run in meta.get("stopped", [])), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     # Rows that the model, the shown axes and τ's start do not tell apart (a hidden axis that changes training, as the
     # lorentz grid's entailment loss) are named by their cell too.

@@ -27,12 +27,14 @@ from topoclip.core.door import check_inside, copy_tree, is_folder, is_regular, l
 from topoclip.experiments.grid import (RUNS, Grid, RunSpec, config_differences, load_grid, out_folder, plan,
                                        saved_settings)
 from topoclip.experiments.report import PROBE_TASK, write_report
+from topoclip.core.errors import NonFiniteError
 from topoclip.core.losses import get_loss
 from topoclip.core.locks import claim_folder
 from topoclip.io.run_folder import EVALUATION, RunFolder
 
 PROBE = "probe.json"
 REUSED = "reused.json"  # in a run folder copied from another ablation: where from
+STOPPED = "stopped.json"  # in a run folder that stopped on non-finite values: why (not trained again, not tabulated)
 
 
 def reuse_runs(specs: Sequence[RunSpec], sources: Sequence, log: Callable[[str], None] = print) -> int:
@@ -87,8 +89,17 @@ def finished_runs(source: Path) -> list[tuple[Path, Path]]:
 
 
 def run_state(spec: RunSpec) -> str:
-    """"finished" (all steps trained and evaluated), "killed" (config.json but not finished) or "new"."""
-    return RunFolder(spec.run_dir).state(spec.config["train"]["steps"])
+    """"finished" (all steps trained and evaluated), "stopped" (on non-finite values: RUN/stopped.json), "killed"
+    (config.json but neither) or "new"."""
+    state = RunFolder(spec.run_dir).state(spec.config["train"]["steps"])
+    return "stopped" if state == "killed" and (Path(spec.run_dir) / STOPPED).is_file() else state
+
+
+def stopped_record(spec: RunSpec) -> dict:
+    """What a grid keeps of a run that stopped on non-finite values: which run, and why (its RUN/stopped.json)."""
+    reason = read_run_json(Path(spec.run_dir) / STOPPED, out_folder(spec), dict, "reason", str)["reason"]
+    return {"cell": spec.cell, "label": spec.label, "columns": spec.columns, "seed": spec.seed,
+            "run_dir": relative_run_dir(spec), "stopped": reason}
 
 
 def run_one(spec: RunSpec, threads: int = 0) -> dict:
@@ -108,12 +119,17 @@ def run_one(spec: RunSpec, threads: int = 0) -> dict:
             from topoclip.run.training.trainer import train
 
             config = load_config(values=spec.config)
-            if state == "killed":
-                train(config, resume=run_dir, progress=False)
-            else:  # a folder without config.json holds nothing to keep; never deleted through a link
-                remove_tree(run_dir, out_folder(spec), "ablation folder", ConfigError)
-                run_dir.parent.mkdir(parents=True, exist_ok=True)
-                train(config, out_dir=run_dir, progress=False)
+            try:
+                if state == "killed":
+                    train(config, resume=run_dir, progress=False)
+                else:  # a folder without config.json holds nothing to keep; never deleted through a link
+                    remove_tree(run_dir, out_folder(spec), "ablation folder", ConfigError)
+                    run_dir.parent.mkdir(parents=True, exist_ok=True)
+                    train(config, out_dir=run_dir, progress=False)
+            except NonFiniteError as error:  # the grid goes on without it; a later ablate does not train it again
+                print(f"topoclip: error: {error}")
+                write_json(run_dir, Path(STOPPED).stem, {"reason": str(error)})
+                return {**stopped_record(spec), "state_before": state, "seconds": time.perf_counter() - started}
         if spec.probe_size and not (run_dir / PROBE).is_file():
             probe_run(run_dir, spec.probe_size)
     record = run_record(spec)
@@ -259,12 +275,17 @@ def ablate(grid_name: Union[str, Grid], out_dir, seeds: int = 3, steps: Optional
         log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds); "
             f"logs in {out_dir / 'logs'}")
         records, trained = finish_runs(specs, jobs, probe_size, log)
+        stopped = [{key: r[key] for key in ("cell", "seed", "run_dir", "stopped")} for r in records if "stopped" in r]
+        records = [r for r in records if "stopped" not in r]
+        for run in stopped:
+            log(f"topoclip: note: {run['cell']} seed {run['seed']} stopped on non-finite values and is left out of the "
+                f"table (delete {out_dir / run['run_dir'] / STOPPED} to train it again): {run['stopped']}")
         meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "first_seed": first_seed,
                 "preset": preset or grid.preset, "steps": load_config(values=specs[0].config).train.steps,
                 "command": command or (f"ablate({grid.name!r}, seeds={seeds}, first_seed={first_seed}, steps={steps}, "
                                        f"jobs={jobs}, preset={preset!r})"),
                 "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": trained, "reused_now": reused,
-                "reused": sum(r["reused_from"] is not None for r in records),
+                "reused": sum(r["reused_from"] is not None for r in records), "stopped": stopped,
                 "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                             "python": platform.python_version(), **_torch_info()}}
         return write_report(grid, records, meta, out_dir, log)
@@ -275,16 +296,19 @@ def finish_runs(specs: Sequence[RunSpec], jobs: int, probe_size: int, log: Calla
 
     Returns every spec's record, in plan order, and how many runs were trained.
     """
-    todo = [s for s in specs if run_state(s) != "finished" or (probe_size and not (Path(s.run_dir) / PROBE).is_file())]
-    to_train = sum(run_state(s) != "finished" for s in todo)  # the rest only need their probe
+    states = {s.run_dir: run_state(s) for s in specs}
+    todo = [s for s in specs if states[s.run_dir] not in ("finished", "stopped")
+            or (states[s.run_dir] == "finished" and probe_size and not (Path(s.run_dir) / PROBE).is_file())]
+    to_train = sum(states[s.run_dir] != "finished" for s in todo)  # the rest only need their probe
     log(f"{len(specs) - len(todo)} already done, {len(todo)} to run ({len(todo) - to_train} of them only to probe), "
         f"{jobs} at a time")
     by_dir = {}
     for done, record in enumerate(_execute(todo, jobs), start=1):
         by_dir[record["run_dir"]] = record
-        log(f"[{done}/{len(todo)}] {record['cell']} seed {record['seed']}: {record['state_before']} -> finished "
-            f"in {record['seconds']:.0f} s")
-    records = [by_dir.get(relative_run_dir(s)) or run_record(s) for s in specs]
+        log(f"[{done}/{len(todo)}] {record['cell']} seed {record['seed']}: {record['state_before']} -> "
+            f"{'stopped on non-finite values' if 'stopped' in record else 'finished'} in {record['seconds']:.0f} s")
+    records = [by_dir.get(relative_run_dir(s)) or (stopped_record(s) if run_state(s) == "stopped" else run_record(s))
+               for s in specs]
     for record in records:
         record.pop("state_before", None)
     return records, to_train

@@ -145,16 +145,18 @@ def pooled(name: str, spec: dict) -> dict:
             raise ValueError(f"{name}: part {other} differs from {parts[0]} in {what} ({theirs} against {first}): "
                              f"one grid, one recipe")
     runs = [{**run, "part": part} for part, grid in grids.items() for run in grid["runs"]]
-    twice = [key for key, count in Counter((run["cell"], run["seed"]) for run in runs).items() if count > 1]
+    # a run that stopped on non-finite values is done too (not trained again), but in no table
+    stopped = [{**run, "part": part} for part, grid in grids.items() for run in grid.get("stopped", [])]
+    twice = [key for key, count in Counter((run["cell"], run["seed"]) for run in runs + stopped).items() if count > 1]
     if twice:
         raise ValueError(f"{name}: {twice[0][0]} seed {twice[0][1]} is in two of its parts; a run would count twice")
     beyond = next((run for run in runs if seeds and not 0 <= run["seed"] < seeds), None)
     if beyond:
         raise ValueError(f"{name}: {beyond['part']}'s {beyond['cell']} seed {beyond['seed']} is not one of the "
                          f"{seeds} seeds registered")
-    counts = Counter(run["cell"] for run in runs)
+    counts = Counter(run["cell"] for run in runs + stopped)
     return {"analysis": "ablation", "grid": grids[parts[0]].get("grid"), "steps": grids[parts[0]].get("steps"),
-            "parts": parts, "seeds": seeds, "runs": runs,
+            "parts": parts, "seeds": seeds, "runs": runs, "stopped": stopped,
             "unfinished": {cell: n for cell, n in counts.items() if seeds and n < seeds}}
 
 

@@ -226,15 +226,20 @@ def stability_table(spec: dict) -> str:
     """Markdown: how stable each cell's runs were (docs/results/NAME-stability.json: {"about", "rows": [{"label",
     "source", "cell"}]}): the steps skipped for a non-finite loss, fp16's overflow skips (from the loss scale), τ and a
     hyperbolic model's curvature c at the end (mean ± sd over the seeds) and over the whole run (the range of every
-    logged value of every seed). A run that stopped on non-finite losses has no record: `ablate` refuses to tabulate
-    its grid, so such a run is reported from its log, not here."""
+    logged value of every seed). A run that stopped on non-finite values is counted beside the cell's runs (its grid's
+    "stopped"), not in its numbers."""
     lines = [spec["about"], "", "| cell | runs | non-finite steps skipped (runs with any) | fp16 overflow skips, at least "
              "| τ at the end | τ, whole run | c at the end | c, whole run |", "|---|---|---|---|---|---|---|---|"]
     for row in spec["rows"]:
         results = load_result(row["source"])
         runs = [r for r in results["runs"] if r["cell"] == row["cell"]]
-        if not runs or row["cell"] in results.get("unfinished", {}):
-            lines.append(f"| {row['label']} | {len(runs)} of {results['seeds']} so far | | | | | | |")
+        stopped = sum(r["cell"] == row["cell"] for r in results.get("stopped", []))
+        if row["cell"] in results.get("unfinished", {}) or not (runs or stopped):
+            lines.append(f"| {row['label']} | {len(runs) + stopped} of {results['seeds']} so far | | | | | | |")
+            continue
+        count = f"{len(runs)}" + (f" (+ {stopped} stopped on non-finite values)" if stopped else "")
+        if not runs:
+            lines.append(f"| {row['label']} | {count} | | | | | | |")
             continue
         skipped = [r.get("skipped_steps") for r in runs]  # None: a record from before the count was kept
         scaled = [r["curve"]["loss_scale"] for r in runs if "loss_scale" in r["curve"]]
@@ -249,7 +254,7 @@ def stability_table(spec: dict) -> str:
             every = [value for curve in curves for value in curve]
             cells += [f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(curves) > 1 else " (one run)"),
                       f"{min(every):.{digits}f}–{max(every):.{digits}f}"]
-        lines.append(f"| {row['label']} | {len(runs)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['label']} | {count} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", "τ and c as logged every few steps; a non-finite loss skips its step (the trainer's "
                                    "count); under fp16 a step whose gradients overflow is skipped too, and halves the "
                                    "loss scale, so the halvings between logged steps count those skips from below."])
