@@ -539,7 +539,8 @@ def test_a_run_that_stopped_completes_its_cell_of_a_grid_in_parts(tmp_path, monk
     waiting for it, and its numbers are in no table; listed in two parts, it would count twice."""
     monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     command = "topoclip ablate --grid g --steps 9600 --out X/p"
-    for name, runs, stopped in (("p1", [{"cell": "a", "seed": k, "zero_shot_top1": 50.0 + k} for k in (0, 1)], []),
+    for name, runs, stopped in (("p1", [{"cell": c, "seed": k, "zero_shot_top1": 50.0 + k + 10 * (c == "b")}
+                                         for c, seeds in (("a", (0, 1)), ("b", (0, 1, 2))) for k in seeds], []),
                                 ("p2", [], [{"cell": "a", "seed": 2, "stopped": "training stopped at step 9: …"}])):
         (tmp_path / name).mkdir()
         (tmp_path / name / "ablation.json").write_text(json.dumps({"analysis": "ablation", "grid": "g", "steps": 9600,
@@ -549,10 +550,29 @@ def test_a_run_that_stopped_completes_its_cell_of_a_grid_in_parts(tmp_path, monk
     whole = readme_results.load_results("whole")
     assert whole["unfinished"] == {} and [(r["cell"], r["seed"]) for r in whole["stopped"]] == [("a", 2)]
     assert readme_results.cell_values("whole", "a", "zero_shot_top1") == [50.0, 51.0]
+    # every table of the cell leaves it out, says so, and counts it as done (reported, not re-run)
+    comparison = readme_results.comparison_table({"source": "whole", "rows": [{"label": "a − b", "a": "a", "b": "b"}],
+                                                  "metrics": [{"metric": "zero_shot_top1", "label": "top-1"}]})
+    equivalence = readme_results.equivalence_table({"about": "A.", "margin": 2.0, "seeds": 3, "rows": [
+        {"label": "e", "metric": "zero_shot_top1", "a": [["whole", "a"]], "b": [["whole", "b"]]}]})
+    assert "n = 2 and 3 runs" in comparison and "| e | 2, 3 |" in equivalence
+    assert all(table.endswith("Left out, stopped on non-finite values: a seed 2 (whole).")
+               for table in (comparison, equivalence))
+    with pytest.raises(ValueError, match="every run of p2's a stopped on non-finite values"):
+        readme_results.cell_values("p2", "a", "zero_shot_top1")
     (tmp_path / "whole.json").write_text(json.dumps({"about": "A.", "seeds": 3, "parts": ["p1", "p2", "p3"]}))
     shutil.copytree(tmp_path / "p2", tmp_path / "p3")
     with pytest.raises(ValueError, match="a seed 2 is in two of its parts"):
         readme_results.load_results("whole")
+    # checked as its runs are (the third review): a seed beyond the registered ones, entries of other types
+    for stopped, problem in (([{"cell": "a", "seed": 7, "stopped": "…"}], "a seed 7 is not one of the 3 seeds"),
+                             ([1], "part p3 is not an ablation folder"), (None, "part p3 is not an ablation folder"),
+                             ([{"cell": "a"}], "part p3 is not an ablation folder")):
+        values = json.loads((tmp_path / "p2" / "ablation.json").read_text())
+        (tmp_path / "p3" / "ablation.json").write_text(json.dumps({**values, "stopped": stopped}))
+        (tmp_path / "whole.json").write_text(json.dumps({"about": "A.", "seeds": 3, "parts": ["p1", "p3"]}))
+        with pytest.raises(ValueError, match=problem):
+            readme_results.load_results("whole")
 
 
 def test_a_cell_of_a_grid_in_parts_without_its_newer_metrics_names_the_part(tmp_path, monkeypatch):

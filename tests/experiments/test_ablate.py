@@ -364,3 +364,15 @@ def test_a_run_that_stops_on_non_finite_values_leaves_the_grid_going(tmp_path, c
         (out / "table.md").read_text()
     assert main([*command, "--out", str(out)]) == 0  # not trained again
     assert "2 already done, 0 to run" in capsys.readouterr().out
+    assert main([*command, "--cells", "wild", "--out", str(out)]) == 0  # a grid whose every run stopped: tabulated
+    result = json.loads((out / "ablation.json").read_text())  # (the third review: a traceback, no ablation.json)
+    assert result["runs"] == [] and [run["cell"] for run in result["stopped"]] == ["wild"]
+    capsys.readouterr()
+    # compare compares every seed of both models or none: a stopped run is one line, not a table of the survivors
+    wild = ["--set", "model.temperature.max_scale=1e44", "--set", "model.temperature.init=101"]
+    assert main(["compare", "--preset", "tiny", "--seeds", "2", "--steps", "12", *wild, "--set", "train.num_workers=0",
+                 "--set", "evaluate.size=8", "--out", str(tmp_path / "compare")]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # (after the trainer's own lines on each skipped step)
+    assert last.startswith("topoclip: error: compare: multi seed 0 stopped on non-finite values (training stopped at "
+                           "step 5: the loss was non-finite"), last
+    assert not (tmp_path / "compare" / "compare.md").exists()

@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from topoclip.analysis.output import pyplot, save_figure, write_json
+from topoclip.config import ConfigError
 from topoclip.experiments.grid import Grid
+from topoclip.experiments.report import stopped_reason
 from topoclip.experiments.runner import ablate
 from topoclip.experiments.statistics import mean_std, welch
 
 GRID = "compare"
 MODELS = ("multi", "sphere")
-FIXED = ("model.topology", "model.class_tokens", "model.spheres")  # what tells the two models apart
+FIXED = ("model.topology", "model.class_tokens", "model.spheres", "model.embed_dim")  # what the models are
 
 
 def metric_values(records: Sequence[dict]) -> dict[str, dict[str, list[float]]]:
@@ -98,7 +100,7 @@ def compare_grid(seeds: int, overrides: Sequence[str], preset: Optional[str]) ->
     dimension (P with model.topology=sphere, model.class_tokens=1, model.spheres=0, model.embed_dim=m·n). Refused in
     one line before any run where the comparison cannot be made: fewer than two seeds (Welch's t needs two a side),
     --set of what tells the models apart, a preset that is no product of spheres."""
-    from topoclip.config import ConfigError, load_config
+    from topoclip.config import load_config
     from topoclip.core.geometry import get_topology
     from topoclip.experiments.grid import Axis, Level, cell_config, load_grid
     from topoclip.model.clip import describe_model
@@ -135,6 +137,11 @@ def compare(out_dir, seeds: int = 3, steps: Optional[int] = None, overrides: Seq
     grid, models = compare_grid(seeds, overrides, preset)
     result = ablate(grid, out_dir, seeds=seeds, steps=steps, overrides=overrides, jobs=jobs, probe_size=0,
                     command=command, log=log)
+    if result["stopped"]:  # the comparison is of every seed of both models, or of none
+        run = result["stopped"][0]
+        raise ConfigError(f"compare: {run['cell']} seed {run['seed']} stopped on non-finite values "
+                          f"({stopped_reason(run['stopped'])}), so the models cannot be compared over {seeds} seeds "
+                          f"each; lower train.lr (--set) and use another --out")
     rows = comparison_rows(metric_values(result["runs"]))
     table = markdown(rows, seeds, result["steps"], models)
     (out_dir / "compare.md").write_text(table)

@@ -73,6 +73,12 @@ def summary_rows(records: Sequence[dict], steps: int = 0, zero_shot_set: str = "
     return rows
 
 
+def stopped_reason(reason: str) -> str:
+    """The trainer's reason a run stopped, as a table or a console line shows it: its first clause, one line, bounded
+    (the file it comes from is in the ablation folder, anyone's)."""
+    return " ".join(reason.split(";")[0].split())[:200]
+
+
 def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
     """Table 6's columns (plus the grid's shown axes) as a markdown document."""
     shown = [axis.name for axis in grid.axes if axis.show]
@@ -95,7 +101,7 @@ def markdown_table(grid: Grid, rows: Sequence[dict], meta: dict) -> str:
              f"interval, shown, is above 0; \"—\" without periodic evaluations."
              + (f" Rows in italics are the paper's, from its {grid.paper['source']}" if grid.paper else "")
              + "".join(f" Left out: {run['cell']} seed {run['seed']}, which stopped on non-finite values "
-                       f"({run['stopped'].split(';')[0]})." for run in meta.get("stopped", [])), "",
+                       f"({stopped_reason(run['stopped'])})." for run in meta.get("stopped", [])), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     # Rows that the model, the shown axes and τ's start do not tell apart (a hidden axis that changes training, as the
     # lorentz grid's entailment loss) are named by their cell too.
@@ -176,8 +182,11 @@ def _mean_band(axis, series: Sequence[dict], colour, label: str) -> None:
                       color=colour, alpha=0.18, linewidth=0)
 
 
-def plot_temperatures(records: Sequence[dict], out_dir) -> Path:
-    """OUT/temperature.png: every run's t, one colour per cell, one panel per model (as the paper's Fig. 4)."""
+def plot_temperatures(records: Sequence[dict], out_dir) -> Optional[Path]:
+    """OUT/temperature.png: every run's t, one colour per cell, one panel per model (as the paper's Fig. 4); None
+    without a run (every run of the grid stopped on non-finite values)."""
+    if not records:
+        return None
     curves = [read_curve(Path(out_dir) / r["run_dir"]) for r in records]
     return plot_curves(curves, out_dir, "temperature", groups=[r["label"] for r in records],
                        panels=[r["model"] for r in records])

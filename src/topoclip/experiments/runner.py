@@ -26,7 +26,7 @@ from topoclip.model.clip import describe_model
 from topoclip.core.door import check_inside, copy_tree, is_folder, is_regular, list_folder, read_json, remove_tree
 from topoclip.experiments.grid import (RUNS, Grid, RunSpec, config_differences, load_grid, out_folder, plan,
                                        saved_settings)
-from topoclip.experiments.report import PROBE_TASK, write_report
+from topoclip.experiments.report import PROBE_TASK, stopped_reason, write_report
 from topoclip.core.errors import NonFiniteError
 from topoclip.core.losses import get_loss
 from topoclip.core.locks import claim_folder
@@ -279,7 +279,7 @@ def ablate(grid_name: Union[str, Grid], out_dir, seeds: int = 3, steps: Optional
         records = [r for r in records if "stopped" not in r]
         for run in stopped:
             log(f"topoclip: note: {run['cell']} seed {run['seed']} stopped on non-finite values and is left out of the "
-                f"table (delete {out_dir / run['run_dir'] / STOPPED} to train it again): {run['stopped']}")
+                f"table (delete {out_dir / run['run_dir'] / STOPPED} to train it again): {stopped_reason(run['stopped'])}")
         meta = {"grid": grid.name, "cells": list(cells) if cells else "all", "seeds": seeds, "first_seed": first_seed,
                 "preset": preset or grid.preset, "steps": load_config(values=specs[0].config).train.steps,
                 "command": command or (f"ablate({grid.name!r}, seeds={seeds}, first_seed={first_seed}, steps={steps}, "

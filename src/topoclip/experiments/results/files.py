@@ -128,9 +128,11 @@ def pooled(name: str, spec: dict) -> dict:
         path = results_file(RESULTS / part, "ablation.json")
         grids[part] = read_results(path) if path.exists() else {}
         runs = grids[part].get("runs") if isinstance(grids[part], dict) else None
-        if not isinstance(grids[part], dict) or grids[part].get("analysis") != "ablation" or not isinstance(runs, list) or not all(
-                isinstance(run, dict) and isinstance(run.get("cell"), str) and type(run.get("seed")) is int
-                for run in runs):
+        stopped = grids[part].get("stopped", []) if isinstance(grids[part], dict) else None
+        if not isinstance(grids[part], dict) or grids[part].get("analysis") != "ablation" or not all(
+                isinstance(listed, list) and all(isinstance(run, dict) and isinstance(run.get("cell"), str)
+                                                 and type(run.get("seed")) is int for run in listed)
+                for listed in (runs, stopped)):
             raise ValueError(f"{name}: part {part} is not an ablation folder of docs/results; land it first "
                              f"(topoclip report land OUT --pool {name})")
     for what, read in (("steps", lambda g: g.get("steps")), ("preset", lambda g: g.get("preset")),
@@ -150,7 +152,7 @@ def pooled(name: str, spec: dict) -> dict:
     twice = [key for key, count in Counter((run["cell"], run["seed"]) for run in runs + stopped).items() if count > 1]
     if twice:
         raise ValueError(f"{name}: {twice[0][0]} seed {twice[0][1]} is in two of its parts; a run would count twice")
-    beyond = next((run for run in runs if seeds and not 0 <= run["seed"] < seeds), None)
+    beyond = next((run for run in runs + stopped if seeds and not 0 <= run["seed"] < seeds), None)
     if beyond:
         raise ValueError(f"{name}: {beyond['part']}'s {beyond['cell']} seed {beyond['seed']} is not one of the "
                          f"{seeds} seeds registered")

@@ -27,6 +27,8 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
     if results.get("analysis") == "compare":
         return next(row[cell]["values"] for row in results["rows"] if row["metric"] == metric)
     runs = [r for r in results["runs"] if r["cell"] == cell]
+    if not runs and any(r["cell"] == cell for r in results.get("stopped", [])):
+        raise ValueError(f"every run of {source}'s {cell} stopped on non-finite values: there is nothing to tabulate")
     if not runs:
         raise KeyError(f"{source} has no cell {cell!r}")
     if cell in results.get("unfinished", {}):  # a grid in parts (`pooled`) still running
@@ -43,6 +45,19 @@ def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list
                            f"ablate command to tabulate it again (nothing is retrained)")
         return [r["retrieval"][set_name][key] for r in runs]
     return [r[metric] for r in runs]
+
+
+def stopped_of(refs) -> list[str]:
+    """The runs of the cells `refs` ([source, cell] pairs) that stopped on non-finite values ("CELL seed K (SOURCE)"):
+    done, not re-run, and in no table's numbers."""
+    return sorted({f"{cell} seed {run['seed']} ({source})" for source, cell in refs
+                   for run in load_result(source).get("stopped", []) if run["cell"] == cell})
+
+
+def stopped_runs(refs) -> str:
+    """A sentence naming them, which every table of those cells leaves out (its n shows it); "" when none did."""
+    left = stopped_of(refs)
+    return f" Left out, stopped on non-finite values: {', '.join(left)}." if left else ""
 
 
 def measured(item: dict) -> str:
@@ -104,7 +119,9 @@ def comparison_table(spec: dict) -> str:
                   f"significant after Holm's adjustment over the table's {len(tested)} tests "
                   f"({sum(map(sum, kept))} of the {sum(d.significant for d in tested)} bold ones)."
               + (" \"No spread\": every run of both cells gave the same value, so there is nothing to test."
-                 if len(tested) < sum(map(len, differences)) else "")]
+                 if len(tested) < sum(map(len, differences)) else "")
+              + stopped_runs({tuple(ref) if isinstance(ref, list) else (spec["source"], ref)
+                              for row in spec["rows"] for ref in (row["a"], row["b"])})]
     for metric in (m for m in metrics if m.get("permutation")):
         for row in spec["rows"]:
             a, b = sides(row, metric)
@@ -145,7 +162,8 @@ def equivalence_table(spec: dict) -> str:
              "verdict |", "|---|---|---|---|---|"]
     for row in spec["rows"]:
         a, b = (pooled_values(refs, row["metric"]) for refs in (row["a"], row["b"]))
-        if len(a) < spec.get("seeds", 0) or len(b) < spec.get("seeds", 0):
+        done = [len(values) + len(stopped_of(map(tuple, refs))) for values, refs in ((a, row["a"]), (b, row["b"]))]
+        if min(done) < spec.get("seeds", 0):  # a run that stopped is done: reported, not re-run
             raise ValueError(f"{row['label']}: {len(a)} and {len(b)} runs of the {spec['seeds']} a side registered")
         d, e, digits = welch(a, b), tost(a, b, margin), row.get("digits", 1)
         verdict = ("a > b" if d.effect > 0 else "a < b") if d.significant else (
@@ -157,7 +175,8 @@ def equivalence_table(spec: dict) -> str:
                      f"{format_p(e.p)} | **{verdict}** |")
     return "\n".join(lines + ["", "Welch's t, two-sided at 5 %; where its interval holds 0, two one-sided Welch tests "
                                    f"at 5 % (TOST) decide: equivalent when the 90 % interval lies inside ±{margin:g}. "
-                                   "Where Welch's t finds a difference, TOST says whether it is smaller than the margin."])
+                                   "Where Welch's t finds a difference, TOST says whether it is smaller than the margin."
+                                   + stopped_runs({tuple(ref) for row in spec["rows"] for ref in row["a"] + row["b"]})])
 
 
 def last_quarter(runs: list[dict], steps: int) -> dict:
