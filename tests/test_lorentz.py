@@ -265,7 +265,8 @@ def test_the_index_vectors_rank_as_the_distance():
     assert torch.equal(ip.argsort(dim=1, descending=True)[:, :10], expected.argsort(dim=1, descending=True)[:, :10])
 
 
-@pytest.mark.parametrize("c", [-1.0, 0, 0.0, math.nan, math.inf, True, "1", torch.tensor(-1.0), torch.tensor([1.0, 2.0])])
+@pytest.mark.parametrize("c", [-1.0, 0, 0.0, math.nan, math.inf, True, "1", bytearray(b"2"), 1 + 0j, torch.tensor(-1.0),
+                               torch.tensor([1.0, 2.0]), torch.tensor(True), torch.tensor(1 + 0j)])
 def test_the_library_refuses_a_curvature_that_is_not_one_finite_number_above_0(c):
     """From the hostile test of #61: c = −1 gave finite numbers (of no space), 0 a bare ZeroDivisionError, nan all-NaN
     scores, and to_space a complex-number error; the index helper took a product's points and ranked them wrongly."""
@@ -279,13 +280,17 @@ def test_the_library_refuses_a_curvature_that_is_not_one_finite_number_above_0(c
 
 
 def test_the_library_takes_a_curvature_as_any_number_type():
-    """NumPy's scalars and 0-d arrays are numbers too (the second review: a 0-d array was refused as not one)."""
+    """NumPy's real scalars and 0-d arrays are numbers too (the second review: a 0-d array was refused as not one);
+    its bools and complex numbers are not (the third: they were taken)."""
     import numpy as np
 
     x = torch.randn(4, 1, 8, dtype=torch.float64)
     expected = G.similarity("lorentz", x, x, curvature=0.5)
     for c in (np.float32(0.5), np.array(0.5), torch.tensor(0.5, dtype=torch.float64)):
         assert torch.equal(G.similarity("lorentz", x, x, curvature=c), expected)
+    for c in (np.bool_(True), np.array(True), np.complex128(1 + 5j)):  # NumPy's bools and complex numbers are no c
+        with pytest.raises(ValueError, match="curvature"):
+            G.similarity("lorentz", x, x, curvature=c)
 
 
 def test_the_cost_analysis_counts_the_curvature_and_the_scalings_apart():

@@ -30,6 +30,7 @@ gradients are needed, so the backward pass does not keep every chunk's intermedi
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
@@ -372,16 +373,17 @@ def _curvature(entry: Topology, topology: str, curvature):
         return None
     given = curvature
     if isinstance(curvature, torch.Tensor):
-        if curvature.dim() != 0:
-            raise ValueError(f"{topology}'s curvature is one number (a 0-d tensor); got shape {tuple(curvature.shape)}")
+        if curvature.dim() != 0 or curvature.dtype == torch.bool or curvature.is_complex():
+            raise ValueError(f"{topology}'s curvature is one real number (a 0-d tensor); got {curvature.dtype} of "
+                             f"shape {tuple(curvature.shape)}")
         if curvature.device.type != "cpu" or torch.compiler.is_compiling():
             return fp32_or_wider(curvature)
         value, curvature = curvature.item(), fp32_or_wider(curvature)
-    else:
-        try:  # a Python or NumPy number, a 0-d array: used as the float it is
-            value = curvature = float(curvature) if not isinstance(curvature, (bool, str, bytes)) else math.nan
-        except (TypeError, ValueError):
-            value = math.nan
+    else:  # a Python or NumPy real number or 0-d real array, used as the float it is; no bool, complex or text
+        if getattr(curvature, "shape", None) == () and getattr(getattr(curvature, "dtype", None), "kind", "") in "fiu":
+            curvature = curvature.item()
+        real = isinstance(curvature, numbers.Real) and not isinstance(curvature, bool)
+        value = curvature = float(curvature) if real else math.nan
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{topology}'s curvature c (the space's is −c) must be a finite number > 0; got {given!r:.40}")
     return curvature
