@@ -142,7 +142,7 @@ def test_a_checkpoints_model_settings_are_its_own_to_eval_and_convert(run, tmp_p
     assert f"convert: a checkpoint's model settings are its own (--set {setting})" in one_error_line(
         capsys.readouterr().err)
     assert main(["analyze", "cost", str(run), "--set", setting, "--out", str(tmp_path / "a")]) == 2
-    assert f"analyze cost: a checkpoint's model settings are its own (--set {setting})" in one_error_line(
+    assert "analyze cost: --set applies to each --preset; a folder's settings are its own" in one_error_line(
         capsys.readouterr().err)
     assert not (tmp_path / "c").exists() and not (tmp_path / "a").exists()
 

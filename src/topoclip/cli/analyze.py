@@ -6,7 +6,7 @@ from pathlib import Path
 
 from topoclip.cli.common import add_command
 from topoclip.core.arguments import add_overrides, number, whole
-from topoclip.config import DEFAULT_PRESET, load_config
+from topoclip.config import DEFAULT_PRESET, ConfigError, load_config
 
 
 # --------------------------------------------------------------------------- analyze
@@ -102,11 +102,12 @@ def command_analyze_probe(args) -> int:
 
 def command_analyze_cost(args) -> int:
     from topoclip.analysis.cost import analyze_cost
-    from topoclip.config import with_overrides
     from topoclip.io.checkpoint import load_config_from, resolve_checkpoint
 
-    configs = [with_overrides(load_config_from(resolve_checkpoint(Path(path))), args.overrides, "analyze cost")
-               for path in args.models]
+    if args.overrides and args.models and not args.preset:
+        raise ConfigError("analyze cost: --set applies to each --preset; a folder's settings are its own (the weights' "
+                          "shapes)")
+    configs = [load_config_from(resolve_checkpoint(Path(path))) for path in args.models]
     names = [Path(path).name for path in args.models]
     for preset in args.preset or ([] if args.models else [DEFAULT_PRESET]):
         configs.append(load_config(preset, args.overrides))
@@ -216,4 +217,4 @@ def add_analyze(commands) -> None:
     sub.add_argument("--preset", action="append", help=f"a preset to cost (repeatable; default {DEFAULT_PRESET} "
                      f"when no folder is given)")
     sub.add_argument("--batch-sizes", type=whole(1), nargs="+", default=default_of(analyze_cost, "batch_sizes"))
-    add_overrides(sub)  # each preset's; a folder's model settings are its own
+    add_overrides(sub)  # each preset's; a folder's settings are its own
