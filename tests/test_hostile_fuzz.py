@@ -344,3 +344,18 @@ def test_a_caption_table_loses_no_row_without_a_word(tmp_path_factory, rows, wri
         assert bool(said) == any(c in "\r\n" for c in "".join(rows))  # a line break in a caption is said, nothing else
     elif len(read) < len(rows):
         assert said, (rows, read)
+
+
+@FUZZ
+@given(text=st.text(alphabet=st.sampled_from(list('a "\',\t')), max_size=16), separator=st.sampled_from([",", "\t"]),
+       quoted=st.booleans())
+def test_the_quote_state_is_csvs_own(text, separator, quoted):
+    """topoclip.data.csv.quoted_after (what stands in for a line too long to read) against csv itself: a line leaves a
+    quoted field open exactly when csv reads the next line into the same row."""
+    import csv
+
+    from topoclip.data.csv import quoted_after
+
+    opening = ['"\n'] if quoted else []  # a field opened on a line before
+    rows = list(csv.reader([*opening, text + "\n", "next\n"], delimiter=separator))
+    assert quoted_after(text + "\n", separator, quoted) == (rows[-1] != ["next"])

@@ -857,9 +857,22 @@ def test_a_stray_quote_in_a_caption_table_loses_no_row_silently(tmp_path):
     table.write_text(f'filepath,title\na.png,"{"y" * 140_000}\nb.png,fragment\nc.png,"end of it"\nd.png,ok\n')
     with pytest.raises(ConfigError, match="the field that opens with a quote on line 2 runs past what csv reads, field"):
         read_caption_table(table)
-    # A line too long to read that holds a quote cannot be left out: where its fields end is unknown
+    # A quoted field left open on a line too long to read: the row it opens is skipped whole, to its closing quote
+    # (the second review: the quote went with the line and its field's lines came out as rows)
     table.write_text(f'filepath,title\na.png,"start{"x" * (1 << 21)}\ncontinuation\nb.png,end"\nc.png,ok\n')
-    with pytest.raises(ConfigError, match="line 2 is over 1,048,576 characters and holds a quote"):
+    with pytest.warns(UserWarning, match=r"skipped 1 row\(s\) that cannot be read \(3 lines\), e\.g\. line 2: over"):
+        assert read_caption_table(table) == [("c.png", "ok")]
+    # ... while csv's own quoting is followed, not a count of quotes (the third review): a QUOTE_ALL export's long line
+    # is one row skipped; a literal quote inside an unquoted field opens nothing; one after a separator does
+    long = "z" * ((1 << 20) + 1)
+    table.write_text(f'"filepath","title"\n"a.png","ok"\n"b.png","{long}"\n"c.png","fine"\n')
+    with pytest.warns(UserWarning, match="skipped 1 row"):
+        assert read_caption_table(table) == [("a.png", "ok"), ("c.png", "fine")]
+    table.write_text(f'filepath,title\na.png,ok\nb.png,a 5" screen {"y" * 200_000}\nc.png,fine\n')
+    with pytest.warns(UserWarning, match="skipped 1 row"):
+        assert read_caption_table(table) == [("a.png", "ok"), ("c.png", "fine")]
+    table.write_text(f'filepath,title\nb.png,x" y,"{"y" * 200_000}\nd.png,inside\nstill",more\nc.png,fine\n')
+    with pytest.raises(ConfigError, match="the field that opens with a quote on line 2 runs past what csv reads, field"):
         read_caption_table(table)
     # A line over 1 MiB (left out unread) inside a quoted field: its row is not whole, so it is skipped and counted
     # with its lines; with lone-CR line endings the rows after one are kept.

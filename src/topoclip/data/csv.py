@@ -52,11 +52,11 @@ class CaptionTable:
 
     Text is read as UTF-8 with undecodable bytes kept as surrogates, so one bad caption is later skipped as
     "bad_encoding" instead of failing the whole file. Blank lines are ignored; a line csv cannot read is skipped
-    and counted in a warning at the end of the pass, as is a row with a line over MAX_LINE_CHARS. A quote that opens a
-    field and never closes, or closes only past csv's field limit, or sits in a line too long to read, refuses the
-    table (csv would read the lines after it as one caption, or as rows cut anywhere); rows over several lines are read
-    as csv reads them (a caption may hold a line break) and counted in a warning, since a stray quote that closes
-    lines later looks the same.
+    and counted in a warning at the end of the pass, as is a row with a line over MAX_LINE_CHARS (`_Lines`). A quote
+    that opens a field and never closes, or closes only past csv's field limit, refuses the table (csv would read the
+    lines after it as one caption, or as rows cut anywhere); rows over several lines are read as csv reads them (a
+    caption may hold a line break) and counted in a warning, since a stray quote that closes lines later looks the
+    same.
     """
 
     def __init__(self, path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
@@ -67,7 +67,7 @@ class CaptionTable:
         self.separator = sniff_separator(self.path) if separator is None else separator
         with self._open() as file:
             unreadable = []
-            lines = _Lines(bounded_lines(file, unreadable))
+            lines = _Lines(file, unreadable, self.separator)
             header = self.header = self._header(csv.reader(lines, delimiter=self.separator), unreadable, lines)
         columns = {}
         for key, name in ((image_key, "image_key"), (caption_key, "caption_key")):
@@ -91,13 +91,13 @@ class CaptionTable:
     def _header(self, reader, unreadable: list, lines: "_Lines") -> list[str]:
         try:
             header = next(reader, None)
-        except (csv.Error, ValueError) as error:  # a header field past csv.field_size_limit(); bounded_lines'
+        except csv.Error as error:  # a header field past csv.field_size_limit()
             raise ConfigError(f"{self.path}: its header row cannot be read ({error}); is it a caption table?") from None
         if reader.line_num > 1 and header is not None:  # a quote opened in it and closed lines later, or never
             closes = "never closes" if lines.ended else f"closes on line {reader.line_num:,}"
             raise ConfigError(f"{self.path}: a quote opens in its header row and {closes}, so csv read the lines after "
                               f"it as header; the header names the image and caption columns on one line")
-        if unreadable:  # (bounded_lines: the first line ran past MAX_LINE_CHARS)
+        if unreadable:  # (_Lines: the first line ran past MAX_LINE_CHARS)
             raise ConfigError(f"{self.path}: its first line is over {MAX_LINE_CHARS:,} characters, not a header row "
                               f"naming the image and caption columns")
         if header is None:
@@ -108,22 +108,19 @@ class CaptionTable:
         # The rows that cannot be read and the lines they held beyond one each; the rows over several lines, the longest
         unreadable, more_lines, several, longest = [], 0, 0, (0, 0)
         with self._open() as file:
-            lines = _Lines(bounded_lines(file, unreadable))
+            lines = _Lines(file, unreadable, self.separator)
             reader = csv.reader(lines, delimiter=self.separator)
             if self._header(reader, unreadable, lines) != self.header:  # the columns were found in another file
                 raise ConfigError(f"{self.path} was replaced after it was opened (its header changed); read it again")
             while True:
-                first, noted = reader.line_num + 1, len(unreadable)
+                first, noted, lines.row_start = reader.line_num + 1, len(unreadable), True
                 try:
                     row = next(reader)
                 except StopIteration:
                     break
-                except ValueError as error:  # bounded_lines: a line too long to read, with a quote in it
-                    raise ConfigError(f"{self.path}: {error}") from None
                 except csv.Error as error:  # a field past csv.field_size_limit(): the reader goes on at the next line
-                    # A quoted field over lines, or one left open on its line (an odd count of quotes): going on would
-                    # read the rest of it as rows.
-                    if reader.line_num > first or lines.last.count('"') % 2:
+                    # A quoted field over lines, or one left open on its line: going on would read the rest of it as rows.
+                    if reader.line_num > first or quoted_after(lines.last, self.separator, False):
                         to = f" (to line {reader.line_num:,})" if reader.line_num > first else ""
                         raise ConfigError(f"{self.path}: the field that opens with a quote on line {first:,} runs past "
                                           f"what csv reads{to}, {error}: a quote that never closes, or closes too "
@@ -135,7 +132,7 @@ class CaptionTable:
                                       f"read the {reader.line_num - first:,} line(s) after it as part of that field; "
                                       f"close it, or write a quote inside a quoted field as \"\"")
                 if reader.line_num > first:
-                    if len(unreadable) > noted:  # one of its lines was too long to read (bounded_lines): not whole
+                    if len(unreadable) > noted:  # one of its lines was too long to read (_Lines): not whole
                         more_lines += reader.line_num - first
                         continue
                     several += 1
@@ -171,22 +168,39 @@ def _span(first: int, last: int) -> str:
 
 
 class _Lines:
-    """An iterator of lines that knows the line it gave last (`last`) and whether it has run out (`ended`): csv asks
-    for a line past the last only in the middle of a row, when a quoted field is still open."""
+    """The lines of a caption table for csv, none longer than MAX_LINE_CHARS, knowing the line it gave last (`last`)
+    and whether it has run out (`ended`): csv asks for a line past the last only in the middle of a row, when a
+    quoted field is still open.
 
-    def __init__(self, lines: Iterator[str]):
-        self.lines, self.ended, self.last = lines, False, ""
+    A longer line is read to its end in bounded pieces and left out, noted in `unreadable`; in its place a line that
+    leaves csv as the whole line would: a blank line (skipped), or a lone quote where the line opens or closes a quoted
+    field (the row then holds a line that was not read, and is skipped whole). `row_start` is set before each row:
+    the lines csv asks for after the first of a row are inside a quoted field."""
+
+    def __init__(self, file, unreadable: list, separator: str):
+        self.file, self.unreadable, self.separator = file, unreadable, separator
+        self.ended, self.last, self.number, self.row_start = False, "", 0, True
 
     def __iter__(self):
         return self
 
     def __next__(self) -> str:
-        try:
-            self.last = next(self.lines)
-            return self.last
-        except StopIteration:
+        quoted, self.row_start = not self.row_start, False
+        line = self.file.readline(MAX_LINE_CHARS + 1)
+        if not line:
             self.ended = True
-            raise
+            raise StopIteration
+        self.number += 1
+        if len(line) > MAX_LINE_CHARS and not line.endswith(("\n", "\r")):  # (a lone \r ends a line too)
+            after = quoted_after(line, self.separator, quoted)
+            while (rest := self.file.readline(MAX_LINE_CHARS)):
+                after = quoted_after(rest, self.separator, after)
+                if rest.endswith(("\n", "\r")):
+                    break
+            self.unreadable.append(f"line {self.number:,}: over {MAX_LINE_CHARS:,} characters")
+            line = '"\n' if after != quoted else "\n"
+        self.last = line
+        return line
 
 
 # The longest line of a caption table read into memory: csv's own limit is per field (131,072 characters), after
@@ -194,27 +208,20 @@ class _Lines:
 MAX_LINE_CHARS = 1 << 20
 
 
-def bounded_lines(file, unreadable: list) -> Iterator[str]:
-    """The lines of a text file, none longer than MAX_LINE_CHARS: a longer one is read to its end in bounded pieces,
-    left out (a blank line in its place, which the reader skips) and noted in `unreadable`. One that holds a quote is
-    a ValueError: left out, it would leave csv in the wrong state (a field it opens read on as rows, one it closes read
-    on as a caption)."""
-    number = 0
-    while True:
-        line = file.readline(MAX_LINE_CHARS + 1)
-        if not line:
-            return
-        number += 1
-        if len(line) > MAX_LINE_CHARS and not line.endswith(("\n", "\r")):  # (a lone \r ends a line too)
-            quoted = '"' in line
-            while (rest := file.readline(MAX_LINE_CHARS)) and not rest.endswith(("\n", "\r")):
-                quoted = quoted or '"' in rest
-            if quoted or '"' in rest:
-                raise ValueError(f"line {number:,} is over {MAX_LINE_CHARS:,} characters and holds a quote, so where "
-                                 f"its fields end cannot be read; fix or remove that line")
-            unreadable.append(f"line {number}: over {MAX_LINE_CHARS:,} characters")
-            line = "\n"
-        yield line
+def quoted_after(text: str, separator: str, quoted: bool) -> bool:
+    """Whether csv (its default dialect, as CaptionTable reads: '"' quotes a field, "" is a quote inside one, a quote
+    inside an unquoted field is text) is inside a quoted field after `text`, given whether it was before it."""
+    state = "quoted" if quoted else "start"
+    for char in text:
+        if state == "start":  # at a field's first character
+            state = "quoted" if char == '"' else "start" if char == separator else "field"
+        elif state == "field":
+            state = "start" if char == separator else "field"
+        elif state == "quoted":
+            state = "quote" if char == '"' else "quoted"
+        else:  # a quote inside a quoted field: "" is one quote, anything else ends the quoting
+            state = "quoted" if char == '"' else "start" if char == separator else "field"
+    return state == "quoted"
 
 
 def read_caption_table(path: Union[str, Path], image_key: str = "filepath", caption_key: Optional[str] = "title",
