@@ -92,7 +92,7 @@ def run_state(spec: RunSpec) -> str:
     """"finished" (all steps trained and evaluated), "stopped" (on non-finite values: RUN/stopped.json), "killed"
     (config.json but neither) or "new"."""
     state = RunFolder(spec.run_dir).state(spec.config["train"]["steps"])
-    return "stopped" if state == "killed" and (Path(spec.run_dir) / STOPPED).is_file() else state
+    return "stopped" if state == "killed" and is_regular(Path(spec.run_dir) / STOPPED, out_folder(spec)) else state
 
 
 def stopped_record(spec: RunSpec) -> dict:
@@ -307,8 +307,8 @@ def finish_runs(specs: Sequence[RunSpec], jobs: int, probe_size: int, log: Calla
         by_dir[record["run_dir"]] = record
         log(f"[{done}/{len(todo)}] {record['cell']} seed {record['seed']}: {record['state_before']} -> "
             f"{'stopped on non-finite values' if 'stopped' in record else 'finished'} in {record['seconds']:.0f} s")
-    records = [by_dir.get(relative_run_dir(s)) or (stopped_record(s) if run_state(s) == "stopped" else run_record(s))
-               for s in specs]
+    records = [by_dir.get(relative_run_dir(s)) or (stopped_record(s) if states[s.run_dir] == "stopped" else run_record(s))
+               for s in specs]  # (a state other than "finished" or "stopped" was trained above)
     for record in records:
         record.pop("state_before", None)
     return records, to_train
