@@ -15,7 +15,8 @@ Steps, each in its own process with a time limit, each recorded as passed / fail
    images/s, FLOPs, MFU against a matmul peak measured in the same run, and OpenCLIP's own model when it imports.
 4. Shards against random tensors (benchmarks/shard_throughput.py) with the default workers.
 Issue #59's steps, chosen with --only (each also in the full check, after the above):
-5. `loader`: benchmarks/loader.py, one worker and 8, 12, 16 on 256 px JPEGs: the rate per worker on this node.
+5. `loader`: benchmarks/loader.py alone, one worker, 8 and 15 (train.num_workers=auto on 16 cores) on 256 px JPEGs:
+   the rate per worker on this node, and whether the loader alone feeds the step.
 6. `shards_workers`: shards against random tensors with 8 workers, the step compiled (the goal: ≥ 0.95), and the
    time a step waited for the loader; `shards_in_flight` the same with four batches queued a worker.
 7. `profile`: benchmarks/profile_step.py, both ViT-B/16 presets compiled: the top kernels and the idle share.
@@ -198,7 +199,7 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
     """(name, limit, command) of the loader at more workers, the shards with 8 workers compiled, the step profiled,
     training over NCCL in one process, and FSDP's memory on the GPU (see the module text)."""
     tiny = args.tiny
-    workers = ["1", "2"] if tiny else ["1", "8", "12", "16"]
+    workers = ["1", "2"] if tiny else ["1", "8", "15"]
     loader = [sys.executable, str(HERE / "loader.py"), "--sizes", "256", "--samples", "128" if tiny else "4096",
               "--batch", "16" if tiny else "256", "--batches", "2" if tiny else "32", "--rounds", "1",
               "--workers", *workers, "--shards", str(out / "loader-shards"), "--out", str(out / "loader.json"),

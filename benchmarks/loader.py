@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("a red cube on the left of a small blue ball under green light near two yellow stars and a large purple "
          "ring beside an orange square above three white circles at night in the old city by the sea").split()
 RATIOS = (1.0, 4 / 3, 3 / 2, 16 / 9)
+NORMALISED = 8  # batches copied and normalised where the step runs, timed apart from the loader
 
 
 def photo_like(rng: np.random.Generator, width: int, height: int):
@@ -69,10 +70,32 @@ def photo_like(rng: np.random.Generator, width: int, height: int):
     return Image.fromarray(np.clip(pixels + rng.normal(0, 3, pixels.shape), 0, 255).astype(np.uint8))
 
 
-def make_shards(folder: Path, samples: int, short: int, per_shard: int = 128) -> tuple[str, float]:
-    """(brace pattern, bits per pixel) of `samples` photo-like JPEGs of shorter side `short` in `folder`."""
+def write_shard(path: Path, first: int, samples: int, short: int, seed: tuple[int, int]) -> list[float]:
+    """One tar of `samples` photo-like JPEGs (keys from `first`), its own random stream `seed`: bits per pixel."""
     import io
     import tarfile
+
+    rng, bits = np.random.default_rng(seed), []
+    with tarfile.open(path, "w") as archive:
+        for index in range(first, first + samples):
+            ratio = float(rng.choice(RATIOS))
+            long = int(round(short * ratio))
+            width, height = (long, short) if rng.random() < 0.7 else (short, long)
+            encoded = io.BytesIO()
+            photo_like(rng, width, height).save(encoded, "JPEG", quality=90)
+            bits.append(8 * encoded.tell() / (width * height))
+            caption = " ".join(rng.choice(WORDS, size=int(rng.integers(8, 21))))
+            for name, data in ((f"{index:08d}.jpg", encoded.getvalue()), (f"{index:08d}.txt", caption.encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return bits
+
+
+def make_shards(folder: Path, samples: int, short: int, per_shard: int = 128) -> tuple[str, float]:
+    """(brace pattern, bits per pixel) of `samples` photo-like JPEGs of shorter side `short` in `folder`, a shard
+    per process on every core (a GPU machine's lease is minutes: 4,096 pictures took 90 s on one core there)."""
+    from concurrent.futures import ProcessPoolExecutor
 
     folder.mkdir(parents=True, exist_ok=True)
     count = -(-samples // per_shard)
@@ -80,22 +103,11 @@ def make_shards(folder: Path, samples: int, short: int, per_shard: int = 128) ->
     stats = folder / "bits_per_pixel.json"
     if stats.is_file() and len(list(folder.glob("*.tar"))) == count:
         return pattern, json.loads(stats.read_text())["bits_per_pixel"]
-    rng = np.random.default_rng(short)
-    bits = []
-    for shard in range(count):
-        with tarfile.open(folder / f"{shard:05d}.tar", "w") as archive:
-            for index in range(shard * per_shard, min(samples, (shard + 1) * per_shard)):
-                ratio = float(rng.choice(RATIOS))
-                long = int(round(short * ratio))
-                width, height = (long, short) if rng.random() < 0.7 else (short, long)
-                encoded = io.BytesIO()
-                photo_like(rng, width, height).save(encoded, "JPEG", quality=90)
-                bits.append(8 * encoded.tell() / (width * height))
-                caption = " ".join(rng.choice(WORDS, size=int(rng.integers(8, 21))))
-                for name, data in ((f"{index:08d}.jpg", encoded.getvalue()), (f"{index:08d}.txt", caption.encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    archive.addfile(info, io.BytesIO(data))
+    with ProcessPoolExecutor(min(count, os.cpu_count() or 1)) as pool:
+        jobs = [pool.submit(write_shard, folder / f"{shard:05d}.tar", shard * per_shard,
+                            min(samples, (shard + 1) * per_shard) - shard * per_shard, short, (short, shard))
+                for shard in range(count)]
+        bits = [value for job in jobs for value in job.result()]
     stats.write_text(json.dumps({"bits_per_pixel": float(np.mean(bits))}))
     return pattern, float(np.mean(bits))
 
@@ -111,8 +123,9 @@ def queued(workers: int, prefetch: int) -> int:
     return 2 + workers * prefetch
 
 
-def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image_size: int) -> dict:
-    """Images per second `training_batches` delivers (topoclip as importable here: this checkout or --baseline's)."""
+def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image_size: int, pin: bool = True) -> dict:
+    """Images per second `training_batches` delivers (topoclip as importable here: this checkout or --baseline's);
+    `pin`: in page-locked memory where CUDA is, as the trainer takes them there."""
     import torch
 
     from topoclip.config import load_config
@@ -129,23 +142,17 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
                                   f"train.batch_size={batch}", f"model.vision.image_size={image_size}",
                                   "data.resampled=true", "data.samples_per_epoch=100000000"])
     tokenizer = Tokenizer.train(WORDS, vocab_size=256, context_length=77)
-    pinned = torch.cuda.is_available()  # as the trainer takes them on a GPU machine
+    pinned = pin and torch.cuda.is_available()  # as the trainer takes them on a GPU machine
     stream = data.training_batches(config, 0, tokenizer=tokenizer, **({"pin_memory": True} if pinned else {}))
-    normalize = None
-    if hasattr(data, "device_pixels"):  # uint8 batches, normalised where the step runs (a GPU); timed apart
-        vision = config.model.vision
-        normalize = lambda images: data.device_pixels(images, vision.mean, vision.std)  # noqa: E731
     for _ in range(queued(workers, data.prefetch_factor(workers))):
         next(stream)
-    start, images, device = time.perf_counter(), 0, 0.0
+    # Only the taking is timed: the workers go on while the main process works, so time spent on anything else in
+    # this loop (the normalisation, once subtracted) would be counted as theirs.
+    start, images = time.perf_counter(), 0
     for _ in range(batches):
         batch = next(stream)
         images += len(batch)
-        if normalize is not None:
-            began = time.perf_counter()
-            normalize(batch.images)
-            device += time.perf_counter() - began
-    seconds = time.perf_counter() - start - device
+    seconds = time.perf_counter() - start
     # The main process's own share of a batch: once the workers have filled their queue, a batch taken from it
     # costs only the taking (its pages received from shared memory; pinned, on a GPU machine), a serial stage that
     # no number of workers shortens.
@@ -153,10 +160,22 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
     time.sleep(min(30.0, 1.5 * in_queue * len(batch) / (images / seconds)))  # the queue refilled
     began = time.perf_counter()
     for _ in range(in_queue):
-        next(stream)
+        batch = next(stream)
     taking = (time.perf_counter() - began) / in_queue
+    # The uint8 batch's copy and normalisation where the step runs (the GPU where there is one), timed apart.
+    device_ms = None
+    if hasattr(data, "device_pixels"):
+        vision, where = config.model.vision, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        sync = torch.cuda.synchronize if where.type == "cuda" else (lambda: None)
+        data.device_pixels(batch.images.to(where, non_blocking=True), vision.mean, vision.std)  # warm-up
+        sync()
+        began = time.perf_counter()
+        for _ in range(NORMALISED):
+            data.device_pixels(batch.images.to(where, non_blocking=True), vision.mean, vision.std)
+        sync()
+        device_ms = 1000 * (time.perf_counter() - began) / NORMALISED
     dtype = str(batch.images.dtype).replace("torch.", "")
-    return {"images_per_s": images / seconds, "batch_dtype": dtype, "device_ms_per_batch": 1000 * device / batches,
+    return {"images_per_s": images / seconds, "batch_dtype": dtype, "device_ms_per_batch": device_ms,
             "main_ms_per_batch": 1000 * taking, "pinned": pinned, "torch_threads": torch.get_num_threads()}
 
 
@@ -241,11 +260,14 @@ def main() -> int:
     parser.add_argument("--shards", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "topoclip-loader-shards"))
     parser.add_argument("--out", help="write the results as JSON here (e.g. docs/results/loader.json)")
     parser.add_argument("--note", default="", help="what else the machine was doing, recorded with the results")
-    parser.add_argument("--measure", choices=["topoclip", "openclip"], help=argparse.SUPPRESS)
+    parser.add_argument("--unpinned", action="store_true",
+                        help="on a CUDA machine, also topoclip's path without page-locking (topoclip-unpinned)")
+    parser.add_argument("--measure", choices=["topoclip", "topoclip-unpinned", "openclip"], help=argparse.SUPPRESS)
     parser.add_argument("--pattern", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        measure = measure_topoclip if args.measure == "topoclip" else measure_openclip
+        measure = {"topoclip": measure_topoclip, "openclip": measure_openclip,
+                   "topoclip-unpinned": lambda *a: measure_topoclip(*a, pin=False)}[args.measure]
         print(json.dumps(measure(args.pattern, args.workers[0], args.batch, args.batches, args.image_size)))
         return 0
 
@@ -254,6 +276,8 @@ def main() -> int:
     paths = {"topoclip": (sys.executable, "topoclip", str(ROOT / "src"))}
     if args.baseline:
         paths[args.baseline_label] = (sys.executable, "topoclip", str(Path(args.baseline).resolve()))
+    if args.unpinned:
+        paths["topoclip-unpinned"] = (sys.executable, "topoclip-unpinned", str(ROOT / "src"))
     if args.openclip:
         paths["openclip"] = (args.openclip, "openclip", "")
     command = shlex.join(["python", "benchmarks/loader.py"] + [f"X/{Path(a).name}" if os.path.isabs(a) else a

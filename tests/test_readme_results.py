@@ -787,17 +787,41 @@ def test_the_lora_benchmark_writes_the_file_the_docs_table_is_drawn_from(tmp_pat
     assert "One seed." in readme_results.lora_table(one_seed) and " ± " not in readme_results.lora_table(one_seed)
 
 
+def test_the_hyperbolic_gpu_table_sets_each_step_against_its_twin_of_the_same_mode():
+    """docs/results/gpu-hyperbolic.json's table: a hyperbolic row's cost is against its preset's own topology timed the
+    same way (eager against eager, compiled against compiled); a mode not timed says so."""
+    def step(preset, compiled, images, topology=None):
+        overrides = [f"model.topology={topology}", "train.entailment_weight=0.2"] if topology else []
+        return {"preset": preset, "overrides": overrides, "compile": "default" if compiled else False,
+                "median_images_per_s": images, "rounds_images_per_s": [images - 10, images, images + 5]}
+
+    result = {"gpu": "a GPU", "machine": "a machine", "torch": "2.x", "date": "2026-11-28 15:15:58 UTC",
+              "steps": [step("sphere-vit-b16", False, 2000.0), step("multi-32x16-vit-b16", False, 1800.0),
+                        step("sphere-vit-b16", False, 1900.0, "lorentz"), step("sphere-vit-b16", True, 3000.0),
+                        step("sphere-vit-b16", True, 2400.0, "lorentz"),
+                        step("multi-32x16-vit-b16", False, 1710.0, "lorentz-product")]}
+    rows = readme_results.gpu_hyperbolic_table(result).splitlines()[4:]
+    assert rows == ["| `sphere-vit-b16` | as the preset | 2,000 (1,990–2,005) | 3,000 (2,990–3,005) |",
+                    "| `sphere-vit-b16` | `lorentz` | 1,900 (1,890–1,905), -5.0% | 2,400 (2,390–2,405), -20.0% |",
+                    "| `multi-32x16-vit-b16` | as the preset | 1,800 (1,790–1,805) | not timed |",
+                    "| `multi-32x16-vit-b16` | `lorentz-product` | 1,710 (1,700–1,715), -5.0% | not timed |"]
+
+
 @pytest.mark.slow
 def test_the_loader_benchmark_writes_the_file_the_readme_table_is_drawn_from(tmp_path):
     """benchmarks/loader.py on a few small pictures, one worker, one round: the results file's shape, and its table."""
     out = tmp_path / "loader.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loader.py"), "--sizes", "64", "--samples", "32",
                     "--batch", "8", "--batches", "2", "--rounds", "1", "--workers", "1", "--image-size", "32",
-                    "--shards", str(tmp_path / "shards"), "--note", "a test", "--out", str(out)],
+                    "--unpinned", "--shards", str(tmp_path / "shards"), "--note", "a test", "--out", str(out)],
                    check=True, capture_output=True, timeout=600)
     result = json.loads(out.read_text())
     entry = result["sizes"]["64"]
     assert entry["paths"]["topoclip"]["batch_dtype"] == "uint8" and entry["paths"]["topoclip"]["per_worker"] > 0
+    for path in ("topoclip", "topoclip-unpinned"):  # the taking and the normalisation timed apart from the rate
+        assert entry["paths"][path]["device_ms_per_batch"] > 0 and entry["paths"][path]["main_ms_per_batch"] > 0
+    assert not entry["paths"]["topoclip-unpinned"]["pinned"]
+    assert len(list((tmp_path / "shards" / "64").glob("*.tar"))) == 1  # 32 pictures: one shard of 128
     assert 1.5 < entry["bits_per_pixel"] < 8  # photo-like: JPEG q90 of photos spends 2–4 bits a pixel
     table = readme_results.loader_table(result).splitlines()
     assert table[0].startswith("Measured: `python benchmarks/loader.py --sizes 64") and "a test" in table[0]

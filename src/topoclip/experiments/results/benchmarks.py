@@ -57,18 +57,26 @@ def gpu_check_table(result: dict) -> str:
 
 
 def gpu_feeding_table(result: dict) -> str:
-    """Issue #59's GPU steps (docs/results/gpu-feeding.json): NCCL, the data path against random tensors by workers,
-    the compiled step's busy share, FSDP's memory on the GPU."""
-    rows = ["| workers | model threads | random tensors | shards | shards ÷ random (range) |", "|---|---|---|---|---|"]
+    """Issue #59's GPU steps (docs/results/gpu-feeding.json): NCCL, the data path against random tensors by workers
+    and batches queued, the compiled step's busy share, FSDP's memory on the GPU, the loader alone."""
+    rows = ["| workers | batches queued | model threads | random tensors | shards | shards ÷ random (range) | the step's "
+            "wait for the loader |", "|---|---|---|---|---|---|---|"]
     for line in result["shards_vs_random"]:
-        rows.append(f"| {line['num_workers']} | {line['threads']} | {line['random_images_per_s']:,.0f} img/s | "
-                    f"{line['shards_images_per_s']:,.0f} img/s | {line['shard_to_random']:.2f} "
-                    f"({line['ratio_range'][0]:.2f}–{line['ratio_range'][1]:.2f}) |")
+        wait = line.get("loader_wait_ms_per_step")
+        rows.append(f"| {line['num_workers']} | {line['batches_in_flight']} | {line['threads']} | "
+                    f"{line['random_images_per_s']:,.0f} img/s | {line['shards_images_per_s']:,.0f} img/s | "
+                    f"{line['shard_to_random']:.2f} ({line['ratio_range'][0]:.2f}–{line['ratio_range'][1]:.2f}) | "
+                    f"{'—' if wait is None else f'{wait:.0f} ms'} |")
     nccl = ", ".join(f"{name.removeprefix('nccl_').upper()} {entry['status']}" for name, entry in result["nccl"].items())
     busy = "; ".join(f"{line['preset']} {line['wall_ms_per_step']:.1f} ms a step, the GPU idle "
                      f"{100 * line['idle_fraction']:.1f} %" for line in result["profiles"])
     memory = ", ".join(f"{line['parallelism'].upper()} {line['per_rank'][0]['peak_device'] / 1024**3:.2f} GiB"
                        for line in result["fsdp_memory"])
+    loader = result["loader"]
+    alone = "; ".join(f"{row['workers']} worker{'s' * (row['workers'] > 1)}"
+                      f"{'' if row['pinned'] else ' unpinned'} {row['images_per_s']:,.0f} img/s (taking "
+                      f"{row['main_ms_per_batch']:.2f} ms, copy and normalisation on the GPU "
+                      f"{row['device_ms_per_batch']:.1f} ms a batch)" for row in loader["rows"])
     first = result["shards_vs_random"][0]
     return "\n".join([
         f"Measured on one {result['gpu']}, torch {result['torch']}, {result['date'][:10]} ({first['cpu_count']} CPU "
@@ -77,7 +85,7 @@ def gpu_feeding_table(result: dict) -> str:
         f"- Over NCCL (one process): {nccl}. FSDP's memory benchmark on the GPU (batch "
         f"{result['fsdp_memory'][0]['batch']}, peak): {memory}.",
         f"- The compiled step profiled: {busy}.",
-        f"- One loader worker there: {result['loader']['per_worker_images_per_s']:,.0f} img/s.",
+        f"- The loader alone there (`{loader['command']}`), batches of {first['batch']}: {alone}; {loader['cut']}.",
     ])
 
 
@@ -170,6 +178,39 @@ def topology_cost_table(result: dict) -> str:
         settings = ", ".join(f"`{item}`" for item in step["overrides"]) or "as the preset"
         rows.append(f"| `{step['preset']}` | {settings} | {images:,.0f} ({min(spread):,.0f}–{max(spread):,.0f}) | "
                     f"{ratio} |")
+    return "\n".join(rows)
+
+
+def gpu_hyperbolic_table(result: dict) -> str:
+    """The ViT-B/16 step of each hyperbolic family beside its twin on one GPU (docs/results/gpu-hyperbolic.json):
+    images/s eager and compiled, the median and range of the rounds, and the cost against the twin."""
+    cells, twins = {}, {}
+    for step in result["steps"]:
+        topology = next((item.split("=", 1)[1] for item in step["overrides"] if item.startswith("model.topology=")),
+                        None)
+        key = (step["preset"], topology or "as the preset")
+        cells.setdefault(key, {})[bool(step["compile"])] = step
+        if topology is None:
+            twins[step["preset"]] = cells[key]
+
+    def cell(row: dict, compiled: bool, twin: dict) -> str:
+        step = row.get(compiled)
+        if step is None:
+            return "not timed"
+        rounds = step["rounds_images_per_s"]
+        text = f"{step['median_images_per_s']:,.0f} ({min(rounds):,.0f}–{max(rounds):,.0f})"
+        if step["overrides"] and compiled in twin:
+            text += f", {step['median_images_per_s'] / twin[compiled]['median_images_per_s'] - 1:+.1%}"
+        return text
+
+    rows = [f"Measured on one {result['gpu']} ({result['machine']}), torch {result['torch']}, {result['date'][:10]}: "
+            "images/s of the whole step (forward, backward, AdamW), batch 256, bf16, random tensors, the median (range) "
+            "of 3 rounds, and against the preset's own topology; the hyperbolic rows with the entailment loss at "
+            "weight 0.2:", "", "| preset | topology | eager | `torch.compile` |", "|---|---|---|---|"]
+    for (preset, topology), row in sorted(cells.items(), key=lambda item: list(twins).index(item[0][0])):
+        twin = twins[preset]
+        rows.append(f"| `{preset}` | {topology if topology == 'as the preset' else f'`{topology}`'} | "
+                    f"{cell(row, False, twin)} | {cell(row, True, twin)} |")
     return "\n".join(rows)
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from topoclip.core.door import read_text
 import topoclip.experiments.results.files as files
 from topoclip.experiments.results.benchmarks import (csv_rows_table, fsdp_memory_table, gpu_check_table, gpu_feeding_table,
-                                                     loader_table, lora_table, meru_equality_table, topology_cost_table)
+                                                     gpu_hyperbolic_table, loader_table, lora_table, meru_equality_table,
+                                                     topology_cost_table)
 from topoclip.experiments.results.files import land, load_result, pack, record
 from topoclip.experiments.results.grids import (ablation_table, ceiling_table, compare_table, default_run_table,
                                                 equilibrium_table, experts_table, false_negatives_table, hierarchy_table,
@@ -32,7 +33,7 @@ RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "comp
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
              "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
              "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table,
-             "gpu-check": gpu_check_table, "gpu-feeding": gpu_feeding_table, "fsdp-memory": fsdp_memory_table, "loader": loader_table,
+             "gpu-check": gpu_check_table, "gpu-feeding": gpu_feeding_table, "gpu-hyperbolic": gpu_hyperbolic_table, "fsdp-memory": fsdp_memory_table, "loader": loader_table,
              "topology-cost": topology_cost_table, "meru-equality": meru_equality_table, "lora": lora_table,
              "lorentz-hierarchy": hierarchy_table}
 
