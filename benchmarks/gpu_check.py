@@ -75,6 +75,21 @@ def run(command: list[str], limit: int, env: dict | None = None, cwd: Path = ROO
             "json": parsed, "tail": output[-1500:]}
 
 
+def cpu() -> dict:
+    """The host's processor as /proc/cpuinfo states it: the model, the logical cores, and the hardware threads a core
+    runs (2 where 16 logical cores are 8 cores: loader workers beside the step then share them)."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    threads = (int(fields["siblings"]) // int(fields["cpu cores"]) if fields.get("siblings", "").isdigit()
+               and fields.get("cpu cores", "").isdigit() and int(fields["cpu cores"]) else None)
+    return {"model": fields.get("model name"), "logical_cores": os.cpu_count(), "threads_per_core": threads}
+
+
 def topoclip(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "topoclip", *arguments]
 
@@ -161,7 +176,7 @@ def main() -> int:
     import torch
 
     report = {"device": args.device, "tiny": args.tiny, "torch": torch.__version__, "python": platform.python_version(),
-              "machine": platform.machine(), "kernel": platform.release(),
+              "machine": platform.machine(), "kernel": platform.release(), "cpu": cpu(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "steps": {}}
     steps = report["steps"]

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py's CPU rehearsal (issue #45): every step of the GPU check runs on this machine, and the
 resumed run's losses equal the uninterrupted run's."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,5 +36,6 @@ def test_a_spent_budget_skips_every_step_and_still_writes_the_report(tmp_path):
                            "--budget", "0", "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     report = json.loads((out / "check.json").read_text())
     assert done.returncode == 1 and not report["passed"]
+    assert report["cpu"]["logical_cores"] == os.cpu_count()  # what the loader's workers share, recorded with the run
     assert report["steps"]["gpu_tests"]["status"] == report["steps"]["step_compiled"]["status"] == "skipped"
     assert not (out / "killed").exists()  # the SIGKILL run is not started either
