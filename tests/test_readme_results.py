@@ -614,6 +614,25 @@ def test_a_comparison_table_marks_what_survives_holm_over_the_table(tmp_path, mo
     assert "over the table's 3 tests (1 of the 2 bold ones)" in table
 
 
+def test_a_row_limited_to_some_metrics_leaves_the_others_out_of_holm(tmp_path, monkeypatch):
+    """A primary endpoint tested in its own table is "—" in the secondaries' and not one of their Holm family."""
+    monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
+    values = {"big": (100.0, 101.0, 102.0), "mid": (2.5, 3.5, 4.5), "base": (0.0, 1.0, 2.0)}
+    runs = [{"cell": cell, "zero_shot_top1": v, "i2t_r1": v} for cell, vs in values.items() for v in vs]
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "ablation.json").write_text(json.dumps({"runs": runs}))
+    metrics = [{"metric": "zero_shot_top1", "label": "top-1"}, {"metric": "i2t_r1", "label": "I2T R@1"}]
+    rows = [{"label": "big − base", "a": "big", "b": "base", "metrics": ["i2t_r1"]},
+            {"label": "mid − base", "a": "mid", "b": "base"}]
+    table = readme_results.comparison_table({"source": "grid", "rows": rows, "metrics": metrics})
+    # Three tests, not four: p = 2.7e-8 (big, I2T), 0.0376 twice (mid); Holm: 8e-8, 2 · 0.0376 = 0.075, 0.075.
+    assert "| big − base | — | **+100.0**† (" in table and "over the table's 3 tests (1 of the 3 bold ones)" in table
+    assert "\"—\": not a test of this table." in table
+    with pytest.raises(ValueError, match="not among the table's"):
+        readme_results.comparison_table({"source": "grid", "metrics": metrics,
+                                         "rows": [{**rows[0], "metrics": ["zero_shot"]}]})
+
+
 def test_a_bimodal_metric_gets_its_seeds_and_the_exact_permutation_test(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     values = {"a": (60.0, 0.0, 61.0), "b": (1.0, 0.5, 0.0)}  # a learns the held-out pair in two of three seeds

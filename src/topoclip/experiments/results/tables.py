@@ -85,27 +85,38 @@ def tested(items: list[dict]) -> list[str]:
 
 def comparison_table(spec: dict) -> str:
     """Markdown: Welch's t of each comparison (a − b) on each metric; spec is docs/results/NAME.json:
-    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b"}]}, where a
-    and b are cells of the source, or [ablation, cell] pairs for cells of other results. Bold: the 95 % interval
-    excludes 0; †: so does Holm's adjustment over every test of the table. A metric with "permutation": true (values
-    bimodal across seeds) also gets, under the table, each row's values seed by seed and the exact permutation p."""
+    {"source": ablation, "metrics": [{"metric", "label", "digits"?}], "rows": [{"label", "a", "b", "metrics"?}]},
+    where a and b are cells of the source, or [ablation, cell] pairs for cells of other results; a row's "metrics"
+    (the metrics' names) limits it to those, the others shown as "—" and left out of Holm's family (a primary endpoint
+    tested in its own table). Bold: the 95 % interval excludes 0; †: so does Holm's adjustment over every test of the
+    table. A metric with "permutation": true (values bimodal across seeds) also gets, under the table, each row's
+    values seed by seed and the exact permutation p."""
     metrics = spec["metrics"]
+    names = {m["metric"] for m in metrics}
+    for row in spec["rows"]:
+        if not set(row.get("metrics", names)) <= names or not row.get("metrics", names):
+            raise ValueError(f"{row['label']}: its metrics {row['metrics']} are not among the table's {sorted(names)}")
+    chosen = lambda row, metric: metric["metric"] in row.get("metrics", names)  # noqa: E731
 
     def sides(row: dict, metric: dict) -> tuple[list[float], list[float]]:
         a, b = (cell_values(*(ref if isinstance(ref, list) else (spec["source"], ref)), metric["metric"])
                 for ref in (row["a"], row["b"]))
         return a, b
 
-    differences = [[welch(*sides(row, metric)) for metric in metrics] for row in spec["rows"]]
-    tested = [d for row in differences for d in row if not d.unvaried]  # a fixed τ in both cells: nothing to test
+    differences = [[welch(*sides(row, metric)) if chosen(row, metric) else None for metric in metrics]
+                   for row in spec["rows"]]
+    tested = [d for row in differences for d in row if d and not d.unvaried]  # a fixed τ in both: nothing to test
     adjusted = iter(holm([d.p for d in tested]))  # in the order of `tested`: row by row
-    kept = [[not d.unvaried and next(adjusted) < 0.05 for d in row] for row in differences]
+    kept = [[bool(d) and not d.unvaried and next(adjusted) < 0.05 for d in row] for row in differences]
     lines = [spec.get("about", ""), "", "| comparison | " + " | ".join(m["label"] for m in metrics) + " |",
              "|---|" + "---|" * len(metrics)]
     for row, row_differences, row_kept in zip(spec["rows"], differences, kept):
         cells = []
         for metric, d, holds in zip(metrics, row_differences, row_kept):
             digits = metric.get("digits", 1)
+            if d is None:
+                cells.append("—")
+                continue
             if d.unvaried:
                 cells.append(f"{d.effect:+.{digits}f} (no spread)")
                 continue
@@ -113,17 +124,18 @@ def comparison_table(spec: dict) -> str:
             cells.append(f"{bold}{d.effect:+.{digits}f}{bold}{'†' * holds} "
                          f"({d.low:+.{digits}f} to {d.high:+.{digits}f}), {format_p(d.p)}")
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    sizes = ", ".join(f"{a} and {b}" for a, b in sorted({(d.n_a, d.n_b) for row in differences for d in row}))
+    sizes = ", ".join(f"{a} and {b}" for a, b in sorted({(d.n_a, d.n_b) for row in differences for d in row if d}))
     lines += ["", f"Each cell: the difference of means a − b, its 95 % confidence interval and the p-value of "
                   f"Welch's t; n = {sizes} runs; bold where the interval excludes 0, † where the difference stays "
                   f"significant after Holm's adjustment over the table's {len(tested)} tests "
                   f"({sum(map(sum, kept))} of the {sum(d.significant for d in tested)} bold ones)."
               + (" \"No spread\": every run of both cells gave the same value, so there is nothing to test."
-                 if len(tested) < sum(map(len, differences)) else "")
+                 if any(d and d.unvaried for row in differences for d in row) else "")
+              + (" \"—\": not a test of this table." if any(d is None for row in differences for d in row) else "")
               + stopped_runs({tuple(ref) if isinstance(ref, list) else (spec["source"], ref)
                               for row in spec["rows"] for ref in (row["a"], row["b"])})]
     for metric in (m for m in metrics if m.get("permutation")):
-        for row in spec["rows"]:
+        for row in (row for row in spec["rows"] if chosen(row, metric)):
             a, b = sides(row, metric)
             digits = metric.get("digits", 1)
             lines += ["", f"{metric['label']}, {row['label']}, seed by seed: a = {', '.join(f'{v:.{digits}f}' for v in a)}; "
