@@ -99,10 +99,10 @@ def _samples(tar: Path) -> dict[str, dict[str, TarMember]]:
     """{key: {extension: member}} of one shard, grouped as webdataset does (key = name up to the first dot
     of its base name, extension = the rest, lower case)."""
     samples: dict[str, dict[str, TarMember]] = {}
-    with open_regular(tar, "shard", tar.parent.parent, None, ValueError) as file:
-        size = os.fstat(file.fileno()).st_size
-    try:
-        with tarfile.open(tar, "r:") as archive:  # plain tar: listed, never extracted
+    try:  # the file checked is the file listed: one handle, opened through the door
+        with open_regular(tar, "shard", tar.parent.parent, None, ValueError) as file, \
+                tarfile.open(fileobj=file, mode="r:") as archive:  # plain tar: listed, never extracted
+            size = os.fstat(file.fileno()).st_size
             for info in archive:
                 if not info.isfile():
                     continue
@@ -115,7 +115,6 @@ def _samples(tar: Path) -> dict[str, dict[str, TarMember]]:
                 key = f"{folder}/{stem}" if folder else stem
                 samples.setdefault(key, {})[extension.lower()] = TarMember(tar, info.offset_data, info.size)
             end = archive.offset  # where the listing stopped: the end-of-archive blocks (zeros), or damage
-        with open_regular(tar, "shard", limit=None, error=ValueError) as file:
             file.seek(end)
             if file.read(2 * tarfile.BLOCKSIZE).strip(b"\0"):  # tarfile takes a cut header for the end
                 raise tarfile.ReadError(f"the listing stops at byte {end:,} of {size:,} on a damaged header")
