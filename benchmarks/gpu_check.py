@@ -18,7 +18,8 @@ Issue #59's steps, chosen with --only (each also in the full check, after the ab
 5. `loader`: benchmarks/loader.py alone, one worker, 8 and 15 (train.num_workers=auto on 16 cores) on 256 px JPEGs:
    the rate per worker on this node, and whether the loader alone feeds the step.
 6. `shards_workers`: shards against random tensors with 8 workers, the step compiled (the goal: ≥ 0.95), and the
-   time a step waited for the loader; `shards_in_flight` the same with four batches queued a worker.
+   time a step waited for the loader; `shards_epochs` the same in epochs of 32 batches (what an epoch's start
+   costs); `shards_in_flight` the same with four batches queued a worker.
 7. `profile`: benchmarks/profile_step.py, both ViT-B/16 presets compiled: the top kernels and the idle share.
 8. `nccl`: `topoclip train` over NCCL in one process: FSDP (its group of one) and DDP under torchrun (world 1).
 9. `fsdp_memory`: benchmarks/fsdp_memory.py on CUDA, one process each of DDP and FSDP: the GPU's peak bytes.
@@ -216,7 +217,7 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
     tiny = args.tiny
     workers = ["1", "2"] if tiny else ["1", "8", "15"]
     loader = [sys.executable, str(HERE / "loader.py"), "--sizes", "256", "--samples", "128" if tiny else "4096",
-              "--batch", "16" if tiny else "256", "--batches", "2" if tiny else "32", "--rounds", "1",
+              "--batch", "16" if tiny else "256", "--batches", "2" if tiny else "64", "--rounds", "1",
               "--workers", *workers, "--shards", str(out / "loader-shards"), "--out", str(out / "loader.json"),
               "--note", "on the lent GPU machine, beside nothing else"]
     shards = [sys.executable, str(HERE / "shard_throughput.py"), "--preset", "tiny" if tiny else "sphere-vit-b16",
@@ -237,7 +238,10 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
     # The same with four batches queued a worker (LOADER_BATCHES_IN_FLIGHT allows one at 8 workers): whether a worker
     # idling from its batch's end until the step takes it is what holds the step back.
     deeper = [*shards, "--in-flight", "8" if tiny else "32"]
-    return [("loader", 240, loader), ("shards_workers", 300, shards), ("shards_in_flight", 300, deeper), *profiles,
+    # The same in epochs of --samples (32 batches): what an epoch's start costs the step, the workers kept.
+    epochs = [*shards, "--samples-per-epoch", "0"]
+    return [("loader", 240, loader), ("shards_workers", 300, shards), ("shards_epochs", 300, epochs),
+            ("shards_in_flight", 300, deeper), *profiles,
             ("nccl_fsdp", 120, fsdp),
             ("nccl_ddp", 120, ddp), ("fsdp_memory", 180, memory)]
 

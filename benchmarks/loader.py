@@ -15,7 +15,8 @@ by) and with as many workers as cores; the paths alternate round by round, so a 
 and the median round is reported. The main process only takes the batches (and, for topoclip's uint8 batches, the
 normalisation a GPU would do: timed apart, `device_ms_per_batch`). The clock starts once the batches the workers
 queued while starting are taken. Then, the workers' queue left to fill again, `main_ms_per_batch` times the taking
-alone (receiving a batch from shared memory, and pinning it where CUDA is): the serial stage no worker count helps.
+alone (receiving a batch from shared memory; where CUDA is, a queue's get: DataLoader's pin thread received it, and
+`pin_ms_per_batch` times its copy into page-locked memory): the serial stage no worker count helps.
 
 The shards are written by the benchmark (reused when present): photo-like pictures (a smooth colour field, a 1/f
 texture — natural images' amplitude spectrum — objects with edges, sensor noise; 2.3–2.6 bits a pixel at q90, as
@@ -76,7 +77,8 @@ def write_shard(path: Path, first: int, samples: int, short: int, seed: tuple[in
     import tarfile
 
     rng, bits = np.random.default_rng(seed), []
-    with tarfile.open(path, "w") as archive:
+    partial = path.with_name(path.name + ".partial")  # a shard cut by a crash is never taken for a whole one
+    with tarfile.open(partial, "w") as archive:
         for index in range(first, first + samples):
             ratio = float(rng.choice(RATIOS))
             long = int(round(short * ratio))
@@ -89,6 +91,7 @@ def write_shard(path: Path, first: int, samples: int, short: int, seed: tuple[in
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 archive.addfile(info, io.BytesIO(data))
+    os.replace(partial, path)
     return bits
 
 
@@ -100,15 +103,18 @@ def make_shards(folder: Path, samples: int, short: int, per_shard: int = 128) ->
     folder.mkdir(parents=True, exist_ok=True)
     count = -(-samples // per_shard)
     pattern = str(folder / f"{{00000..{count - 1:05d}}}.tar")
-    stats = folder / "bits_per_pixel.json"
-    if stats.is_file() and len(list(folder.glob("*.tar"))) == count:
-        return pattern, json.loads(stats.read_text())["bits_per_pixel"]
+    stats, layout = folder / "bits_per_pixel.json", {"samples": samples, "per_shard": per_shard, "writer": 2}
+    if stats.is_file():  # written after the last shard: the shards of this layout are whole
+        recorded = json.loads(stats.read_text())
+        if {key: recorded.get(key) for key in layout} == layout:
+            return pattern, recorded["bits_per_pixel"]
+        stats.unlink()
     with ProcessPoolExecutor(min(count, os.cpu_count() or 1)) as pool:
         jobs = [pool.submit(write_shard, folder / f"{shard:05d}.tar", shard * per_shard,
                             min(samples, (shard + 1) * per_shard) - shard * per_shard, short, (short, shard))
                 for shard in range(count)]
         bits = [value for job in jobs for value in job.result()]
-    stats.write_text(json.dumps({"bits_per_pixel": float(np.mean(bits))}))
+    stats.write_text(json.dumps({"bits_per_pixel": float(np.mean(bits)), **layout}))
     return pattern, float(np.mean(bits))
 
 
@@ -162,6 +168,15 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
     for _ in range(in_queue):
         batch = next(stream)
     taking = (time.perf_counter() - began) / in_queue
+    # Pinned, the taking above is a queue's get: DataLoader's pin thread received and pinned the batch meanwhile, in
+    # this process. Its copy into page-locked memory, timed here: with the taking, the main process's whole share.
+    pin_ms = None
+    if pinned:
+        pageable = batch.images.clone()
+        began = time.perf_counter()
+        for _ in range(NORMALISED):
+            pageable.pin_memory()
+        pin_ms = 1000 * (time.perf_counter() - began) / NORMALISED
     # The uint8 batch's copy and normalisation where the step runs (the GPU where there is one), timed apart.
     device_ms = None
     if hasattr(data, "device_pixels"):
@@ -176,7 +191,8 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
         device_ms = 1000 * (time.perf_counter() - began) / NORMALISED
     dtype = str(batch.images.dtype).replace("torch.", "")
     return {"images_per_s": images / seconds, "batch_dtype": dtype, "device_ms_per_batch": device_ms,
-            "main_ms_per_batch": 1000 * taking, "pinned": pinned, "torch_threads": torch.get_num_threads()}
+            "main_ms_per_batch": 1000 * taking, "pin_ms_per_batch": pin_ms, "pinned": pinned,
+            "torch_threads": torch.get_num_threads()}
 
 
 def measure_openclip(pattern: str, workers: int, batch: int, batches: int, image_size: int) -> dict:

@@ -8,7 +8,9 @@ with 8–20-word captions; reused when the folder already holds them). Then one 
 (forward_backward_loss + optimizer_step, nothing read on the host between steps) is timed in
 alternating windows fed two ways: `shards`, the trainer's data path — `training_batches` with
 train.num_workers workers (default: the config's) decoding, cropping, normalising and tokenising,
-pinned memory, copies to the GPU one step ahead on a side stream (`prefetch_to_device`) — and
+pinned memory, copies to the GPU one step ahead on a side stream (`prefetch_to_device`), in epochs of
+--samples-per-epoch (by default longer than the run: the steady state; with 0, --samples, an epoch's start falls in
+about every window, and what it costs shows) — and
 `random`, the same step on inputs already on the device. One JSON line per window, then the medians
 and the shards / random ratio (median of the rounds' ratios, and its range).
 """
@@ -64,8 +66,8 @@ def feeds(args, pattern: str):
     overrides = [f"train.batch_size={args.batch}"] + args.overrides
     step, _, (images, text) = topoclip_step(args.preset, args.batch, device=args.device, precision=args.precision,
                                             overrides=tuple(overrides), compile=args.compile)
-    config = load_config(args.preset, overrides + ["data.source=shards", f"data.train_data={pattern}",
-                                                   "data.resampled=true", f"data.samples_per_epoch={args.samples}"]
+    config = load_config(args.preset, overrides + ["data.source=shards", f"data.train_data={pattern}", "data.resampled=true",
+                                                   f"data.samples_per_epoch={args.samples_per_epoch or args.samples}"]
                          + ([f"train.num_workers={args.workers}"] if args.workers >= 0 else []))
     tokenizer = Tokenizer.train([" ".join(WORDS)] * 10, vocab_size=min(config.model.text.vocab_size, 1000),
                                 context_length=config.model.text.context_length)
@@ -115,7 +117,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for the model (0 = torch's default)")
     parser.add_argument("--workers", type=int, default=-1, help="loader workers (-1 = the config's train.num_workers)")
-    parser.add_argument("--samples", type=int, default=8192, help="samples in the shards (an epoch)")
+    parser.add_argument("--samples", type=int, default=8192, help="samples in the shards")
+    parser.add_argument("--samples-per-epoch", type=int, default=10**8,
+                        help="the resampled stream's epoch (data.samples_per_epoch); the default is longer than any "
+                             "window: the steady state. 0 = --samples, an epoch's start in every window or so")
     parser.add_argument("--image-size", type=int, default=256, help="stored JPEG size in pixels")
     parser.add_argument("--shards", default="", help="folder for the shards (default: a temporary folder)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per window")
@@ -159,6 +164,7 @@ def main() -> None:
         print(json.dumps({
             "benchmark": "shard_throughput", "preset": args.preset, "batch": args.batch, "device": args.device,
             "precision": args.precision, "compile": args.compile, "num_workers": config.train.num_workers,
+            "samples_per_epoch": config.data.samples_per_epoch,
             "batches_in_flight": workers * prefetch_factor(workers) if workers else 0,
             "loader_wait_ms_per_step": round(statistics.median(waits), 2),
             "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "rounds": args.rounds,

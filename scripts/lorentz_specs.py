@@ -50,7 +50,7 @@ def specs(lorentz: str, product: str) -> dict[str, dict]:
             "source": STAGE_2,
             "metrics": [{"metric": IN_DOMAIN, "label": "test in-domain mean recall"},
                         {"metric": OUT_OF_DOMAIN, "label": "out-of-domain mean recall"},
-                        {"metric": HELD_OUT, "label": "held-out compositions top-1", "permutation": True}],
+                        {"metric": HELD_OUT, "label": "held-out compositions top-1"}],
             "rows": [{"label": "`lorentz` − sphere", "a": lorentz, "b": SPHERE, "metrics": [OUT_OF_DOMAIN, HELD_OUT]},
                      {"label": "`lorentz-product` − Multi", "a": product, "b": MULTI},
                      {"label": "entailment loss: `lorentz-entail` − `lorentz`", "a": entail, "b": lorentz},
@@ -59,7 +59,7 @@ def specs(lorentz: str, product: str) -> dict[str, dict]:
         f"{STAGE_1}-stability.json": {
             "about": "Stage 1 (the lr grid, 9,600 steps, three seeds, fp32): every run's skipped steps, τ and c.",
             "rows": [{"label": f"`{cell}`", "source": STAGE_1, "cell": cell}
-                     for cell in dict.fromkeys(run["cell"] for run in stage_1["runs"])]},
+                     for cell in dict.fromkeys(run["cell"] for run in stage_1["runs"] + stage_1.get("stopped", []))]},
         f"{STAGE_2}-stability.json": {
             "about": "Stage 2 (19,200 steps, five seeds, fp32) beside the sphere's and Multi's runs of the same length.",
             "rows": [{"label": f"`{cell}`", "source": STAGE_2, "cell": cell}

@@ -36,6 +36,11 @@ def results(tmp_path, monkeypatch):
     monkeypatch.setattr(lorentz_specs, "RESULTS", tmp_path)
     grid(tmp_path / "lorentz-lr-9600", {f"{family}_lr-{lr}": 50.0 for family in ("lorentz", "lorentz-product")
                                         for lr in ("5e-4", "1e-3", "2e-3")}, 3)
+    stage_1 = json.loads((tmp_path / "lorentz-lr-9600" / "ablation.json").read_text())
+    diverged = [r for r in stage_1["runs"] if r["cell"] == "lorentz_lr-2e-3"]  # every seed stopped: still a row
+    stage_1["runs"] = [r for r in stage_1["runs"] if r not in diverged]
+    stage_1["stopped"] = [{"cell": r["cell"], "seed": r["seed"], "reason": "non-finite loss"} for r in diverged]
+    (tmp_path / "lorentz-lr-9600" / "ablation.json").write_text(json.dumps(stage_1))
     grid(tmp_path / "lorentz-19200", {"lorentz_lr-1e-3": 60.0, "lorentz-entail_lr-1e-3": 61.0,
                                       "lorentz-product_lr-2e-3": 70.0, "lorentz-product-entail_lr-2e-3": 70.5}, 5)
     grid(tmp_path / "tau-range-full-scenes-19200", {"sphere-default-t": 59.0, "multi-default-t": 72.0}, 5)
@@ -54,7 +59,7 @@ def test_the_specs_name_the_rules_cells_and_the_report_draws_them(results):
     assert "over the table's 11 tests" in secondary and "| `lorentz` − sphere | — | +1.0 (" in secondary
     assert "| entailment loss: `lorentz-product-entail` − `lorentz-product` | +0.5 (" in secondary
     stage_1 = readme_results.stability_table(written["lorentz-lr-9600-stability.json"])
-    assert stage_1.count("| `lorentz") == 6
+    assert stage_1.count("| `lorentz") == 6 and "| `lorentz_lr-2e-3` | 0 (+ 3 stopped on non-finite values) |" in stage_1
     stage_2 = readme_results.stability_table(written["lorentz-19200-stability.json"])
     assert "| Multi (`multi-default-t`) | 5 |" in stage_2 and "| `lorentz-entail_lr-1e-3` | 5 |" in stage_2
     precision = readme_results.stability_table(written["lorentz-precision-stability.json"])

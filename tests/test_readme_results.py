@@ -811,7 +811,8 @@ def test_the_hyperbolic_gpu_table_sets_each_step_against_its_twin_of_the_same_mo
     same way (eager against eager, compiled against compiled); a mode not timed says so."""
     def step(preset, compiled, images, topology=None):
         overrides = [f"model.topology={topology}", "train.entailment_weight=0.2"] if topology else []
-        return {"preset": preset, "overrides": overrides, "compile": "default" if compiled else False,
+        return {"preset": preset, "overrides": overrides, "compile": "default" if compiled else False, "batch": 256,
+                "precision": "bf16",
                 "median_images_per_s": images, "rounds_images_per_s": [images - 10, images, images + 5]}
 
     result = {"gpu": "a GPU", "machine": "a machine", "torch": "2.x", "date": "2026-11-28 15:15:58 UTC",
@@ -841,6 +842,9 @@ def test_the_loader_benchmark_writes_the_file_the_readme_table_is_drawn_from(tmp
         assert entry["paths"][path]["device_ms_per_batch"] > 0 and entry["paths"][path]["main_ms_per_batch"] > 0
     assert not entry["paths"]["topoclip-unpinned"]["pinned"]
     assert len(list((tmp_path / "shards" / "64").glob("*.tar"))) == 1  # 32 pictures: one shard of 128
+    assert not list((tmp_path / "shards" / "64").glob("*.partial"))  # each shard renamed whole into place
+    stats = json.loads((tmp_path / "shards" / "64" / "bits_per_pixel.json").read_text())
+    assert (stats["samples"], stats["per_shard"]) == (32, 128)  # reused only for the same layout
     assert 1.5 < entry["bits_per_pixel"] < 8  # photo-like: JPEG q90 of photos spends 2–4 bits a pixel
     table = readme_results.loader_table(result).splitlines()
     assert table[0].startswith("Measured: `python benchmarks/loader.py --sizes 64") and "a test" in table[0]

@@ -19,7 +19,7 @@ import torch
 
 from topoclip.config import load_config
 from topoclip.data.shard_writer import shard_pattern, write_shards
-from topoclip.data.streams import StreamPosition
+from topoclip.data.streams import SharedEpoch, StreamPosition
 from topoclip.run.training.data import training_batches
 
 from test_train_user_data import scene_samples
@@ -163,3 +163,27 @@ def test_kill_9_at_a_random_step_then_resume_trains_what_an_uninterrupted_run_tr
     assert step_losses(tmp_path / "run") == step_losses(tmp_path / "whole")  # bit for bit, every step
     final = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "data" in r][-1]["data"]
     assert final == [r for r in read_jsonl(tmp_path / "whole" / "metrics.jsonl") if "data" in r][-1]["data"]
+
+
+class _Epochs(torch.utils.data.IterableDataset):
+    """Yields (process, epoch, resume, first) of each iteration: what a worker sees of set_epoch."""
+
+    def set_epoch(self, epoch, resume=None, first=0):
+        self.epoch, self.resume, self.first = epoch, resume, first
+
+    def __iter__(self):
+        yield os.getpid(), self.epoch, self.resume, self.first
+
+
+def test_kept_workers_read_each_epoch_the_main_process_sets():
+    """A user-data stream's workers are kept from one epoch to the next (starting them again stalled the step at
+    every epoch's start); the epoch reaches them through shared memory, the resumed one's positions only it."""
+    dataset = SharedEpoch(_Epochs())
+    dataset.set_epoch(3, {0: (5, 1)}, 1)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1, persistent_workers=True)
+    seen = []
+    for epoch, resume, first in ((3, {0: (5, 1)}, 1), (4, None, 0), (5, None, 0)):
+        dataset.set_epoch(epoch, resume, first)
+        seen += list(loader)
+    assert [item[1:] for item in seen] == [[3, {0: [5, 1]}, 1], [4, None, 0], [5, None, 0]]  # (tuples as lists)
+    assert len({item[0] for item in seen}) == 1 and seen[0][0] != os.getpid()  # one worker, kept

@@ -74,7 +74,7 @@ class TarMember:
     size: int
 
     def read(self) -> bytes:
-        with open_regular(self.tar, "shard", limit=None, error=ValueError) as file:
+        with open_regular(self.tar, "shard", self.tar.parent.parent, None, ValueError) as file:  # as it was listed
             file.seek(self.offset)
             return file.read(self.size)
 

@@ -292,9 +292,9 @@ class CsvDataset(torch.utils.data.IterableDataset):
     """Image-caption pairs listed in a CSV / TSV; yields RawBatch (use DataLoader(batch_size=None)).
 
     Each epoch, rows are shuffled from (seed, epoch) (call `set_epoch` before iterating; with
-    `persistent_workers=True` the workers keep the epoch they started with), then rank r of world_size
-    takes rows r, r + world_size, ...; DataLoader worker w of W takes every W-th of those. Ranks therefore
-    differ by at most one row, and by the bad rows each happens to meet.
+    `persistent_workers=True` the workers keep the epoch they started with: wrap it in streams.SharedEpoch), then
+    rank r of world_size takes rows r, r + world_size, ...; DataLoader worker w of W takes every W-th of those. Ranks
+    therefore differ by at most one row, and by the bad rows each happens to meet.
     """
 
     def __init__(

@@ -33,15 +33,19 @@ def stream_batches(open_stream: Callable, config, start_step: int, rank: int, wo
                           world_size=world_size, crop_generator=generator)
     if tokenizer is not None:
         dataset = TokenizedBatches(dataset, tokenizer)
+    dataset = SharedEpoch(dataset)
     # A worker that found no good sample (e.g. its only shard is unreadable) yields an empty batch that
     # only carries counts (and its position); the model cannot take it, so both ride on the next batch.
     epoch, resumed, first = resume.epoch, resume.workers, resume.next_share
     carried = RawBatch(torch.empty(0, 3, 0, 0), [], {})
+    dataset.set_epoch(epoch, resumed, first)  # before the workers start: they copy it
+    settle_before_fork()  # a loader of the caller's (an evaluation's) may just have shut down
+    # One loader for every epoch, its workers kept (loader_options' persistent_workers): starting them again each
+    # epoch stalled the step for seconds at every epoch's start (on a GPU node, a third of a run of 32-batch epochs).
+    loader = DataLoader(dataset, batch_size=None, pin_memory=pin_memory, generator=loader_generator(train.seed, epoch, rank),
+                        **loader_options)
     while True:
         dataset.set_epoch(epoch, resumed, first)
-        settle_before_fork()  # the last epoch's loader just shut down
-        loader = DataLoader(dataset, batch_size=None, pin_memory=pin_memory, generator=loader_generator(train.seed, epoch, rank),
-                            **{**loader_options, "persistent_workers": False})
         produced = False
         for batch in worker_errors_as_user_errors(loader):
             for kind, count in batch.bad_samples.items():
@@ -88,6 +92,34 @@ class TokenizedBatches(IterableDataset):
             if len(batch):  # an empty batch only carries bad-sample counts
                 batch.text = self.tokenizer(batch.captions)
             yield batch
+
+
+class SharedEpoch(IterableDataset):
+    """A stream whose epoch the main process sets and kept (persistent) workers read, as OpenCLIP's SharedEpoch.
+
+    A worker holds the copy of the dataset it started with, so `set_epoch` in the main process reaches it only
+    through memory they share: the epoch, in a shared tensor, read when each epoch's iteration starts in the worker.
+    The epoch the workers started with keeps its `resume` and `first` (a resumed stream's); a later one starts at its
+    beginning, from share 0 (DataLoader takes every new epoch's batches from worker 0 first).
+    """
+
+    def __init__(self, dataset: IterableDataset):
+        self.dataset = dataset
+        self.shared = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.started = None  # the epoch this copy's dataset was set to (a worker's: the one it started with)
+
+    def set_epoch(self, epoch: int, resume: Optional[dict] = None, first: int = 0) -> None:
+        if epoch != self.started:
+            self.dataset.set_epoch(epoch, resume, first)
+            self.started = epoch
+        self.shared[0] = epoch
+
+    def __iter__(self) -> Iterator[RawBatch]:
+        epoch = int(self.shared[0])
+        if epoch != self.started:  # a worker at a later epoch than it started with: from its beginning
+            self.dataset.set_epoch(epoch)
+            self.started = epoch
+        yield from self.dataset
 
 
 class StreamPosition:

@@ -73,10 +73,13 @@ def gpu_feeding_table(result: dict) -> str:
     memory = ", ".join(f"{line['parallelism'].upper()} {line['per_rank'][0]['peak_device'] / 1024**3:.2f} GiB"
                        for line in result["fsdp_memory"])
     loader = result["loader"]
+    ms = lambda value, digits: "not timed" if value is None else f"{value:.{digits}f} ms"  # noqa: E731
     alone = "; ".join(f"{row['workers']} worker{'s' * (row['workers'] > 1)}"
-                      f"{'' if row['pinned'] else ' unpinned'} {row['images_per_s']:,.0f} img/s (taking "
-                      f"{row['main_ms_per_batch']:.2f} ms, copy and normalisation on the GPU "
-                      f"{row['device_ms_per_batch']:.1f} ms a batch)" for row in loader["rows"])
+                      f"{' pinned' if row['pinned'] else ' unpinned'} {row['images_per_s']:,.0f} img/s (taking "
+                      f"{ms(row['main_ms_per_batch'], 2)}" + (f", pinning {ms(row.get('pin_ms_per_batch'), 1)}"
+                                                              if row["pinned"] else "")
+                      + f", copy and normalisation on the GPU {ms(row['device_ms_per_batch'], 1)} a batch)"
+                      for row in loader["rows"])
     first = result["shards_vs_random"][0]
     return "\n".join([
         f"Measured on one {result['gpu']}, torch {result['torch']}, {result['date'][:10]} ({first['cpu_count']} CPU "
@@ -85,7 +88,7 @@ def gpu_feeding_table(result: dict) -> str:
         f"- Over NCCL (one process): {nccl}. FSDP's memory benchmark on the GPU (batch "
         f"{result['fsdp_memory'][0]['batch']}, peak): {memory}.",
         f"- The compiled step profiled: {busy}.",
-        f"- The loader alone there (`{loader['command']}`), batches of {first['batch']}: {alone}; {loader['cut']}.",
+        f"- The loader alone there (`{loader['command']}`), batches of {loader['batch']}: {alone}; {loader['cut']}.",
     ])
 
 
@@ -184,8 +187,8 @@ def topology_cost_table(result: dict) -> str:
 def gpu_hyperbolic_table(result: dict) -> str:
     """The ViT-B/16 step of each hyperbolic family beside its twin on one GPU (docs/results/gpu-hyperbolic.json):
     images/s eager and compiled, the median and range of the rounds, and the cost against the twin."""
-    cells, twins = {}, {}
-    for step in result["steps"]:
+    steps, cells, twins = result["steps"], {}, {}
+    for step in steps:
         topology = next((item.split("=", 1)[1] for item in step["overrides"] if item.startswith("model.topology=")),
                         None)
         key = (step["preset"], topology or "as the preset")
@@ -203,10 +206,17 @@ def gpu_hyperbolic_table(result: dict) -> str:
             text += f", {step['median_images_per_s'] / twin[compiled]['median_images_per_s'] - 1:+.1%}"
         return text
 
+    def setting(values) -> str:
+        return " or ".join(sorted({str(value) for value in values})) or "none"
+
+    weights = [item.split("=", 1)[1] for step in steps for item in step["overrides"]
+               if item.startswith("train.entailment_weight=")]
     rows = [f"Measured on one {result['gpu']} ({result['machine']}), torch {result['torch']}, {result['date'][:10]}: "
-            "images/s of the whole step (forward, backward, AdamW), batch 256, bf16, random tensors, the median (range) "
-            "of 3 rounds, and against the preset's own topology; the hyperbolic rows with the entailment loss at "
-            "weight 0.2:", "", "| preset | topology | eager | `torch.compile` |", "|---|---|---|---|"]
+            f"images/s of the whole step (forward, backward, AdamW), batch {setting(step['batch'] for step in steps)}, "
+            f"{setting(step['precision'] for step in steps)}, random tensors, the median (range) of "
+            f"{setting(len(step['rounds_images_per_s']) for step in steps)} rounds, and against the preset's own "
+            f"topology; the hyperbolic rows with the entailment loss at weight {setting(weights)}:", "",
+            "| preset | topology | eager | `torch.compile` |", "|---|---|---|---|"]
     for (preset, topology), row in sorted(cells.items(), key=lambda item: list(twins).index(item[0][0])):
         twin = twins[preset]
         rows.append(f"| `{preset}` | {topology if topology == 'as the preset' else f'`{topology}`'} | "
