@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("a red cube on the left of a small blue ball under green light near two yellow stars and a large purple "
          "ring beside an orange square above three white circles at night in the old city by the sea").split()
 RATIOS = (1.0, 4 / 3, 3 / 2, 16 / 9)
-NORMALISED = 8  # batches copied and normalised where the step runs, timed apart from the loader
+APART = 8  # times a batch is pinned, or copied and normalised where the step runs, timed apart from the loader
 
 
 def photo_like(rng: np.random.Generator, width: int, height: int):
@@ -174,9 +174,9 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
     if pinned:
         pageable = batch.images.clone()
         began = time.perf_counter()
-        for _ in range(NORMALISED):
+        for _ in range(APART):
             pageable.pin_memory()
-        pin_ms = 1000 * (time.perf_counter() - began) / NORMALISED
+        pin_ms = 1000 * (time.perf_counter() - began) / APART
     # The uint8 batch's copy and normalisation where the step runs (the GPU where there is one), timed apart.
     device_ms = None
     if hasattr(data, "device_pixels"):
@@ -185,10 +185,10 @@ def measure_topoclip(pattern: str, workers: int, batch: int, batches: int, image
         data.device_pixels(batch.images.to(where, non_blocking=True), vision.mean, vision.std)  # warm-up
         sync()
         began = time.perf_counter()
-        for _ in range(NORMALISED):
+        for _ in range(APART):
             data.device_pixels(batch.images.to(where, non_blocking=True), vision.mean, vision.std)
         sync()
-        device_ms = 1000 * (time.perf_counter() - began) / NORMALISED
+        device_ms = 1000 * (time.perf_counter() - began) / APART
     dtype = str(batch.images.dtype).replace("torch.", "")
     return {"images_per_s": images / seconds, "batch_dtype": dtype, "device_ms_per_batch": device_ms,
             "main_ms_per_batch": 1000 * taking, "pin_ms_per_batch": pin_ms, "pinned": pinned,

@@ -33,7 +33,8 @@ RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "comp
              "equilibrium-train": equilibrium_table, "similarities": similarities_table,
              "collapse": similarities_table, "false-negatives": false_negatives_table, "ceiling": ceiling_table,
              "ceiling-hard": ceiling_table, "hard-task-pilot": pilot_table, "tau-late-rise": tau_late_rise_table,
-             "gpu-check": gpu_check_table, "gpu-feeding": gpu_feeding_table, "gpu-hyperbolic": gpu_hyperbolic_table, "fsdp-memory": fsdp_memory_table, "loader": loader_table,
+             "gpu-check": gpu_check_table, "gpu-feeding": gpu_feeding_table, "gpu-hyperbolic": gpu_hyperbolic_table,
+             "fsdp-memory": fsdp_memory_table, "loader": loader_table,
              "topology-cost": topology_cost_table, "meru-equality": meru_equality_table, "lora": lora_table,
              "lorentz-hierarchy": hierarchy_table}
 
