@@ -19,7 +19,9 @@ import torch
 
 from topoclip.config import load_config
 from topoclip.data.shard_writer import shard_pattern, write_shards
-from topoclip.data.streams import SharedEpoch, StreamPosition
+from topoclip.data.batch import RawBatch
+from topoclip.data.quality import DataQualityError
+from topoclip.data.streams import SharedEpoch, StreamPosition, stream_batches
 from topoclip.run.training.data import training_batches
 
 from test_train_user_data import scene_samples
@@ -187,3 +189,27 @@ def test_kept_workers_read_each_epoch_the_main_process_sets():
         seen += list(loader)
     assert [item[1:] for item in seen] == [[3, {0: [5, 1]}, 1], [4, None, 0], [5, None, 0]]  # (tuples as lists)
     assert len({item[0] for item in seen}) == 1 and seen[0][0] != os.getpid()  # one worker, kept
+
+
+class _GoodThenBad(torch.utils.data.IterableDataset):
+    """Epoch 0: a good batch, then three bad samples (their count rides on the next batch); every later epoch: two
+    bad samples and nothing usable."""
+
+    def set_epoch(self, epoch, resume=None, first=0):
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.epoch == 0:
+            yield RawBatch(torch.zeros(1, 3, 4, 4), ["a"], {}, positions=[(0, 0, 1, 1)])
+            yield RawBatch(torch.empty(0, 3, 0, 0), [], {"corrupt_image": 3}, positions=[(0, 0, 4, 1)])
+        else:
+            yield RawBatch(torch.empty(0, 3, 0, 0), [], {"corrupt_image": 2}, positions=[(self.epoch, 0, 2, 0)])
+
+
+def test_an_epoch_with_no_usable_sample_counts_its_own_skips():
+    """The error names what that epoch skipped, not the earlier epochs' skips that rode on its batches too."""
+    config = load_config("tiny", ["train.num_workers=0"])
+    batches = stream_batches(lambda data, **_: _GoodThenBad(), config, 0, 0, 1, {})
+    assert len(next(batches)) == 1
+    with pytest.raises(DataQualityError, match=r"no usable sample \(skipped: \{'corrupt_image': 2\}\)"):
+        next(batches)

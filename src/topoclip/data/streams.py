@@ -6,6 +6,7 @@ rank's share of the global batch.
 """
 from __future__ import annotations
 
+import multiprocessing
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -46,10 +47,11 @@ def stream_batches(open_stream: Callable, config, start_step: int, rank: int, wo
                         **loader_options)
     while True:
         dataset.set_epoch(epoch, resumed, first)
-        produced = False
+        produced, skipped = False, {}  # skipped: this epoch's bad samples (carried may hold the last epoch's too)
         for batch in worker_errors_as_user_errors(loader):
             for kind, count in batch.bad_samples.items():
                 carried.bad_samples[kind] = carried.bad_samples.get(kind, 0) + count
+                skipped[kind] = skipped.get(kind, 0) + count
             carried.positions += batch.positions
             if not len(batch):
                 continue
@@ -59,7 +61,7 @@ def stream_batches(open_stream: Callable, config, start_step: int, rank: int, wo
             yield batch
         if not produced and not resumed:  # (a resumed epoch may have had nothing left)
             raise DataQualityError(f"an epoch of {data.train_data} produced no usable sample (skipped: "
-                                   f"{carried.bad_samples or 'none'}); check data.train_data and the files it names")
+                                   f"{skipped or 'none'}); check data.train_data and the files it names")
         epoch, resumed, first = epoch + 1, None, 0
 
 
@@ -105,17 +107,19 @@ class SharedEpoch(IterableDataset):
 
     def __init__(self, dataset: IterableDataset):
         self.dataset = dataset
-        self.shared = torch.zeros(1, dtype=torch.int64).share_memory_()
+        # multiprocessing's shared memory, unlinked as it is made (a tensor's, sent to a fork server's workers, is a
+        # named file that a killed job leaves behind); no lock: one writer, and it writes between epochs
+        self.shared = multiprocessing.RawValue("q", 0)
         self.started = None  # the epoch this copy's dataset was set to (a worker's: the one it started with)
 
     def set_epoch(self, epoch: int, resume: Optional[dict] = None, first: int = 0) -> None:
         if epoch != self.started:
             self.dataset.set_epoch(epoch, resume, first)
             self.started = epoch
-        self.shared[0] = epoch
+        self.shared.value = epoch
 
     def __iter__(self) -> Iterator[RawBatch]:
-        epoch = int(self.shared[0])
+        epoch = self.shared.value
         if epoch != self.started:  # a worker at a later epoch than it started with: from its beginning
             self.dataset.set_epoch(epoch)
             self.started = epoch
