@@ -100,12 +100,14 @@ def make_shards(folder: Path, samples: int, short: int, per_shard: int = 128) ->
     per process on every core (a GPU machine's lease is minutes: 4,096 pictures took 90 s on one core there)."""
     from concurrent.futures import ProcessPoolExecutor
 
+    from topoclip.core.door import is_regular, read_json
+
     folder.mkdir(parents=True, exist_ok=True)
     count = -(-samples // per_shard)
     pattern = str(folder / f"{{00000..{count - 1:05d}}}.tar")
     stats, layout = folder / "bits_per_pixel.json", {"samples": samples, "per_shard": per_shard, "writer": 2}
-    if stats.is_file():  # written after the last shard: the shards of this layout are whole
-        recorded = json.loads(stats.read_text())
+    if is_regular(stats, folder):  # written after the last shard: the shards of this layout are whole
+        recorded = read_json(stats, "shard statistics", folder, expect=dict)
         if {key: recorded.get(key) for key in layout} == layout:
             return pattern, recorded["bits_per_pixel"]
         stats.unlink()
