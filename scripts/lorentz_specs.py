@@ -1,7 +1,7 @@
 """Issue #61's report specs, written from stage 1's lr rule before any result of stage 2 is read: the tests the
 pre-registration (docs/results/preregistration-lorentz.md) names, as the report's spec files.
 
-    topoclip report land /work/exp/lorentz-lr-9600      # stage 1 landed: docs/results/lorentz-lr-9600/
+    scripts/issue61.sh                                   # stage 1 trained and landed, pooled: lorentz-lr-9600
     python scripts/lorentz_specs.py                      # the specs of stage 2 and of the stability tables
 
 This file was committed before stage 1 ended, so what each spec holds was fixed before any lr was chosen; running it
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 
 from topoclip.core.door import is_regular, read_text
 from topoclip.experiments.results.files import RESULTS, load_result
@@ -32,6 +33,8 @@ IN_DOMAIN, OUT_OF_DOMAIN = "headline:scenes-test/mean_recall", "headline:scenes-
 HELD_OUT = "headline:composition-held-out/distance/top1"
 MARGIN = 2.0  # points of mean recall: the full scenes' margin (preregistration-hard-task.md)
 SEEDS = 5
+STAGE_1_SEEDS, STAGE_1_CELLS = 3, [f"{family}_lr-{lr}" for family in ("lorentz", "lorentz-product")
+                                   for lr in ("5e-4", "1e-3", "2e-3")]  # the pre-registered grid (its --cells)
 
 
 def specs(lorentz: str, product: str) -> dict[str, dict]:
@@ -79,7 +82,14 @@ def specs(lorentz: str, product: str) -> dict[str, dict]:
 
 
 def main() -> int:
-    choice = lr_choice(load_result(STAGE_1))
+    stage_1 = load_result(STAGE_1)
+    done = Counter(run["cell"] for run in stage_1["runs"] + stage_1.get("stopped", []))
+    short = [cell for cell in STAGE_1_CELLS if done[cell] < STAGE_1_SEEDS]
+    if short:  # the rule reads whole cells: a stage 1 in parts may be landed only in part
+        print(f"lorentz_specs: stage 1 is not whole yet: {', '.join(f'{c} ({done[c]} of {STAGE_1_SEEDS})' for c in short)}",
+              file=sys.stderr)
+        return 1
+    choice = lr_choice(stage_1)
     texts = {RESULTS / name: json.dumps(spec, indent=1, ensure_ascii=False) + "\n"
              for name, spec in specs(choice["lorentz"], choice["lorentz-product"]).items()}
     changed = [path.name for path, text in texts.items()

@@ -77,3 +77,15 @@ def test_a_written_spec_is_never_rewritten_with_other_content(results, monkeypat
     assert lorentz_specs.main() == 1
     assert "a pre-registered spec is written once" in capsys.readouterr().err
     assert (results / "lorentz-19200-equivalence.json").read_text() == before
+
+
+def test_the_specs_wait_for_every_run_of_stage_1(results, capsys):
+    """Stage 1 trained in parts may be landed in part: the rule is not applied to a cell short of its seeds, nor to a
+    grid missing a cell (a pool knows only the cells that have landed)."""
+    stage_1 = json.loads((results / "lorentz-lr-9600" / "ablation.json").read_text())
+    for missing in ([r for r in stage_1["runs"] if r["cell"] == "lorentz-product_lr-5e-4" and r["seed"] == 2],
+                    [r for r in stage_1["runs"] if r["cell"] == "lorentz-product_lr-1e-3"]):
+        (results / "lorentz-lr-9600" / "ablation.json").write_text(json.dumps(
+            {**stage_1, "runs": [r for r in stage_1["runs"] if r not in missing]}))
+        assert lorentz_specs.main() == 1
+        assert "stage 1 is not whole yet" in capsys.readouterr().err and not (results / "lorentz-19200-tests.json").exists()

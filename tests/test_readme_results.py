@@ -474,6 +474,8 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
     assert "| b | | | | 2 of its 3 seeds so far |" in readme_results.convergence_table(convergence)
     with pytest.raises(ValueError, match="whole's b has 2 of its 3 seeds so far"):  # its grid still running
         readme_results.comparison_table(comparison)
+    with pytest.raises(ValueError, match="b has 2 of its 3 seeds so far: the lr rule waits"):  # reads whole cells
+        readme_results.lr_choice(readme_results.load_results("whole"))
     assert [(row["grid"], row["cell"]) for row in readme_results.tau_late_rise()] == [("whole", "a")]
 
     assert readme_results.land(out / "b-seed2", pool="whole") == results / "b-seed2" / "ablation.json"
@@ -515,7 +517,9 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
     part("b-seed2", [run("b", 2, 42.0)], where=out)
     with pytest.raises(ValueError, match="b-seed2 is a part of whole: land it with --pool whole"):
         readme_results.land(out / "b-seed2")  # landing a pooled part outside its pool
-    for parts, problem in (([], "must list its parts, each once"), (["own", "own"], "must list its parts, each once"),
+    (results / "other.json").write_text(json.dumps({"seeds": 3, "parts": []}))  # registered before its first part
+    assert readme_results.load_results("other")["runs"] == [] and readme_results.tau_late_rise()
+    for parts, problem in ((["own", "own"], "must list its parts, each once"),
                            (["missing"], "part missing is not an ablation folder"),
                            (["whole"], "part whole is not an ablation folder")):
         (results / "other.json").write_text(json.dumps({"parts": parts}))

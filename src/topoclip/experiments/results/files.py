@@ -115,14 +115,18 @@ def pools() -> dict[str, dict]:
 def pooled(name: str, spec: dict) -> dict:
     """A grid trained in parts (docs/results/NAME.json: {"about", "parts": [folder, ...], "seeds"?}): `topoclip ablate`
     runs of one grid with the same settings, each into its own folder (`--cells`, `--first-seed K --seeds N`), where one
-    sitting of the machine cannot train it whole. Their runs as one ablation ("runs", "steps", "grid", "parts": what a
-    comparison, a convergence rule and τ's late rise read; not a grid's own table), and "unfinished": each cell with
+    sitting of the machine cannot train it whole (its file may be written before the first part lands: no runs yet).
+    Their runs as one ablation ("runs", "steps", "grid", "parts": what a comparison, a convergence rule and τ's late
+    rise read; not a grid's own table), and "unfinished": each cell with
     fewer than its "seeds" (seeds 0 to seeds − 1, the runs it was registered with) so far, which `cell_values` refuses.
     Refused: a part that is not a landed ablation folder, or listed twice; parts of other schedules, presets or
     settings (`run_settings`); a run (cell and seed) in two parts, or a seed beyond the registered ones."""
     parts, seeds = check_pool(name, spec)["parts"], spec.get("seeds")
-    if not parts or len(set(parts)) < len(parts):
+    if len(set(parts)) < len(parts):
         raise ValueError(f"{name}.json must list its parts, each once: {parts}")
+    if not parts:  # registered before its first part landed: no runs yet
+        return {"analysis": "ablation", "grid": None, "steps": None, "parts": [], "seeds": seeds, "runs": [],
+                "stopped": [], "unfinished": {}}
     grids = {}
     for part in parts:
         path = results_file(RESULTS / part, "ablation.json")

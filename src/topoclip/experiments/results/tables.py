@@ -391,7 +391,11 @@ def end_of_schedule_validation(results: dict) -> dict[str, list[float]]:
 
 
 def lr_choice(results: dict) -> dict[str, str]:
-    """{family: the cell the pre-registered rule picks} of an lr grid whose cells are FAMILY_lr-LR."""
+    """{family: the cell the pre-registered rule picks} of an lr grid whose cells are FAMILY_lr-LR; refused for a grid
+    in parts (`pooled`) with a cell still short of its seeds (the rule reads whole cells)."""
+    if results.get("unfinished"):
+        cell, count = next(iter(results["unfinished"].items()))
+        raise ValueError(f"{cell} has {count} of its {results['seeds']} seeds so far: the lr rule waits for every cell")
     best: dict[str, tuple[float, str]] = {}
     for cell, values in end_of_schedule_validation(results).items():
         family, mean = cell.split("_lr-")[0], mean_std(values)[0]
