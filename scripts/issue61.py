@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from topoclip.experiments.results.files import read_results
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 LRS, FAMILIES = ("5e-4", "1e-3", "2e-3"), ("lorentz", "lorentz-product")
@@ -59,7 +61,7 @@ class Part:
 
     def landed(self) -> bool:
         if self.pool:
-            return self.name in json.loads((RESULTS / f"{self.pool}.json").read_text())["parts"]
+            return self.name in read_results(RESULTS / f"{self.pool}.json", RESULTS)["parts"]
         return (RESULTS / self.name).is_dir()
 
 
@@ -72,7 +74,7 @@ def queue(prefer_sweep: bool) -> list[Part]:
                     "lorentz-lr-9600") for seed in range(3) for family in FAMILIES for lr in LRS]
     later = []
     if specs_written():
-        chosen = [row["a"] for row in json.loads((RESULTS / "lorentz-19200-tests.json").read_text())["rows"]]
+        chosen = [row["a"] for row in read_results(RESULTS / "lorentz-19200-tests.json", RESULTS)["rows"]]
         lorentz, product = chosen[0], chosen[1]  # `lorentz` − sphere, `lorentz-product` − Multi: the rule's cells
         later += [Part(f"lorentz-precision-{p}-{cell.split('_lr-')[0]}", "lorentz", cell, 0, 9600,
                        settings=(f"train.precision={p}",)) for p in ("bf16", "fp16") for cell in (lorentz, product)]
@@ -101,7 +103,8 @@ def commit(paths: list[Path], message: str) -> None:
 
 
 def finish(part: Part, train: str, work: Path) -> bool:
-    """Train (or resume, or only tabulate) the part, land it, analyse its run where asked, commit. False on failure."""
+    """Train (or resume, or only tabulate) the part, land it, analyse its run where asked, pack, commit. False on
+    failure."""
     if run(part.command(train, work)).returncode != 0:
         return False
     topoclip = [sys.executable, "-m", "topoclip"]
@@ -117,10 +120,12 @@ def finish(part: Part, train: str, work: Path) -> bool:
                 return False
             target = RESULTS / "lorentz-hierarchy-19200" / f"{part.cell}-seed-{part.seed}.json"
             target.parent.mkdir(exist_ok=True)
-            record = json.loads((out / "hierarchy.json").read_text())
+            record = read_results(out / "hierarchy.json", out)
             record["checkpoint"] = str(Path(record["checkpoint"]).relative_to(work))  # no machine path in the repo
             target.write_text(json.dumps(record, indent=1) + "\n")
-            paths.append(target)
+            paths.append(target.parent)
+    if run([*topoclip, "report", "pack"]).returncode:  # gzip what landed, as docs/results keeps it
+        return False
     commit(paths, f"#61: {part.name} landed")
     return True
 
