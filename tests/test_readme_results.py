@@ -519,6 +519,7 @@ def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatc
         readme_results.land(out / "b-seed2")  # landing a pooled part outside its pool
     (results / "other.json").write_text(json.dumps({"seeds": 3, "parts": []}))  # registered before its first part
     assert readme_results.load_results("other")["runs"] == [] and readme_results.tau_late_rise()
+    assert "| a | | | | not run yet |" in readme_results.convergence_table({**convergence, "long": "other"})
     for parts, problem in ((["own", "own"], "must list its parts, each once"),
                            (["missing"], "part missing is not an ablation folder"),
                            (["whole"], "part whole is not an ablation folder")):

@@ -214,8 +214,9 @@ def convergence_table(spec: dict) -> str:
     otherwise "at the end of the schedule". A cell that either grid has not run yet, or not all its seeds (a grid in
     parts, `pooled`), says so (its runs under way)."""
     long, short = load_result(spec["long"]), load_result(spec["short"])
+    steps = f"{long['steps']:,}" if long["steps"] else spec["long"]  # a grid in parts before its first part: no steps
     lines = [spec["about"], "", "| cell | validation mean recall, last quarter (sd) | τ, last quarter (sd) | test mean recall, "
-             f"{long['steps']:,} − {short['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
+             f"{steps} − {short['steps']:,} steps | verdict |", "|---|---|---|---|---|"]
     for cell in spec["cells"]:
         runs = [r for r in long["runs"] if r["cell"] == cell]
         if not runs or not any(r["cell"] == cell for r in short["runs"]):
