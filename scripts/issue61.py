@@ -110,6 +110,8 @@ def commit(paths: list[str], message: str) -> bool:
     for _ in range(20):
         if git("add", "-A", "--", *paths).returncode == 0 and git("commit", "-q", "-m", message, "--", *paths).returncode == 0:
             return True
+        if not git("status", "--porcelain", "--", *paths).stdout:
+            return True  # nothing left to commit: committed already (by hand, say)
         time.sleep(15)
     log(f"could not commit {paths}")
     return False
