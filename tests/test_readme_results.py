@@ -864,7 +864,8 @@ def test_docs_results_stays_under_ten_megabytes():
 
 def test_a_packed_results_file_reads_as_its_json(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path / "results")
-    results = {"analysis": "ablation", "steps": 10, "runs": [{"cell": "a", "seed": 0}]}
+    results = {"analysis": "ablation", "steps": 10, "runs": [{"cell": "a", "seed": 0}],
+               "command": "topoclip ablate --grid g --out X/grid"}
     (tmp_path / "results" / "grid").mkdir(parents=True)
     (tmp_path / "results" / "grid" / "ablation.json").write_text(json.dumps(results))
     (tmp_path / "results" / "analysis").mkdir()
@@ -877,6 +878,10 @@ def test_a_packed_results_file_reads_as_its_json(tmp_path, monkeypatch):
     out.mkdir(parents=True)
     (out / "ablation.json").write_text(json.dumps(results))
     assert readme_results.land(out).name == "ablation.json.gz"  # the same results: nothing to land
+    (tmp_path / "results" / "pool.json").write_text(json.dumps({"parts": []}))  # a pool that lost it (a landing undone)
+    assert readme_results.land(out, pool="pool").name == "ablation.json.gz"  # the same results, listed again
+    assert json.loads((tmp_path / "results" / "pool.json").read_text())["parts"] == ["grid"]
+    (tmp_path / "results" / "pool.json").unlink()
     (out / "ablation.json").write_text(json.dumps({**results, "steps": 20}))
     with pytest.raises(ValueError, match="holds other results"):
         readme_results.land(out)

@@ -15,6 +15,7 @@ from typing import Optional
 
 from topoclip.core.door import (CONFIG_BYTES, is_folder, is_regular, list_folder, parse_json, read_bytes, read_json,
                                  read_text)
+from topoclip.core.atomic import write_text_atomic
 from topoclip.core.errors import file_name_problem
 
 
@@ -246,8 +247,13 @@ def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Pa
     made = not path.parent.is_dir()
     before = read_text(path, "results file", limit=UNPACKED_BYTES, error=ValueError) if is_regular(path) else None
     written = json.dumps(results, ensure_ascii=False, separators=(",", ":"))
-    if packed != path and read_results(packed) == json.loads(written):
-        return packed  # landed before and packed since: the same results
+    if packed != path and read_results(packed) == json.loads(written):  # landed before and packed since: the same
+        if pool and name not in found[pool]["parts"]:  # results, but the pool's file lost the part (an uncommitted
+            spec = found[pool]                          # landing undone): listed again
+            spec["parts"].append(name)
+            pooled(pool, spec)
+            write_text_atomic(RESULTS / f"{pool}.json", json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
+        return packed
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(written, encoding="utf-8")
     try:
@@ -260,8 +266,8 @@ def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Pa
                              f"{out_dir}), or pass --replace to replace them")
         if packed != path:  # replaced: the plain file is the landing
             packed.unlink()
-        if pool:
-            (RESULTS / f"{pool}.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        if pool:  # atomic: a reader never meets half a pool
+            write_text_atomic(RESULTS / f"{pool}.json", json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
     except Exception:
         if before is not None:
             path.write_text(before, encoding="utf-8")
