@@ -1,16 +1,19 @@
 """Issue #61's runs, one run to a part, each landed into docs/results and committed as it finishes: the 2-core
 machine's working folder does not outlive a sitting, so a sitting's end loses at most the runs in flight. One
-coordinator a sitting, started first thing:
+coordinator a sitting, started first thing, with this checkout's python (it lands into this checkout):
 
-    nohup python scripts/issue61.py --work /work/exp --hours 2.4 --train /work/pinvenv/bin/topoclip >> issue61.log 2>&1 &
+    git clone -q /work/main /work/pin && git -C /work/pin checkout -q 96d9ed7      # the code the runs train with
+    nohup python scripts/issue61.py --work /work/exp --pin /work/pin --until 2026-11-29T01:55 >> issue61.log 2>&1 &
 
-It trains up to --cores runs at once (each an `ablate` of one run on one thread, or on two where one thread would not
-end in time), starting only runs whose estimate ends inside --hours (leave the sitting's CI its cores): the parts
-already begun in --work first, then the queue's grids in order, within one those that need two threads first. It lands each finished run itself, one at a time (`analyze hierarchy` where asked,
-`report land --pool`, `report pack`, `report write`), and commits that part with the documents' blocks it changed, so
-that HEAD only ever holds whole parts. --train: the `topoclip` that trains (a pinned clone's: the runs must not change
-with the code under edit); landing and committing use this checkout. The queue, as the pre-registrations order it
-(docs/results/preregistration-lorentz.md, preregistration-38400.md):
+It trains up to --cores runs at once, each an `ablate` of one run with the pinned clone's code (`--pin`: a clean
+checkout of the commit both pre-registrations name, checked) on one thread, or on two where one would not end in
+time, and starts only runs whose estimate ends by --until (leave the sitting's CI its cores): the parts begun in
+--work first, then the queue's grids in order, within one those that need two threads first. It lands each finished
+run itself, one at a time: the hierarchy analysis where asked (pinned code), `report land --pool`, `report pack` and
+one commit of that part alone, so that HEAD only ever holds whole parts (a landing that fails is undone and tried
+again; none while the documents have uncommitted edits, which would go in with it); then the documents' blocks it
+changed, `report write`, in a commit of their own. What an earlier attempt left uncommitted is removed at the start.
+The queue, as the pre-registrations order it (docs/results/preregistration-lorentz.md, preregistration-38400.md):
 
 1. stage 1, `lorentz-lr-9600`: the lorentz family's lr grid, 9,600 steps, three seeds;
 2. once stage 1 is committed whole, `scripts/lorentz_specs.py` (the rule's lrs into stage 2's specs), committed before
@@ -28,13 +31,18 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
+from topoclip.experiments.results import files
 from topoclip.experiments.results.files import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 LRS, FAMILIES = ("5e-4", "1e-3", "2e-3"), ("lorentz", "lorentz-product")
+POOLS = ["docs/results/lorentz-lr-9600.json", "docs/results/lorentz-19200.json",
+         "docs/results/tau-range-full-scenes-38400.json"]
+PIN = "96d9ed74bc15551737a319a5d19d21f5729d9ae1"  # the code every run trains with (both pre-registrations' amendments)
 # Seconds a step takes on the 2-core development machine, one thread, the other core training too (measured: a
 # lorentz stage-1 run 1,666-1,802 s, a product one 3,866 s at 9,600 steps; the full scenes' Multi ~4,300 s and the
 # sphere ~3,500 s at 19,200 steps). A run's estimate is 1.15 times its steps' (a busy sitting); on two threads 0.75 of
@@ -56,8 +64,8 @@ class Part:
         family = self.cell.split("_lr-")[0].removesuffix("-entail").split("-default")[0]
         return BUSY * SECONDS_PER_STEP[family] * self.steps * (TWO_THREADS if threads == 2 else 1)
 
-    def command(self, train: str, work: Path) -> list[str]:
-        return [train, "ablate", "--grid", self.grid, "--steps", str(self.steps), "--seeds", "1", "--first-seed",
+    def command(self, work: Path) -> list[str]:
+        return [sys.executable, "-m", "topoclip", "ablate", "--grid", self.grid, "--steps", str(self.steps), "--seeds", "1", "--first-seed",
                 str(self.seed), "--cells", self.cell, "--out", str(work / self.name)]
 
     def committed(self) -> bool:
@@ -97,9 +105,9 @@ def log(message: str) -> None:
     print(f"{time.strftime('%H:%M')} {message}", flush=True)
 
 
-def step(command: list[str]) -> bool:
-    """Run one landing step in this checkout; False (its output logged) when it fails."""
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+def step(command: list[str], **options) -> bool:
+    """Run one command in this checkout; False (its output logged) when it fails."""
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, **options)
     if done.returncode:
         log(f"failed: {' '.join(command)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return done.returncode == 0
@@ -117,70 +125,112 @@ def commit(paths: list[str], message: str) -> bool:
     return False
 
 
-def land(part: Part, work: Path) -> bool:
-    """The finished part into HEAD: its hierarchy analysis first (where asked), then its landing (from HEAD's pool file,
-    any uncommitted leftover of an earlier attempt removed), the results packed, the documents' blocks rewritten, and
-    one commit of all of it."""
-    topoclip = [sys.executable, "-m", "topoclip"]
-    paths = [f"docs/results/{part.name}", f"docs/results/{part.pool}.json"]
+def undo(paths: list[str]) -> None:
+    """What a landing wrote and HEAD lacks, removed; the pool files back to HEAD's (only this process writes them)."""
+    git("clean", "-fdq", "--", *paths)
+    git("checkout", "HEAD", "--", *POOLS)
+
+
+def land(part: Part, work: Path, pin: Path) -> bool:
+    """The finished part into HEAD in one commit: its hierarchy analysis (the pinned code's) where asked, its landing
+    and the packing; then, apart, the documents' blocks it changed (τ's late rise gains a cell once all its seeds are
+    in). False, with nothing of it left behind, when any of it fails: the caller tries again at its next poll."""
+    paths = [f"docs/results/{part.name}"]
     run_dir = work / part.name / "runs" / part.cell / f"seed-{part.seed}"
-    if part.hierarchy and not (run_dir / "stopped.json").exists():
-        out = work / part.name / "hierarchy"
-        if not step([*topoclip, "analyze", "hierarchy", str(run_dir), "--size", "500", "--out", str(out)]):
-            return False
-        record = read_results(out / "hierarchy.json", out)
-        record["checkpoint"] = str(Path(record["checkpoint"]).relative_to(work))  # no machine path in the repo
-        target = RESULTS / "lorentz-hierarchy-19200" / f"{part.cell}-seed-{part.seed}.json"
-        target.parent.mkdir(exist_ok=True)
-        target.write_text(json.dumps(record, indent=1) + "\n")
-        paths.append("docs/results/lorentz-hierarchy-19200")
-    git("clean", "-fdq", "--", paths[0])
-    git("checkout", "HEAD", "--", paths[1])
-    if not (step([*topoclip, "report", "land", str(work / part.name), "--pool", part.pool])
-            and step([*topoclip, "report", "pack"])):
+    try:
+        if part.hierarchy and not (run_dir / "stopped.json").exists():
+            out = work / part.name / "hierarchy"
+            if not step([sys.executable, "-m", "topoclip", "analyze", "hierarchy", str(run_dir), "--size", "500",
+                         "--out", str(out)], env={**os.environ, "PYTHONPATH": str(pin / "src")}):
+                return False
+            record = read_results(out / "hierarchy.json", out)
+            record["checkpoint"] = os.path.relpath(record["checkpoint"], work)  # no machine path in the repo
+            target = RESULTS / "lorentz-hierarchy-19200" / f"{part.cell}-seed-{part.seed}.json"
+            target.parent.mkdir(exist_ok=True)
+            target.write_text(json.dumps(record, indent=1) + "\n")
+            paths += [f"docs/results/lorentz-hierarchy-19200/{target.name}{end}" for end in ("", ".gz")]
+        files.land(work / part.name, pool=part.pool)
+        files.pack(RESULTS)
+        landed = [path for path in paths if (ROOT / path).exists()] + [f"docs/results/{part.pool}.json"]  # (packed)
+        if not (commit(landed, f"#61: {part.name} landed") and part.committed()):
+            raise RuntimeError("the commit did not take")
+    except Exception as error:  # noqa: BLE001 (any failure: undone, tried again)
+        log(f"{part.name}: landing failed ({type(error).__name__}: {error}); undone, to be tried again")
+        undo(paths)
         return False
     documents = [ROOT / "README.md", RESULTS / "headline.png", *sorted((ROOT / "docs").rglob("*.md"))]
     before = {path: path.read_bytes() for path in documents if path.is_file()}
-    if not step([*topoclip, "report", "write"]):
-        return False
-    changed = [str(path.relative_to(ROOT)) for path in documents if path.is_file() and before.get(path) != path.read_bytes()]
-    return commit(paths + changed, f"#61: {part.name} landed")  # with the blocks a whole cell changed (τ's late rise)
+    if step([sys.executable, "-m", "topoclip", "report", "write"]):
+        changed = [str(path.relative_to(ROOT)) for path in documents if before.get(path) != path.read_bytes()]
+        if not changed or commit(changed, f"#61: the blocks {part.name} changed"):
+            return True
+    log("the documents' blocks are stale at HEAD: run `topoclip report write` and commit them")
+    return True
 
 
 def write_specs() -> bool:
     """Stage 1 committed whole: the rule's lrs into stage 2's specs, committed before any stage-2 run starts."""
-    if not step([sys.executable, "scripts/lorentz_specs.py"]):
-        return False
     names = [f"docs/results/lorentz-{name}.json" for name in ("19200-equivalence", "19200-tests", "lr-9600-stability",
                                                                "19200-stability", "precision-stability")]
-    return commit([name for name in names if (ROOT / name).exists()],
-                  "#61: stage 1 whole; the rule's lrs written into stage 2's specs before any stage-2 run")
+    if step([sys.executable, "scripts/lorentz_specs.py"]) and commit(
+            [name for name in names if (ROOT / name).exists()],
+            "#61: stage 1 whole; the rule's lrs written into stage 2's specs before any stage-2 run"):
+        return specs_committed()
+    git("clean", "-fdq", "--", *names)
+    return False
+
+
+def pinned(pin: Path) -> str:
+    """'' when `pin` is a clean checkout of PIN (the commit the pre-registrations train from), else the problem."""
+    head = subprocess.run(["git", "-C", str(pin), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if head != PIN:
+        return f"{pin} is at {head or 'no commit'}, not {PIN[:7]}: git clone {ROOT} {pin} && git -C {pin} checkout {PIN[:7]}"
+    if subprocess.run(["git", "-C", str(pin), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                      text=True).stdout:
+        return f"{pin} has uncommitted changes: the runs would not be {PIN[:7]}'s"
+    return ""
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="the working folder of the runs (not in the checkout)")
-    parser.add_argument("--hours", type=float, required=True, help="start no run that would end later than this")
-    parser.add_argument("--train", default="topoclip", help="the topoclip command that trains (a pinned clone's)")
+    parser.add_argument("--until", required=True, type=datetime.fromisoformat,
+                        help="UTC, e.g. 2026-11-29T01:55: start no run that would end later (leave CI its cores)")
+    parser.add_argument("--pin", type=Path, required=True, help=f"a clean clone at {PIN[:7]}, whose code trains")
     parser.add_argument("--cores", type=int, default=2, help="threads in use at once, over all runs (default 2)")
     parser.add_argument("--prefer", choices=["sweep"], help="take the convergence sweep's runs first")
     args = parser.parse_args(argv)
-    deadline = time.time() + 3600 * args.hours
+    deadline = args.until.replace(tzinfo=args.until.tzinfo or timezone.utc).timestamp()
+    problem = pinned(args.pin) or ("" if files.RESULTS == RESULTS else
+                                   f"this python's topoclip lands into {files.RESULTS}, not {RESULTS}: use this checkout's")
+    if problem:
+        print(f"issue61: {problem}", file=sys.stderr)
+        return 2
     args.work.mkdir(parents=True, exist_ok=True)
+    undo([f"docs/results/{p.name}" for p in queue(False) if not p.committed()] + ["docs/results/lorentz-hierarchy-19200"])
+    train = {**os.environ, "PYTHONPATH": str(args.pin / "src")}
     running: dict[str, tuple[Part, subprocess.Popen, int]] = {}
+    landing: list[Part] = []
     failed: set[str] = set()
     while True:
         for name, (part, process, _) in list(running.items()):
             if process.poll() is not None:
                 del running[name]
-                if process.returncode or not land(part, args.work):
-                    failed.add(name)
-                    log(f"{name} failed: see {args.work / name}.log, {args.work / name}/logs and this log")
+                if process.returncode:
+                    failed.add(name)  # its folder stays in --work, its log beside it; not started again
+                    log(f"{name} failed: see {args.work / name}.log and {args.work / name}/logs")
                 else:
-                    log(f"{name} landed and committed")
+                    landing.append(part)
+        waiting = git("status", "--porcelain", "--", "README.md", "docs").stdout
+        if waiting and landing:
+            log(f"{len(landing)} part(s) wait to land until the documents' edits are committed:\n{waiting}")
+        for part in list(landing):  # not while someone's edits of the documents are uncommitted: they'd go in
+            if not waiting and land(part, args.work, args.pin):
+                landing.remove(part)
+                log(f"{part.name} landed and committed")
         stage_1 = [p for p in queue(False) if p.pool == "lorentz-lr-9600"]
         if not specs_committed() and all(p.committed() for p in stage_1) and not write_specs():
-            return 1  # stage 2 must not start without its specs in HEAD
+            log("the specs of stage 2 could not be committed: stage 2 does not start")
         free, left = args.cores - sum(threads for *_, threads in running.values()), deadline - time.time() - MARGIN_S
         order = queue(args.prefer == "sweep")
         pools = list(dict.fromkeys(p.pool for p in order))
@@ -188,7 +238,7 @@ def main(argv=None) -> int:
         # A part begun in --work resumes first; then the queue's grids in order, within one the parts that need two
         # threads first (only a sitting's start leaves them time and both cores), then the rest in order.
         todo = sorted((p for p in order if fits[p.name] and p.name not in running and p.name not in failed
-                       and not p.committed()),
+                       and p not in landing and not p.committed()),
                       key=lambda p: (not (args.work / p.name).exists(), pools.index(p.pool), -fits[p.name]))
         for part in todo:
             threads = fits[part.name]
@@ -197,10 +247,10 @@ def main(argv=None) -> int:
             log(f"{part.name}: {threads} thread(s), ~{part.estimate(threads) / 60:.0f} min")
             with open(args.work / f"{part.name}.log", "a") as output:
                 running[part.name] = (part, subprocess.Popen(
-                    part.command(args.train, args.work), cwd=args.work, stdout=output, stderr=subprocess.STDOUT,
-                    env={**os.environ, "OMP_NUM_THREADS": str(threads)}), threads)
+                    part.command(args.work), cwd=args.work, stdout=output, stderr=subprocess.STDOUT,
+                    env={**train, "OMP_NUM_THREADS": str(threads)}), threads)
             free -= threads
-        if not running:
+        if not running and not landing:
             log("nothing left that ends in time" + (f"; failed: {', '.join(sorted(failed))}" if failed else ""))
             return 1 if failed else 0
         time.sleep(POLL_S)

@@ -1,7 +1,7 @@
 """Issue #61's report specs, written from stage 1's lr rule before any result of stage 2 is read: the tests the
 pre-registration (docs/results/preregistration-lorentz.md) names, as the report's spec files.
 
-    scripts/issue61.sh                                   # stage 1 trained and landed, pooled: lorentz-lr-9600
+    python scripts/issue61.py ...                        # stage 1 trained and landed, pooled: lorentz-lr-9600
     python scripts/lorentz_specs.py                      # the specs of stage 2 and of the stability tables
 
 This file was committed before stage 1 ended, so what each spec holds was fixed before any lr was chosen; running it

@@ -45,6 +45,6 @@ def test_the_queue_is_the_pre_registered_runs_and_stage_2_waits_for_its_specs(tm
     pools: dict = {}
     for part in parts:
         assert 0 < part.estimate(2) < part.estimate(1)  # every cell's family has its measured step time
-        command = "topoclip " + " ".join(part.command("topoclip", Path("/w"))[1:])
+        command = "topoclip " + " ".join(part.command(Path("/w"))[3:])  # python -m topoclip ablate ...
         pools.setdefault(part.pool, set()).add(json.dumps(run_settings(command), sort_keys=True))
     assert all(len(recipes) == 1 for pool, recipes in pools.items() if pool)  # one recipe a pool: every part lands
