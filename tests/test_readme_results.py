@@ -112,7 +112,7 @@ def test_every_number_of_the_five_line_answer_is_its_json():
     assert f"({retrieval.effect:+.1f} at 30 % and {shape.effect:+.1f} shape top-1 at 50 %" in answer
     rows = readme_results.tau_late_rise()
     rising = sum(row["p"] < 0.05 and row["change"] > 0 for row in rows)
-    assert f"in {rising} of {len(rows)} long cells" in answer
+    assert "in most long cells (the count, generated as cells land" in answer and rising > len(rows) / 2  # (#61's land)
     chosen = readme_results.lr_choice(readme_results.load_results("lr-choice-hard-lr-9600"))
     lrs = {family: cell.split("_lr-")[1] for family, cell in chosen.items()}
     assert f"(Multi {lrs['multi']}, the sphere {lrs['sphere']})" in answer

@@ -118,8 +118,8 @@ def pooled(name: str, spec: dict) -> dict:
     runs of one grid with the same settings, each into its own folder (`--cells`, `--first-seed K --seeds N`), where one
     sitting of the machine cannot train it whole (its file may be written before the first part lands: no runs yet).
     Their runs as one ablation ("runs", "steps", "grid", "parts": what a comparison, a convergence rule and τ's late
-    rise read; not a grid's own table), and "unfinished": each cell with
-    fewer than its "seeds" (seeds 0 to seeds − 1, the runs it was registered with) so far, which `cell_values` refuses.
+    rise read; not a grid's own table), and "unfinished": each cell with fewer than its "seeds" (seeds 0 to seeds − 1,
+    the runs it was registered with) so far, which `cell_values` refuses.
     Refused: a part that is not a landed ablation folder, or listed twice; parts of other schedules, presets or
     settings (`run_settings`); a run (cell and seed) in two parts, or a seed beyond the registered ones."""
     parts, seeds = check_pool(name, spec)["parts"], spec.get("seeds")
@@ -224,6 +224,11 @@ def record(run_dir: Path, wall_seconds: float, command: str) -> Path:
     return path
 
 
+def write_pool(name: str, spec: dict) -> None:
+    """docs/results/NAME.json, a grid in parts' file, replaced in one step: a reader never meets half of it."""
+    write_text_atomic(RESULTS / f"{name}.json", json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
+
+
 def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Path:
     """docs/results/NAME/ablation.json from `topoclip ablate --out OUT` (NAME: OUT's name): its ablation.json alone
     (table.md repeats it; the plots are drawn on demand, `plot`), without indentation; `ablate` records its command
@@ -247,12 +252,13 @@ def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Pa
     made = not path.parent.is_dir()
     before = read_text(path, "results file", limit=UNPACKED_BYTES, error=ValueError) if is_regular(path) else None
     written = json.dumps(results, ensure_ascii=False, separators=(",", ":"))
-    if packed != path and read_results(packed) == json.loads(written):  # landed before and packed since: the same
-        if pool and name not in found[pool]["parts"]:  # results, but the pool's file lost the part (an uncommitted
-            spec = found[pool]                          # landing undone): listed again
-            spec["parts"].append(name)
+    if packed != path and read_results(packed) == json.loads(written):
+        # landed before and packed since: the same results; listed again where the pool's file lost the part (a
+        # landing undone)
+        if pool and name not in found[pool]["parts"]:
+            spec = {**found[pool], "parts": found[pool]["parts"] + [name]}
             pooled(pool, spec)
-            write_text_atomic(RESULTS / f"{pool}.json", json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
+            write_pool(pool, spec)
         return packed
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(written, encoding="utf-8")
@@ -266,8 +272,8 @@ def land(out_dir: Path, pool: Optional[str] = None, replace: bool = False) -> Pa
                              f"{out_dir}), or pass --replace to replace them")
         if packed != path:  # replaced: the plain file is the landing
             packed.unlink()
-        if pool:  # atomic: a reader never meets half a pool
-            write_text_atomic(RESULTS / f"{pool}.json", json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
+        if pool:
+            write_pool(pool, spec)
     except Exception:
         if before is not None:
             path.write_text(before, encoding="utf-8")
