@@ -51,6 +51,7 @@ SECONDS_PER_STEP = {"lorentz": 0.19, "lorentz-product": 0.40, "multi": 0.22, "sp
 BUSY, TWO_THREADS = 1.15, 0.75
 MARGIN_S = 600  # a run must end this long before the deadline: its landing, hierarchy analysis and commit
 POLL_S = 30
+LANDINGS = 5  # attempts at landing a finished part, one a poll, before it is left to a person
 
 
 class Part:
@@ -69,7 +70,7 @@ class Part:
                 str(self.seed), "--cells", self.cell, "--out", str(work / self.name)]
 
     def committed(self) -> bool:
-        return self.name in committed_json(f"docs/results/{self.pool}.json").get("parts", [])
+        return self.name in committed_parts()
 
 
 def git(*arguments: str) -> subprocess.CompletedProcess:
@@ -80,6 +81,11 @@ def committed_json(path: str) -> dict:
     """A file of HEAD (not of the working tree: what a part is is what has been committed), {} where HEAD lacks it."""
     shown = git("show", f"HEAD:{path}")
     return json.loads(shown.stdout) if shown.returncode == 0 else {}
+
+
+def committed_parts() -> set[str]:
+    """The parts HEAD's pool files list: the runs landed and committed."""
+    return {part for pool in POOLS for part in committed_json(pool).get("parts", [])}
 
 
 def specs_committed() -> bool:
@@ -161,7 +167,8 @@ def land(part: Part, work: Path, pin: Path) -> bool:
     documents = [ROOT / "README.md", RESULTS / "headline.png", *sorted((ROOT / "docs").rglob("*.md"))]
     before = {path: path.read_bytes() for path in documents if path.is_file()}
     if step([sys.executable, "-m", "topoclip", "report", "write"]):
-        changed = [str(path.relative_to(ROOT)) for path in documents if before.get(path) != path.read_bytes()]
+        changed = [str(path.relative_to(ROOT)) for path in documents
+                   if path.is_file() and before.get(path) != path.read_bytes()]
         if not changed or commit(changed, f"#61: the blocks {part.name} changed"):
             return True
     log("the documents' blocks are stale at HEAD: run `topoclip report write` and commit them")
@@ -207,11 +214,14 @@ def main(argv=None) -> int:
         print(f"issue61: {problem}", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
-    undo([f"docs/results/{p.name}" for p in queue(False) if not p.committed()] + ["docs/results/lorentz-hierarchy-19200"])
+    done = committed_parts()
+    undo([f"docs/results/{p.name}" for p in queue(False) if p.name not in done] + ["docs/results/lorentz-hierarchy-19200"])
     train = {**os.environ, "PYTHONPATH": str(args.pin / "src")}
     running: dict[str, tuple[Part, subprocess.Popen, int]] = {}
     landing: list[Part] = []
     failed: set[str] = set()
+    attempts: dict[str, int] = {}  # landings left to a part
+    said = ""
     while True:
         for name, (part, process, _) in list(running.items()):
             if process.poll() is not None:
@@ -222,14 +232,25 @@ def main(argv=None) -> int:
                 else:
                     landing.append(part)
         waiting = git("status", "--porcelain", "--", "README.md", "docs").stdout
-        if waiting and landing:
+        if waiting and landing and waiting != said:
             log(f"{len(landing)} part(s) wait to land until the documents' edits are committed:\n{waiting}")
+        said = waiting
         for part in list(landing):  # not while someone's edits of the documents are uncommitted: they'd go in
-            if not waiting and land(part, args.work, args.pin):
+            if waiting:
+                break
+            if land(part, args.work, args.pin):
                 landing.remove(part)
                 log(f"{part.name} landed and committed")
+            elif attempts.setdefault(part.name, LANDINGS) == 1:
+                landing.remove(part)
+                failed.add(part.name)
+                log(f"{part.name} did not land after {LANDINGS} attempts: its run is in {args.work / part.name}; "
+                    f"land it by hand (topoclip report land OUT --pool {part.pool}) before the sitting ends")
+            else:
+                attempts[part.name] -= 1
+        done = committed_parts()
         stage_1 = [p for p in queue(False) if p.pool == "lorentz-lr-9600"]
-        if not specs_committed() and all(p.committed() for p in stage_1) and not write_specs():
+        if not specs_committed() and all(p.name in done for p in stage_1) and not write_specs():
             log("the specs of stage 2 could not be committed: stage 2 does not start")
         free, left = args.cores - sum(threads for *_, threads in running.values()), deadline - time.time() - MARGIN_S
         order = queue(args.prefer == "sweep")
@@ -238,7 +259,7 @@ def main(argv=None) -> int:
         # A part begun in --work resumes first; then the queue's grids in order, within one the parts that need two
         # threads first (only a sitting's start leaves them time and both cores), then the rest in order.
         todo = sorted((p for p in order if fits[p.name] and p.name not in running and p.name not in failed
-                       and p not in landing and not p.committed()),
+                       and p.name not in {q.name for q in landing} and p.name not in done),
                       key=lambda p: (not (args.work / p.name).exists(), pools.index(p.pool), -fits[p.name]))
         for part in todo:
             threads = fits[part.name]
