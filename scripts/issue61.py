@@ -66,8 +66,9 @@ class Part:
         return BUSY * SECONDS_PER_STEP[family] * self.steps * (TWO_THREADS if threads == 2 else 1)
 
     def command(self, work: Path) -> list[str]:
-        return [sys.executable, "-m", "topoclip", "ablate", "--grid", self.grid, "--steps", str(self.steps), "--seeds", "1", "--first-seed",
-                str(self.seed), "--cells", self.cell, "--out", str(work / self.name)]
+        """The pinned code's `topoclip ablate` of this run (PYTHONPATH names the pinned clone)."""
+        return [sys.executable, "-m", "topoclip", "ablate", "--grid", self.grid, "--steps", str(self.steps), "--seeds",
+                "1", "--first-seed", str(self.seed), "--cells", self.cell, "--out", str(work / self.name)]
 
     def committed(self) -> bool:
         return self.name in committed_parts()
@@ -98,12 +99,13 @@ def queue(prefer_sweep: bool) -> list[Part]:
     stage_2 = []
     if specs_committed():
         rows = committed_json("docs/results/lorentz-19200-tests.json")["rows"]
-        lorentz, product = rows[0]["a"], rows[1]["a"]  # `lorentz` − sphere, `lorentz-product` − Multi: the rule's cells
+        lorentz, product = rows[0]["a"], rows[1]["a"]  # `lorentz` − sphere, `lorentz-product` − Multi: the rule's
         stage_2 = [Part(f"lorentz-19200-{cell}-seed{seed}", "lorentz", cell, seed, 19200, "lorentz-19200", True)
                    for seed in range(5) for cell in (lorentz, lorentz.replace("_lr-", "-entail_lr-"), product,
                                                      product.replace("_lr-", "-entail_lr-"))]
     sweep = [Part(f"tau-range-full-scenes-38400-{cell}-seed{seed}", "tau-range-full-scenes", cell, seed, 38400,
-                  "tau-range-full-scenes-38400") for seed in range(5) for cell in ("multi-default-t", "sphere-default-t")]
+                  "tau-range-full-scenes-38400")
+             for seed in range(5) for cell in ("multi-default-t", "sphere-default-t")]
     return sweep + stage_1 + stage_2 if prefer_sweep else stage_1 + stage_2 + sweep
 
 
@@ -122,7 +124,8 @@ def step(command: list[str], **options) -> bool:
 def commit(paths: list[str], message: str) -> bool:
     """Commit `paths` alone (whatever else the index holds), retrying while another git command holds the index."""
     for _ in range(20):
-        if git("add", "-A", "--", *paths).returncode == 0 and git("commit", "-q", "-m", message, "--", *paths).returncode == 0:
+        added = git("add", "-A", "--", *paths).returncode == 0
+        if added and git("commit", "-q", "-m", message, "--", *paths).returncode == 0:
             return True
         if not git("status", "--porcelain", "--", *paths).stdout:
             return True  # nothing left to commit: committed already (by hand, say)
@@ -191,7 +194,8 @@ def pinned(pin: Path) -> str:
     """'' when `pin` is a clean checkout of PIN (the commit the pre-registrations train from), else the problem."""
     head = subprocess.run(["git", "-C", str(pin), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     if head != PIN:
-        return f"{pin} is at {head or 'no commit'}, not {PIN[:7]}: git clone {ROOT} {pin} && git -C {pin} checkout {PIN[:7]}"
+        return (f"{pin} is at {head or 'no commit'}, not {PIN[:7]}: git clone {ROOT} {pin} && "
+                f"git -C {pin} checkout {PIN[:7]}")
     if subprocess.run(["git", "-C", str(pin), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                       text=True).stdout:
         return f"{pin} has uncommitted changes: the runs would not be {PIN[:7]}'s"
@@ -208,14 +212,15 @@ def main(argv=None) -> int:
     parser.add_argument("--prefer", choices=["sweep"], help="take the convergence sweep's runs first")
     args = parser.parse_args(argv)
     deadline = args.until.replace(tzinfo=args.until.tzinfo or timezone.utc).timestamp()
-    problem = pinned(args.pin) or ("" if files.RESULTS == RESULTS else
-                                   f"this python's topoclip lands into {files.RESULTS}, not {RESULTS}: use this checkout's")
+    problem = pinned(args.pin) or ("" if files.RESULTS == RESULTS else f"this python's topoclip lands into "
+                                   f"{files.RESULTS}, not {RESULTS}: run this checkout's python")
     if problem:
         print(f"issue61: {problem}", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
     done = committed_parts()
-    undo([f"docs/results/{p.name}" for p in queue(False) if p.name not in done] + ["docs/results/lorentz-hierarchy-19200"])
+    undo([f"docs/results/{p.name}" for p in queue(False) if p.name not in done]
+         + ["docs/results/lorentz-hierarchy-19200"])  # what an earlier attempt left uncommitted
     train = {**os.environ, "PYTHONPATH": str(args.pin / "src")}
     running: dict[str, tuple[Part, subprocess.Popen, int]] = {}
     landing: list[Part] = []
