@@ -1,14 +1,18 @@
 """Issue #61's runs, one run to a part, each landed into docs/results and committed as it finishes: the 2-core
-machine's working folder does not outlive a sitting, so a sitting's end loses at most the runs in flight. One
-coordinator a sitting, started first thing, with this checkout's python (it lands into this checkout):
+machine's working folder does not always outlive a sitting, so a sitting's end loses at most the runs in flight (and
+where the folder does survive, they resume from their newest checkpoint). One coordinator a sitting, started first
+thing, with this checkout's python (it lands into this checkout):
 
     git clone -q /work/main /work/pin && git -C /work/pin checkout -q 96d9ed7      # the code the runs train with
     nohup python scripts/issue61.py --work /work/exp --pin /work/pin --until 2026-11-29T01:55 >> issue61.log 2>&1 &
 
 It trains up to --cores runs at once, each an `ablate` of one run with the pinned clone's code (`--pin`: a clean
 checkout of the commit both pre-registrations name, checked) on one thread, or on two where one would not end in
-time, and starts only runs whose estimate ends by --until (leave the sitting's CI its cores): the parts begun in
---work first, then the queue's grids in order, within one those that need two threads first. It lands each finished
+time, and starts only runs whose estimate (of the steps past a begun part's newest checkpoint) ends by --until
+(leave the sitting's CI its cores): the parts begun in --work first, then the queue's grids in order, within one
+those that need two threads first. With --carry-over, cores that nothing fitting is left for take the next parts on
+one thread anyway: they end in a later sitting, if --work outlives this one (a wiped folder costs only time that
+would have been idle). It lands each finished
 run itself, one at a time: the hierarchy analysis where asked (pinned code), `report land --pool`, `report pack` and
 one commit of that part alone, so that HEAD only ever holds whole parts (a landing that fails is undone and tried
 again; none while the documents have uncommitted edits, which would go in with it); then the documents' blocks it
@@ -61,9 +65,17 @@ class Part:
         self.name, self.grid, self.cell, self.seed, self.steps = name, grid, cell, seed, steps
         self.pool, self.hierarchy = pool, hierarchy
 
-    def estimate(self, threads: int) -> float:
+    def estimate(self, threads: int, work: Path | None = None) -> float:
+        """Seconds to train the steps left: those past its newest checkpoint in `work`, where it was begun."""
         family = self.cell.split("_lr-")[0].removesuffix("-entail").split("-default")[0]
-        return BUSY * SECONDS_PER_STEP[family] * self.steps * (TWO_THREADS if threads == 2 else 1)
+        return BUSY * SECONDS_PER_STEP[family] * (self.steps - self.trained(work)) * (TWO_THREADS if threads == 2 else 1)
+
+    def trained(self, work: Path | None) -> int:
+        """The step of the part's newest checkpoint in `work` (0 where it has none): where its `ablate` resumes."""
+        folder = work / self.name / "runs" / self.cell / f"seed-{self.seed}" / "checkpoints" if work else None
+        steps = [int(c.name.removeprefix("step-")) for c in folder.glob("step-*") if c.name[5:].isdigit()] if folder \
+            else []
+        return min(max(steps, default=0), self.steps)
 
     def command(self, work: Path) -> list[str]:
         """The pinned code's `topoclip ablate` of this run (PYTHONPATH names the pinned clone)."""
@@ -210,6 +222,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pin", type=Path, required=True, help=f"a clean clone at {PIN[:7]}, whose code trains")
     parser.add_argument("--cores", type=int, default=2, help="threads in use at once, over all runs (default 2)")
     parser.add_argument("--prefer", choices=["sweep"], help="take the convergence sweep's runs first")
+    parser.add_argument("--carry-over", action="store_true",
+                        help="fill cores that no run ending in time is left for with the next parts, on one thread: "
+                             "they resume in a later sitting if --work outlives this one")
     args = parser.parse_args(argv)
     deadline = args.until.replace(tzinfo=args.until.tzinfo or timezone.utc).timestamp()
     problem = pinned(args.pin) or ("" if files.RESULTS == RESULTS else f"this python's topoclip lands into "
@@ -260,17 +275,21 @@ def main(argv=None) -> int:
         free, left = args.cores - sum(threads for *_, threads in running.values()), deadline - time.time() - MARGIN_S
         order = queue(args.prefer == "sweep")
         pools = list(dict.fromkeys(p.pool for p in order))
-        fits = {p.name: next((n for n in (1, 2) if n <= args.cores and p.estimate(n) <= left), None) for p in order}
+        fits = {p.name: next((n for n in (1, 2) if n <= args.cores and p.estimate(n, args.work) <= left), None)
+                for p in order}
         # A part begun in --work resumes first; then the queue's grids in order, within one the parts that need two
-        # threads first (only a sitting's start leaves them time and both cores), then the rest in order.
-        todo = sorted((p for p in order if fits[p.name] and p.name not in running and p.name not in failed
-                       and p.name not in {q.name for q in landing} and p.name not in done),
-                      key=lambda p: (not (args.work / p.name).exists(), pools.index(p.pool), -fits[p.name]))
+        # threads first (only a sitting's start leaves them time and both cores), then the rest in order; then, with
+        # --carry-over, the parts that end in a later sitting, in the same order, on one thread each.
+        todo = sorted((p for p in order if (fits[p.name] or args.carry_over) and p.name not in running
+                       and p.name not in failed and p.name not in {q.name for q in landing} and p.name not in done),
+                      key=lambda p: (not fits[p.name], not (args.work / p.name).exists(), pools.index(p.pool),
+                                     -(fits[p.name] or 1)))
         for part in todo:
-            threads = fits[part.name]
+            threads = fits[part.name] or 1
             if threads > free:
                 continue
-            log(f"{part.name}: {threads} thread(s), ~{part.estimate(threads) / 60:.0f} min")
+            log(f"{part.name}: {threads} thread(s), ~{part.estimate(threads, args.work) / 60:.0f} min"
+                + ("" if fits[part.name] else ", past --until: carried over"))
             with open(args.work / f"{part.name}.log", "a") as output:
                 running[part.name] = (part, subprocess.Popen(
                     part.command(args.work), cwd=args.work, stdout=output, stderr=subprocess.STDOUT,

@@ -54,6 +54,18 @@ def test_the_queue_is_the_pre_registered_runs_and_stage_2_waits_for_its_specs(tm
     assert all(len(recipes) == 1 for pool, recipes in pools.items() if pool)  # one recipe a pool: every part lands
 
 
+def test_a_begun_part_is_estimated_from_its_newest_checkpoint(tmp_path):
+    part = issue61.queue(prefer_sweep=False)[0]
+    assert part.trained(tmp_path) == part.trained(None) == 0
+    checkpoints = tmp_path / part.name / "runs" / part.cell / f"seed-{part.seed}" / "checkpoints"
+    for name in ("step-000600", f"step-{part.steps // 4:06d}", "step-000400.tmp", "latest"):
+        (checkpoints / name).mkdir(parents=True)
+    assert part.trained(tmp_path) == part.steps // 4
+    assert part.estimate(1, tmp_path) == pytest.approx(0.75 * part.estimate(1))
+    (checkpoints / f"step-{part.steps:06d}").mkdir()
+    assert part.estimate(2, tmp_path) == 0  # trained: its ablate only reports it
+
+
 FAKE_ABLATE = '''
 import json, pathlib, sys
 grid, cell, seed, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), pathlib.Path(sys.argv[5])
@@ -79,7 +91,8 @@ def test_the_coordinator_lands_every_part_in_its_own_commit_and_stage_2_only_aft
     """issue61.py's loop over the whole queue with an instant fake `ablate`, in a git repository of its own: a run that
     fails is reported and not landed; a landing that fails once is undone and lands at the next poll; a second sitting
     trains what the first left, writes stage 2's specs and commits them before any stage-2 part; HEAD holds every
-    part, each with its pool entry, and the tree is clean."""
+    part, each with its pool entry, and the tree is clean. A sitting too short for any run starts none, unless
+    told to carry runs over into a later one."""
     import subprocess
     import sys
 
@@ -128,10 +141,13 @@ def test_the_coordinator_lands_every_part_in_its_own_commit_and_stage_2_only_aft
         return True if command[-2:] == ["report", "write"] else real_step(command, **options)
 
     monkeypatch.setattr(issue61, "step", step)
-    until = "2100-01-01T00:00"
+    until, past = "2100-01-01T00:00", "2000-01-01T00:00"
+    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", past]) == 0
+    assert not (work / "trained.txt").exists()  # no run ends in time: none starts
     assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", until]) == 1  # one run failed
     assert len(packs) > 3 and not issue61.specs_committed()  # stage 1 is not whole: no specs, no stage 2
-    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", until]) == 0  # the next sitting
+    # The next sitting, too short for any run: carried over, each still trains (here at once) and lands.
+    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", past, "--carry-over"]) == 0
     order = [p.name for p in issue61.queue(False)]
     assert len(order) == 48 and all(p.committed() for p in issue61.queue(False))
     trained = Counter((work / "trained.txt").read_text().split())  # each part once, the failed one again
