@@ -8,11 +8,11 @@ thing, with this checkout's python (it lands into this checkout):
 
 It trains up to --cores runs at once, each an `ablate` of one run with the pinned clone's code (`--pin`: a clean
 checkout of the commit both pre-registrations name, checked) on one thread, or on two where one would not end in
-time, and starts only runs whose estimate (of the steps past a begun part's newest checkpoint) ends by --until
-(leave the sitting's CI its cores): the parts begun in --work first, then the queue's grids in order, within one
-those that need two threads first. With --carry-over, cores that nothing fitting is left for take the next parts on
-one thread anyway: they end in a later sitting, if --work outlives this one (a wiped folder costs only time that
-would have been idle). It lands each finished
+time, and starts only runs whose estimate (of the steps past a begun part's newest checkpoint) ends by --until (leave
+the sitting's CI its cores): the parts begun in --work first, then the queue's grids in order, within one those that
+need two threads first. Until --until, with --carry-over, cores that nothing fitting is left for or waits on take the
+next parts on one thread anyway, at the lowest priority (CI goes first): they end in a later sitting if --work
+outlives this one, where they are the parts begun (a wiped folder costs them, and only them). It lands each finished
 run itself, one at a time: the hierarchy analysis where asked (pinned code), `report land --pool`, `report pack` and
 one commit of that part alone, so that HEAD only ever holds whole parts (a landing that fails is undone and tried
 again; none while the documents have uncommitted edits, which would go in with it); then the documents' blocks it
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,9 +74,8 @@ class Part:
     def trained(self, work: Path | None) -> int:
         """The step of the part's newest checkpoint in `work` (0 where it has none): where its `ablate` resumes."""
         folder = work / self.name / "runs" / self.cell / f"seed-{self.seed}" / "checkpoints" if work else None
-        steps = [int(c.name.removeprefix("step-")) for c in folder.glob("step-*") if c.name[5:].isdigit()] if folder \
-            else []
-        return min(max(steps, default=0), self.steps)
+        names = [c.name for c in folder.glob("step-*")] if folder else []  # (checkpoints/step-000600, ...)
+        return min(max((int(n[5:]) for n in names if re.fullmatch(r"step-[0-9]+", n)), default=0), self.steps)
 
     def command(self, work: Path) -> list[str]:
         """The pinned code's `topoclip ablate` of this run (PYTHONPATH names the pinned clone)."""
@@ -214,6 +214,43 @@ def pinned(pin: Path) -> str:
     return ""
 
 
+def coordinator(work: Path) -> int:
+    """The process id of another issue61.py that is alive and was started on `work` (0 where there is none): a second
+    one would undo its landings and start its runs again beside it."""
+    try:
+        pid = int((work / "issue61.pid").read_text())
+        alive = "issue61.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return 0
+    return pid if alive and pid != os.getpid() else 0
+
+
+def choose(order: list[Part], busy: set[str], free: int, left: float, cores: int, work: Path,
+           carry: bool) -> list[tuple[Part, int, bool]]:
+    """The parts to start now, each with its thread count and whether it is carried over: of `order`'s parts not
+    `busy`, those whose estimate ends within `left` seconds, on one thread or else on two, while `free` threads last;
+    a part begun in `work` first, then the grids in `order`'s order, within one the parts that need two threads first
+    (only a sitting's start leaves them time and both cores). With `carry`, a thread that no such part is left for or
+    waits on (for a second thread to free) takes the next part that will not end in time, on one thread."""
+    fits = {p.name: next((n for n in (1, 2) if n <= cores and p.estimate(n, work) <= left), None) for p in order}
+    pools = list(dict.fromkeys(p.pool for p in order))
+    todo = sorted((p for p in order if p.name not in busy),
+                  key=lambda p: (not fits[p.name], not (work / p.name).exists(), pools.index(p.pool),
+                                 -(fits[p.name] or 1)))
+    chosen, waiting = [], False
+    for part in todo:
+        carried = fits[part.name] is None  # (the parts that fit come first)
+        if carried and (waiting or not carry):
+            break
+        threads = fits[part.name] or 1
+        if threads > free:
+            waiting = True
+            continue
+        chosen.append((part, threads, carried))
+        free -= threads
+    return chosen
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="the working folder of the runs (not in the checkout)")
@@ -223,8 +260,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", type=int, default=2, help="threads in use at once, over all runs (default 2)")
     parser.add_argument("--prefer", choices=["sweep"], help="take the convergence sweep's runs first")
     parser.add_argument("--carry-over", action="store_true",
-                        help="fill cores that no run ending in time is left for with the next parts, on one thread: "
-                             "they resume in a later sitting if --work outlives this one")
+                        help="until --until, fill cores that no run ending in time is left for with the next parts, "
+                             "on one thread at the lowest priority: they resume in a later sitting if --work outlives "
+                             "this one")
     args = parser.parse_args(argv)
     deadline = args.until.replace(tzinfo=args.until.tzinfo or timezone.utc).timestamp()
     problem = pinned(args.pin) or ("" if files.RESULTS == RESULTS else f"this python's topoclip lands into "
@@ -233,6 +271,11 @@ def main(argv=None) -> int:
         print(f"issue61: {problem}", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
+    other = coordinator(args.work)
+    if other:
+        print(f"issue61: a coordinator (process {other}) already trains into {args.work}: one a sitting", file=sys.stderr)
+        return 2
+    (args.work / "issue61.pid").write_text(f"{os.getpid()}\n")
     done = committed_parts()
     undo([f"docs/results/{p.name}" for p in queue(False) if p.name not in done]
          + ["docs/results/lorentz-hierarchy-19200"])  # what an earlier attempt left uncommitted
@@ -273,28 +316,17 @@ def main(argv=None) -> int:
         if not specs_committed() and all(p.name in done for p in stage_1) and not write_specs():
             log("the specs of stage 2 could not be committed: stage 2 does not start")
         free, left = args.cores - sum(threads for *_, threads in running.values()), deadline - time.time() - MARGIN_S
-        order = queue(args.prefer == "sweep")
-        pools = list(dict.fromkeys(p.pool for p in order))
-        fits = {p.name: next((n for n in (1, 2) if n <= args.cores and p.estimate(n, args.work) <= left), None)
-                for p in order}
-        # A part begun in --work resumes first; then the queue's grids in order, within one the parts that need two
-        # threads first (only a sitting's start leaves them time and both cores), then the rest in order; then, with
-        # --carry-over, the parts that end in a later sitting, in the same order, on one thread each.
-        todo = sorted((p for p in order if (fits[p.name] or args.carry_over) and p.name not in running
-                       and p.name not in failed and p.name not in {q.name for q in landing} and p.name not in done),
-                      key=lambda p: (not fits[p.name], not (args.work / p.name).exists(), pools.index(p.pool),
-                                     -(fits[p.name] or 1)))
-        for part in todo:
-            threads = fits[part.name] or 1
-            if threads > free:
-                continue
+        busy = set(running) | failed | {q.name for q in landing} | done
+        carry = args.carry_over and time.time() < deadline
+        for part, threads, carried in choose(queue(args.prefer == "sweep"), busy, free, left, args.cores, args.work,
+                                             carry):
             log(f"{part.name}: {threads} thread(s), ~{part.estimate(threads, args.work) / 60:.0f} min"
-                + ("" if fits[part.name] else ", past --until: carried over"))
+                + (", carried over past --until at the lowest priority" if carried else ""))
             with open(args.work / f"{part.name}.log", "a") as output:
                 running[part.name] = (part, subprocess.Popen(
                     part.command(args.work), cwd=args.work, stdout=output, stderr=subprocess.STDOUT,
-                    env={**train, "OMP_NUM_THREADS": str(threads)}), threads)
-            free -= threads
+                    env={**train, "OMP_NUM_THREADS": str(threads)},
+                    preexec_fn=(lambda: os.nice(19)) if carried else None), threads)
         if not running and not landing:
             log("nothing left that ends in time" + (f"; failed: {', '.join(sorted(failed))}" if failed else ""))
             return 1 if failed else 0

@@ -66,6 +66,33 @@ def test_a_begun_part_is_estimated_from_its_newest_checkpoint(tmp_path):
     assert part.estimate(2, tmp_path) == 0  # trained: its ablate only reports it
 
 
+def test_what_starts_fits_first_and_is_carried_over_only_onto_a_thread_nothing_waits_for(tmp_path):
+    order = issue61.queue(prefer_sweep=False)
+    stage_1, sweep = order[:18], order[18:]
+    hour = 3600
+
+    def names(chosen):
+        return [(part.name, threads, carried) for part, threads, carried in chosen]
+
+    def choose(free, left, carry, busy=()):
+        return names(issue61.choose(order, set(busy), free, left, 2, tmp_path, carry))
+
+    # A long sitting: stage 1's first two, one thread each; carrying over changes nothing.
+    assert choose(2, 10 * hour, False) == choose(2, 10 * hour, True) == [(p.name, 1, False) for p in stage_1[:2]]
+    # A part begun in the working folder goes first.
+    (tmp_path / stage_1[5].name).mkdir()
+    assert choose(1, 10 * hour, False) == [(stage_1[5].name, 1, False)]
+    # Near the deadline nothing fits: none starts, or, carried over, the next parts on one thread, the begun one first.
+    assert choose(2, 60, False) == []
+    assert choose(2, 60, True) == [(stage_1[5].name, 1, True), (stage_1[0].name, 1, True)]
+    # Stage 1 done and about 2 h left: the sweep's runs fit only on two threads. With one thread free the first waits
+    # for the second, and nothing is carried onto the free one (it would keep the waiting run out for the sitting).
+    left, done = min(p.estimate(1) for p in sweep) - 1, [p.name for p in stage_1]
+    assert all(p.estimate(2) <= left for p in sweep)
+    assert choose(1, left, True, done) == []
+    assert choose(2, left, True, done) == [(sweep[0].name, 2, False)]
+
+
 FAKE_ABLATE = '''
 import json, pathlib, sys
 grid, cell, seed, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), pathlib.Path(sys.argv[5])
@@ -95,6 +122,8 @@ def test_the_coordinator_lands_every_part_in_its_own_commit_and_stage_2_only_aft
     told to carry runs over into a later one."""
     import subprocess
     import sys
+    import time
+    from datetime import datetime, timezone
 
     from topoclip.experiments.results import files
 
@@ -141,13 +170,14 @@ def test_the_coordinator_lands_every_part_in_its_own_commit_and_stage_2_only_aft
         return True if command[-2:] == ["report", "write"] else real_step(command, **options)
 
     monkeypatch.setattr(issue61, "step", step)
-    until, past = "2100-01-01T00:00", "2000-01-01T00:00"
-    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", past]) == 0
+    until = "2100-01-01T00:00"
+    soon = datetime.fromtimestamp(time.time() + issue61.MARGIN_S + 120, timezone.utc).isoformat()  # no run fits
+    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", soon]) == 0
     assert not (work / "trained.txt").exists()  # no run ends in time: none starts
     assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", until]) == 1  # one run failed
     assert len(packs) > 3 and not issue61.specs_committed()  # stage 1 is not whole: no specs, no stage 2
     # The next sitting, too short for any run: carried over, each still trains (here at once) and lands.
-    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", past, "--carry-over"]) == 0
+    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", soon, "--carry-over"]) == 0
     order = [p.name for p in issue61.queue(False)]
     assert len(order) == 48 and all(p.committed() for p in issue61.queue(False))
     trained = Counter((work / "trained.txt").read_text().split())  # each part once, the failed one again
@@ -163,3 +193,26 @@ def test_the_coordinator_lands_every_part_in_its_own_commit_and_stage_2_only_aft
                                text=True).stdout.split()
     assert len(hierarchy) == 20 and all(name.endswith(".json.gz") for name in hierarchy)
     assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+
+
+def test_a_second_coordinator_on_the_same_folder_is_refused(tmp_path, capsys, monkeypatch):
+    import subprocess
+    import sys
+
+    from topoclip.experiments.results import files
+
+    monkeypatch.setattr(issue61, "pinned", lambda pin: "")
+    monkeypatch.setattr(issue61, "RESULTS", files.RESULTS)  # (the checks before this one pass)
+    monkeypatch.setattr(issue61, "undo", lambda paths: pytest.fail("a second coordinator went on"))
+    other = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)",
+                              "scripts/issue61.py"], stdout=subprocess.PIPE)
+    try:
+        other.stdout.readline()  # it runs (right after its start, its command line may not be readable yet)
+        (tmp_path / "issue61.pid").write_text(f"{other.pid}\n")
+        assert issue61.coordinator(tmp_path) == other.pid
+        assert issue61.main(["--work", str(tmp_path), "--pin", str(ROOT), "--until", "2000-01-01"]) == 2
+        assert "already trains into" in capsys.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
+    assert issue61.coordinator(tmp_path) == 0  # it ended: the file left behind stops nobody
