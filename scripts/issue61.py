@@ -10,9 +10,9 @@ It trains up to --cores runs at once, each an `ablate` of one run with the pinne
 checkout of the commit both pre-registrations name, checked) on one thread, or on two where one would not end in
 time, and starts only runs whose estimate (of the steps past a begun part's newest checkpoint) ends by --until (leave
 the sitting's CI its cores): the parts begun in --work first, then the queue's grids in order, within one those that
-need two threads first. Until --until, with --carry-over, cores that nothing fitting is left for or waits on take the
-next parts on one thread anyway, at the lowest priority (CI goes first): they end in a later sitting if --work
-outlives this one, where they are the parts begun (a wiped folder costs them, and only them). It lands each finished
+need two threads first. Until --until, with --carry-over, a core no run holds takes the next part anyway, on one
+thread and at the lowest priority, yielding it to CI and to any run that ends in time: the run ends in a later
+sitting if --work outlives this one, as a part begun (a wiped folder costs it, and only it). It lands each finished
 run itself, one at a time: the hierarchy analysis where asked (pinned code), `report land --pool`, `report pack` and
 one commit of that part alone, so that HEAD only ever holds whole parts (a landing that fails is undone and tried
 again; none while the documents have uncommitted edits, which would go in with it); then the documents' blocks it
@@ -30,6 +30,7 @@ The queue, as the pre-registrations order it (docs/results/preregistration-loren
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -214,40 +215,42 @@ def pinned(pin: Path) -> str:
     return ""
 
 
-def coordinator(work: Path) -> int:
-    """The process id of another issue61.py that is alive and was started on `work` (0 where there is none): a second
-    one would undo its landings and start its runs again beside it."""
+def lowest_priority() -> None:
+    """In a carried run's child process, before it starts: a session of its own, whose autogroup (the scheduler shares
+    the cores out between autogroups first, a process's nice counts only inside its own) and itself at nice 19, so
+    that CI and the runs that end in time take the cores whenever they want them."""
+    os.setsid()
     try:
-        pid = int((work / "issue61.pid").read_text())
-        alive = "issue61.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except (OSError, ValueError):
-        return 0
-    return pid if alive and pid != os.getpid() else 0
+        Path("/proc/self/autogroup").write_text("19")
+    except OSError:
+        pass  # a kernel without autogroups: the nice alone is the priority
+    os.nice(19)
 
 
-def choose(order: list[Part], busy: set[str], free: int, left: float, cores: int, work: Path,
+def choose(order: list[Part], busy: set[str], free: int, idle: int, left: float, cores: int, work: Path,
            carry: bool) -> list[tuple[Part, int, bool]]:
     """The parts to start now, each with its thread count and whether it is carried over: of `order`'s parts not
-    `busy`, those whose estimate ends within `left` seconds, on one thread or else on two, while `free` threads last;
-    a part begun in `work` first, then the grids in `order`'s order, within one the parts that need two threads first
-    (only a sitting's start leaves them time and both cores). With `carry`, a thread that no such part is left for or
-    waits on (for a second thread to free) takes the next part that will not end in time, on one thread."""
+    `busy`, those whose estimate ends within `left` seconds, on one thread or else on two, while `free` threads (those
+    no run that ends in time holds) last; a part begun in `work` first, then the grids in `order`'s order, within one
+    the parts that need two threads first (only a sitting's start leaves them time and both cores). With `carry`, each
+    of the `idle` threads (those no run at all holds) that is still idle then takes the next part that will not end
+    in time, on one thread: a carried run yields its thread to any run that ends in time (`lowest_priority`), so it
+    is not counted in `free`."""
     fits = {p.name: next((n for n in (1, 2) if n <= cores and p.estimate(n, work) <= left), None) for p in order}
     pools = list(dict.fromkeys(p.pool for p in order))
     todo = sorted((p for p in order if p.name not in busy),
                   key=lambda p: (not fits[p.name], not (work / p.name).exists(), pools.index(p.pool),
                                  -(fits[p.name] or 1)))
-    chosen, waiting = [], False
+    chosen = []
     for part in todo:
         carried = fits[part.name] is None  # (the parts that fit come first)
-        if carried and (waiting or not carry):
+        if carried and not carry:
             break
         threads = fits[part.name] or 1
-        if threads > free:
-            waiting = True
+        if threads > (idle if carried else free):
             continue
         chosen.append((part, threads, carried))
-        free -= threads
+        free, idle = free - (0 if carried else threads), idle - threads
     return chosen
 
 
@@ -260,9 +263,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", type=int, default=2, help="threads in use at once, over all runs (default 2)")
     parser.add_argument("--prefer", choices=["sweep"], help="take the convergence sweep's runs first")
     parser.add_argument("--carry-over", action="store_true",
-                        help="until --until, fill cores that no run ending in time is left for with the next parts, "
-                             "on one thread at the lowest priority: they resume in a later sitting if --work outlives "
-                             "this one")
+                        help="until --until, give a core no run holds the next part anyway, on one thread at the "
+                             "lowest priority: it resumes in a later sitting if --work outlives this one")
     args = parser.parse_args(argv)
     deadline = args.until.replace(tzinfo=args.until.tzinfo or timezone.utc).timestamp()
     problem = pinned(args.pin) or ("" if files.RESULTS == RESULTS else f"this python's topoclip lands into "
@@ -271,22 +273,28 @@ def main(argv=None) -> int:
         print(f"issue61: {problem}", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
-    other = coordinator(args.work)
-    if other:
-        print(f"issue61: a coordinator (process {other}) already trains into {args.work}: one a sitting", file=sys.stderr)
-        return 2
-    (args.work / "issue61.pid").write_text(f"{os.getpid()}\n")
+    with open(ROOT / ".git" / "issue61.lock", "w") as lock:  # one coordinator a checkout: a second would undo the
+        try:                                                # first one's landings and start its runs again beside it
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"issue61: another coordinator lands into {ROOT}: one a sitting", file=sys.stderr)
+            return 2
+        return coordinate(args, deadline)
+
+
+def coordinate(args: argparse.Namespace, deadline: float) -> int:
+    """The loop: finished runs landed, then the runs that fit (or are carried over) started, every POLL_S seconds."""
     done = committed_parts()
     undo([f"docs/results/{p.name}" for p in queue(False) if p.name not in done]
          + ["docs/results/lorentz-hierarchy-19200"])  # what an earlier attempt left uncommitted
     train = {**os.environ, "PYTHONPATH": str(args.pin / "src")}
-    running: dict[str, tuple[Part, subprocess.Popen, int]] = {}
+    running: dict[str, tuple[Part, subprocess.Popen, int, bool]] = {}  # part, process, threads, carried
     landing: list[Part] = []
     failed: set[str] = set()
     attempts: dict[str, int] = {}  # landings left to a part
     said = ""
     while True:
-        for name, (part, process, _) in list(running.items()):
+        for name, (part, process, *_) in list(running.items()):
             if process.poll() is not None:
                 del running[name]
                 if process.returncode:
@@ -315,18 +323,19 @@ def main(argv=None) -> int:
         stage_1 = [p for p in queue(False) if p.pool == "lorentz-lr-9600"]
         if not specs_committed() and all(p.name in done for p in stage_1) and not write_specs():
             log("the specs of stage 2 could not be committed: stage 2 does not start")
-        free, left = args.cores - sum(threads for *_, threads in running.values()), deadline - time.time() - MARGIN_S
-        busy = set(running) | failed | {q.name for q in landing} | done
+        idle = args.cores - sum(threads for *_, threads, _ in running.values())
+        free = args.cores - sum(threads for *_, threads, carried in running.values() if not carried)
+        busy, left = set(running) | failed | {q.name for q in landing} | done, deadline - time.time() - MARGIN_S
         carry = args.carry_over and time.time() < deadline
-        for part, threads, carried in choose(queue(args.prefer == "sweep"), busy, free, left, args.cores, args.work,
-                                             carry):
+        for part, threads, carried in choose(queue(args.prefer == "sweep"), busy, free, idle, left, args.cores,
+                                             args.work, carry):
             log(f"{part.name}: {threads} thread(s), ~{part.estimate(threads, args.work) / 60:.0f} min"
                 + (", carried over past --until at the lowest priority" if carried else ""))
             with open(args.work / f"{part.name}.log", "a") as output:
                 running[part.name] = (part, subprocess.Popen(
                     part.command(args.work), cwd=args.work, stdout=output, stderr=subprocess.STDOUT,
                     env={**train, "OMP_NUM_THREADS": str(threads)},
-                    preexec_fn=(lambda: os.nice(19)) if carried else None), threads)
+                    preexec_fn=lowest_priority if carried else None), threads, carried)
         if not running and not landing:
             log("nothing left that ends in time" + (f"; failed: {', '.join(sorted(failed))}" if failed else ""))
             return 1 if failed else 0

@@ -66,31 +66,33 @@ def test_a_begun_part_is_estimated_from_its_newest_checkpoint(tmp_path):
     assert part.estimate(2, tmp_path) == 0  # trained: its ablate only reports it
 
 
-def test_what_starts_fits_first_and_is_carried_over_only_onto_a_thread_nothing_waits_for(tmp_path):
+def test_what_starts_fits_first_and_a_carried_over_run_only_fills_an_idle_thread(tmp_path):
     order = issue61.queue(prefer_sweep=False)
     stage_1, sweep = order[:18], order[18:]
     hour = 3600
 
-    def names(chosen):
-        return [(part.name, threads, carried) for part, threads, carried in chosen]
-
-    def choose(free, left, carry, busy=()):
-        return names(issue61.choose(order, set(busy), free, left, 2, tmp_path, carry))
+    def choose(free, idle, left, carry, busy=()):
+        return [(part.name, threads, carried)
+                for part, threads, carried in issue61.choose(order, set(busy), free, idle, left, 2, tmp_path, carry)]
 
     # A long sitting: stage 1's first two, one thread each; carrying over changes nothing.
-    assert choose(2, 10 * hour, False) == choose(2, 10 * hour, True) == [(p.name, 1, False) for p in stage_1[:2]]
+    assert choose(2, 2, 10 * hour, False) == choose(2, 2, 10 * hour, True) == [(p.name, 1, False) for p in stage_1[:2]]
     # A part begun in the working folder goes first.
     (tmp_path / stage_1[5].name).mkdir()
-    assert choose(1, 10 * hour, False) == [(stage_1[5].name, 1, False)]
-    # Near the deadline nothing fits: none starts, or, carried over, the next parts on one thread, the begun one first.
-    assert choose(2, 60, False) == []
-    assert choose(2, 60, True) == [(stage_1[5].name, 1, True), (stage_1[0].name, 1, True)]
+    assert choose(1, 1, 10 * hour, False) == [(stage_1[5].name, 1, False)]
+    # Near the deadline nothing fits: none starts, or, carried over, the next parts on one idle thread each, the begun
+    # one first.
+    assert choose(2, 2, 60, False) == []
+    assert choose(2, 2, 60, True) == [(stage_1[5].name, 1, True), (stage_1[0].name, 1, True)]
+    assert choose(2, 1, 60, True) == [(stage_1[5].name, 1, True)] and choose(2, 0, 60, True) == []
     # Stage 1 done and about 2 h left: the sweep's runs fit only on two threads. With one thread free the first waits
-    # for the second, and nothing is carried onto the free one (it would keep the waiting run out for the sitting).
+    # for the second, and a carried run may fill the idle one: it does not count against a run that ends in time,
+    # which starts on both threads, carried runs on them or not.
     left, done = min(p.estimate(1) for p in sweep) - 1, [p.name for p in stage_1]
     assert all(p.estimate(2) <= left for p in sweep)
-    assert choose(1, left, True, done) == []
-    assert choose(2, left, True, done) == [(sweep[0].name, 2, False)]
+    assert choose(1, 1, left, False, done) == []
+    assert choose(1, 1, 10, True, done) == [(sweep[0].name, 1, True)]
+    assert choose(2, 0, left, True, done) == choose(2, 2, left, True, done) == [(sweep[0].name, 2, False)]
 
 
 FAKE_ABLATE = '''
@@ -173,7 +175,8 @@ def test_the_coordinator_lands_every_part_in_its_own_commit_and_stage_2_only_aft
     until = "2100-01-01T00:00"
     soon = datetime.fromtimestamp(time.time() + issue61.MARGIN_S + 120, timezone.utc).isoformat()  # no run fits
     assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", soon]) == 0
-    assert not (work / "trained.txt").exists()  # no run ends in time: none starts
+    assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", "2000-01-01", "--carry-over"]) == 0
+    assert not (work / "trained.txt").exists()  # no run ends in time: none starts, nor, past --until, a carried one
     assert issue61.main(["--work", str(work), "--pin", str(tmp_path), "--until", until]) == 1  # one run failed
     assert len(packs) > 3 and not issue61.specs_committed()  # stage 1 is not whole: no specs, no stage 2
     # The next sitting, too short for any run: carried over, each still trains (here at once) and lands.
@@ -195,24 +198,26 @@ def test_the_coordinator_lands_every_part_in_its_own_commit_and_stage_2_only_aft
     assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout == ""
 
 
-def test_a_second_coordinator_on_the_same_folder_is_refused(tmp_path, capsys, monkeypatch):
+def test_a_second_coordinator_on_the_same_checkout_is_refused(tmp_path, capsys, monkeypatch):
     import subprocess
     import sys
 
     from topoclip.experiments.results import files
 
+    (tmp_path / ".git").mkdir()
+    monkeypatch.setattr(issue61, "ROOT", tmp_path)
     monkeypatch.setattr(issue61, "pinned", lambda pin: "")
     monkeypatch.setattr(issue61, "RESULTS", files.RESULTS)  # (the checks before this one pass)
-    monkeypatch.setattr(issue61, "undo", lambda paths: pytest.fail("a second coordinator went on"))
-    other = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)",
-                              "scripts/issue61.py"], stdout=subprocess.PIPE)
+    monkeypatch.setattr(issue61, "coordinate", lambda args, deadline: 0)  # what the one that holds the lock does
+    holds = "import fcntl, sys; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); print(flush=True); input()"
+    other = subprocess.Popen([sys.executable, "-c", holds, str(tmp_path / ".git" / "issue61.lock")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    argv = ["--work", str(tmp_path / "work"), "--pin", str(tmp_path), "--until", "2000-01-01"]
     try:
-        other.stdout.readline()  # it runs (right after its start, its command line may not be readable yet)
-        (tmp_path / "issue61.pid").write_text(f"{other.pid}\n")
-        assert issue61.coordinator(tmp_path) == other.pid
-        assert issue61.main(["--work", str(tmp_path), "--pin", str(ROOT), "--until", "2000-01-01"]) == 2
-        assert "already trains into" in capsys.readouterr().err
+        other.stdout.readline()  # it holds the lock
+        assert issue61.main(argv) == 2
+        assert "another coordinator lands into" in capsys.readouterr().err
     finally:
         other.kill()
         other.wait()
-    assert issue61.coordinator(tmp_path) == 0  # it ended: the file left behind stops nobody
+    assert issue61.main(argv) == 0  # the lock died with its process
