@@ -83,3 +83,12 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torchrun_logs(tmp_path_factory):
+    """Every torchrun a test starts logs under the session's tmp folder (PET_LOG_DIR is its --log-dir), which pytest
+    removes with its old base folders: without one it makes a /tmp/torchelastic_* folder per launch and leaves it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PET_LOG_DIR", str(tmp_path_factory.mktemp("torchelastic")))
+        yield
