@@ -66,7 +66,8 @@ def test_a_begun_part_is_estimated_from_its_newest_checkpoint(tmp_path):
     assert part.estimate(2, tmp_path) == 0  # trained: its ablate only reports it
 
 
-def test_what_starts_fits_first_and_a_carried_over_run_only_fills_an_idle_thread(tmp_path):
+def test_what_starts_fits_first_and_a_carried_over_run_only_fills_an_idle_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(issue61, "committed_json", lambda path: {})  # HEAD before stage 2's specs, whatever it holds
     order = issue61.queue(prefer_sweep=False)
     stage_1, sweep = order[:18], order[18:]
     hour = 3600
