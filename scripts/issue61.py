@@ -51,10 +51,11 @@ POOLS = ["docs/results/lorentz-lr-9600.json", "docs/results/lorentz-19200.json",
 PIN = "96d9ed74bc15551737a319a5d19d21f5729d9ae1"  # the code every run trains with (both pre-registrations' amendments)
 # Seconds a step takes on the 2-core development machine, one thread, the other core training too (measured: a
 # lorentz stage-1 run 0.29-0.31 s a step and a product one 0.43-0.45 s beside another run, stop 73, from their
-# metrics.jsonl; the full scenes' Multi ~4,300 s and the sphere ~3,500 s at 19,200 steps). A run's estimate is 1.15
-# times its steps' (a busy sitting); on two threads 0.75 of that (two one-thread runs made ~1.5 times the images of one
-# two-thread run, stop 69).
-SECONDS_PER_STEP = {"lorentz": 0.27, "lorentz-product": 0.40, "multi": 0.22, "sphere": 0.18}
+# metrics.jsonl; the sweep's Multi 0.47 s beside a product run, stop 75, which is 0.41 under the 1.15 below; the sphere
+# at Multi's 0.81, its ratio in the full scenes' 19,200-step grid, ~3,500 s to ~4,300 s on a quiet machine). A run's
+# estimate is 1.15 times its steps' (a busy sitting); on two threads 0.75 of that (two one-thread runs made ~1.5 times
+# the images of one two-thread run, stop 69).
+SECONDS_PER_STEP = {"lorentz": 0.27, "lorentz-product": 0.40, "multi": 0.41, "sphere": 0.33}
 BUSY, TWO_THREADS = 1.15, 0.75
 MARGIN_S = 600  # a run must end this long before the deadline: its landing, hierarchy analysis and commit
 POLL_S = 30

@@ -86,7 +86,7 @@ def test_what_starts_fits_first_and_a_carried_over_run_only_fills_an_idle_thread
     assert choose(2, 2, 60, False) == []
     assert choose(2, 2, 60, True) == [(stage_1[5].name, 1, True), (stage_1[0].name, 1, True)]
     assert choose(2, 1, 60, True) == [(stage_1[5].name, 1, True)] and choose(2, 0, 60, True) == []
-    # Stage 1 done and about 2 h left: the sweep's runs fit only on two threads. With one thread free the first waits
+    # Stage 1 done and about 4 h left: the sweep's runs fit only on two threads. With one thread free the first waits
     # for the second, and a carried run may fill the idle one: it does not count against a run that ends in time,
     # which starts on both threads, carried runs on them or not.
     left, done = min(p.estimate(1) for p in sweep) - 1, [p.name for p in stage_1]
