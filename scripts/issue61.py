@@ -7,17 +7,18 @@ thing, with this checkout's python (it lands into this checkout):
     nohup python scripts/issue61.py --work /work/exp --pin /work/pin --until 2026-11-29T01:55 >> issue61.log 2>&1 &
 
 It trains up to --cores runs at once, each an `ablate` of one run with the pinned clone's code (`--pin`: a clean
-checkout of the commit both pre-registrations name, checked) on one thread, or on two where one would not end in
-time, and starts only runs whose estimate (of the steps past a begun part's newest checkpoint) ends by --until (leave
-the sitting's CI its cores): the parts begun in --work first, then the queue's grids in order, within one those that
-need two threads first. Until --until, with --carry-over, a core no run holds takes the next part anyway, on one
-thread and at the lowest priority, yielding it to CI and to any run that ends in time: the run ends in a later
-sitting if --work outlives this one, as a part begun (a wiped folder costs it, and only it). It lands each finished
-run itself, one at a time: the hierarchy analysis where asked (pinned code), `report land --pool`, `report pack` and
-one commit of that part alone, so that HEAD only ever holds whole parts (a landing that fails is undone and tried
-again; none while the documents have uncommitted edits, which would go in with it); then the documents' blocks it
-changed, `report write`, in a commit of their own. What an earlier attempt left uncommitted is removed at the start.
-The queue, as the pre-registrations order it (docs/results/preregistration-lorentz.md, preregistration-38400.md):
+checkout of the commit both pre-registrations name, checked) on one thread, or on two where one would not end in time,
+and starts only runs whose estimate (of the steps past a begun part's newest checkpoint, at the pace the runs in flight
+show on this machine) ends by --until (leave the sitting's CI its cores): the parts begun in --work first, then the
+queue's grids in order, within one those that need two threads first. Until --until, with --carry-over, a core no run
+holds takes the next part anyway, on one thread and at the lowest priority, yielding it to CI and to any run that ends
+in time: the run ends in a later sitting if --work outlives this one, as a part begun (a wiped folder costs it, and only
+it). It lands each finished run itself, one at a time: the hierarchy analysis where asked (pinned code), `report land
+--pool`, `report pack` and one commit of that part alone, so that HEAD only ever holds whole parts (a landing that fails
+is undone and tried again; none while the documents have uncommitted edits, which would go in with it); then the
+documents' blocks it changed, `report write`, in a commit of their own. What an earlier attempt left uncommitted is
+removed at the start. The queue, as the pre-registrations order it (docs/results/preregistration-lorentz.md,
+preregistration-38400.md):
 
 1. stage 1, `lorentz-lr-9600`: the lorentz family's lr grid, 9,600 steps, three seeds;
 2. once stage 1 is committed whole, `scripts/lorentz_specs.py` (the rule's lrs into stage 2's specs), committed before
@@ -57,6 +58,11 @@ PIN = "96d9ed74bc15551737a319a5d19d21f5729d9ae1"  # the code every run trains wi
 # the images of one two-thread run, stop 69).
 SECONDS_PER_STEP = {"lorentz": 0.27, "lorentz-product": 0.40, "multi": 0.41, "sphere": 0.33}
 BUSY, TWO_THREADS = 1.15, 0.75
+# The machine changes between sittings (stop 78's, an AMD EPYC with AVX-512, trained `lorentz` at 0.115 s a step beside
+# another run, 0.37 of the 0.31 above), so the estimates are scaled by the pace the runs in flight show: the slowest
+# ratio of the wall time since a run started to the constants' time for the steps it has logged since, once it has
+# logged PACE_STEPS (its start-up counted in, which errs long); 1 until one has.
+PACE_STEPS = 600
 MARGIN_S = 600  # a run must end this long before the deadline: its landing, hierarchy analysis and commit
 POLL_S = 30
 LANDINGS = 5  # attempts at landing a finished part, one a poll, before it is left to a person
@@ -69,16 +75,37 @@ class Part:
         self.name, self.grid, self.cell, self.seed, self.steps = name, grid, cell, seed, steps
         self.pool, self.hierarchy = pool, hierarchy
 
-    def estimate(self, threads: int, work: Path | None = None) -> float:
-        """Seconds to train the steps left: those past its newest checkpoint in `work`, where it was begun."""
+    def seconds(self, threads: int, steps: int) -> float:
+        """SECONDS_PER_STEP's seconds for `steps` of this part's steps on `threads` threads, in a busy sitting."""
         family = self.cell.split("_lr-")[0].removesuffix("-entail").split("-default")[0]
-        return BUSY * SECONDS_PER_STEP[family] * (self.steps - self.trained(work)) * (TWO_THREADS if threads == 2 else 1)
+        return BUSY * SECONDS_PER_STEP[family] * steps * (TWO_THREADS if threads == 2 else 1)
+
+    def estimate(self, threads: int, work: Path | None = None, pace: float = 1.0) -> float:
+        """Seconds to train the steps left (those past its newest checkpoint in `work`, where it was begun) on a
+        machine whose steps take `pace` times SECONDS_PER_STEP's."""
+        return pace * self.seconds(threads, self.steps - self.trained(work))
 
     def trained(self, work: Path | None) -> int:
         """The step of the part's newest checkpoint in `work` (0 where it has none): where its `ablate` resumes."""
         folder = work / self.name / "runs" / self.cell / f"seed-{self.seed}" / "checkpoints" if work else None
         names = [c.name for c in folder.glob("step-*")] if folder else []  # (checkpoints/step-000600, ...)
         return min(max((int(n[5:]) for n in names if re.fullmatch(r"step-[0-9]+", n)), default=0), self.steps)
+
+    def logged(self, work: Path) -> int:
+        """The step of the last whole line of the part's metrics.jsonl in `work` (0 where it has none): how far its
+        run has trained, between checkpoints."""
+        try:
+            with open(work / self.name / "runs" / self.cell / f"seed-{self.seed}" / "metrics.jsonl", "rb") as metrics:
+                start = metrics.seek(max(metrics.seek(0, os.SEEK_END) - 4096, 0))  # a line is ~300 bytes
+                lines = metrics.read().split(b"\n")[1 if start else 0:-1]  # the first cut, the last not yet whole
+        except OSError:
+            return 0
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return 0
 
     def command(self, work: Path) -> list[str]:
         """The pinned code's `topoclip ablate` of this run (PYTHONPATH names the pinned clone)."""
@@ -229,16 +256,24 @@ def lowest_priority() -> None:
     os.nice(19)
 
 
+def measured_pace(running: dict, work: Path, pace: float) -> float:
+    """The slowest pace of the `running` runs that end in time (part, process, threads, carried, when it started, from
+    which logged step) that have logged PACE_STEPS since they started; `pace` where none has."""
+    return max(((time.time() - since) / part.seconds(threads, logged - start)
+                for part, _, threads, carried, since, start in running.values()
+                if not carried and (logged := part.logged(work)) - start >= PACE_STEPS), default=pace)
+
+
 def choose(order: list[Part], busy: set[str], free: int, idle: int, left: float, cores: int, work: Path,
-           carry: bool) -> list[tuple[Part, int, bool]]:
+           carry: bool, pace: float = 1.0) -> list[tuple[Part, int, bool]]:
     """The parts to start now, each with its thread count and whether it is carried over: of `order`'s parts not
     `busy`, those whose estimate ends within `left` seconds, on one thread or else on two, while `free` threads (those
     no run that ends in time holds) last; a part begun in `work` first, then the grids in `order`'s order, within one
     the parts that need two threads first (only a sitting's start leaves them time and both cores). With `carry`, each
     of the `idle` threads (those no run at all holds) that is still idle then takes the next part that will not end
     in time, on one thread: a carried run yields its thread to any run that ends in time (`lowest_priority`), so it
-    is not counted in `free`."""
-    fits = {p.name: next((n for n in (1, 2) if n <= cores and p.estimate(n, work) <= left), None) for p in order}
+    is not counted in `free`. Estimates are at `pace` (see PACE_STEPS)."""
+    fits = {p.name: next((n for n in (1, 2) if n <= cores and p.estimate(n, work, pace) <= left), None) for p in order}
     pools = list(dict.fromkeys(p.pool for p in order))
     todo = sorted((p for p in order if p.name not in busy),
                   key=lambda p: (not fits[p.name], not (work / p.name).exists(), pools.index(p.pool),
@@ -290,7 +325,9 @@ def coordinate(args: argparse.Namespace, deadline: float) -> int:
     undo([f"docs/results/{p.name}" for p in queue(False) if p.name not in done]
          + ["docs/results/lorentz-hierarchy-19200"])  # what an earlier attempt left uncommitted
     train = {**os.environ, "PYTHONPATH": str(args.pin / "src")}
-    running: dict[str, tuple[Part, subprocess.Popen, int, bool]] = {}  # part, process, threads, carried
+    # part, process, threads, carried, and when it started from which logged step (its pace's measure)
+    running: dict[str, tuple[Part, subprocess.Popen, int, bool, float, int]] = {}
+    pace = 1.0
     landing: list[Part] = []
     failed: set[str] = set()
     attempts: dict[str, int] = {}  # landings left to a part
@@ -325,19 +362,24 @@ def coordinate(args: argparse.Namespace, deadline: float) -> int:
         stage_1 = [p for p in queue(False) if p.pool == "lorentz-lr-9600"]
         if not specs_committed() and all(p.name in done for p in stage_1) and not write_specs():
             log("the specs of stage 2 could not be committed: stage 2 does not start")
-        idle = args.cores - sum(threads for *_, threads, _ in running.values())
-        free = args.cores - sum(threads for *_, threads, carried in running.values() if not carried)
+        pace, was = measured_pace(running, args.work, pace), pace
+        if abs(pace / was - 1) > 0.1:
+            log(f"pace {pace:.2f}: this machine's steps take {pace:.2f} times the estimates' constants")
+        idle = args.cores - sum(threads for _, _, threads, *_ in running.values())
+        free = args.cores - sum(threads for _, _, threads, carried, *_ in running.values() if not carried)
         busy, left = set(running) | failed | {q.name for q in landing} | done, deadline - time.time() - MARGIN_S
         carry = args.carry_over and time.time() < deadline
         for part, threads, carried in choose(queue(args.prefer == "sweep"), busy, free, idle, left, args.cores,
-                                             args.work, carry):
-            log(f"{part.name}: {threads} thread(s), ~{part.estimate(threads, args.work) / 60:.0f} min"
+                                             args.work, carry, pace):
+            log(f"{part.name}: {threads} thread(s), ~{part.estimate(threads, args.work, pace) / 60:.0f} min"
                 + (", carried over past --until at the lowest priority" if carried else ""))
+            # (a resumed run logs again the steps its killed one logged past the checkpoint: not counted as done)
+            since, start = time.time(), max(part.trained(args.work), part.logged(args.work))
             with open(args.work / f"{part.name}.log", "a") as output:
                 running[part.name] = (part, subprocess.Popen(
                     part.command(args.work), cwd=args.work, stdout=output, stderr=subprocess.STDOUT,
                     env={**train, "OMP_NUM_THREADS": str(threads)},
-                    preexec_fn=lowest_priority if carried else None), threads, carried)
+                    preexec_fn=lowest_priority if carried else None), threads, carried, since, start)
         if not running and not landing:
             log("nothing left that ends in time" + (f"; failed: {', '.join(sorted(failed))}" if failed else ""))
             return 1 if failed else 0

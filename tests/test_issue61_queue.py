@@ -96,6 +96,40 @@ def test_what_starts_fits_first_and_a_carried_over_run_only_fills_an_idle_thread
     assert choose(2, 0, left, True, done) == choose(2, 2, left, True, done) == [(sweep[0].name, 2, False)]
 
 
+def test_the_pace_is_the_slowest_run_in_flight_and_scales_what_fits(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(issue61, "committed_json", lambda path: {})
+    order = issue61.queue(prefer_sweep=False)
+    lorentz, product = order[0], next(p for p in order if p.cell.startswith("lorentz-product_"))
+    for part in (lorentz, product):
+        assert part.logged(tmp_path) == 0  # no metrics yet
+        run = tmp_path / part.name / "runs" / part.cell / f"seed-{part.seed}"
+        run.mkdir(parents=True)
+        lines = [json.dumps({"step": step, "loss": 1.0, "pad": "x" * 200}) for step in range(20, 2001, 20)]
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + '{"step": 2020, "lo')  # > 4 KiB, last line cut
+        assert part.logged(tmp_path) == 2000
+    now = time.time()
+    seconds = lorentz.seconds(1, 2000 - 400)  # the constants' time for the 1,600 steps logged since its start
+    running = {lorentz.name: (lorentz, None, 1, False, now - 0.4 * seconds, 400),
+               product.name: (product, None, 1, False, now - 0.3 * product.seconds(1, 2000 - 1800), 1800)}
+    # The product run has logged only 200 steps since it started: not yet a measure; the lorentz run's is 0.4.
+    assert issue61.measured_pace(running, tmp_path, 1.0) == pytest.approx(0.4, rel=1e-3)
+    running[product.name] = (product, None, 2, False, now - 0.9 * product.seconds(2, 1600), 400)
+    assert issue61.measured_pace(running, tmp_path, 1.0) == pytest.approx(0.9, rel=1e-3)  # the slowest
+    del running[product.name]
+    running[lorentz.name] = (lorentz, None, 1, True, now - 0.4 * seconds, 400)  # a carried run is no measure
+    assert issue61.measured_pace(running, tmp_path, 0.7) == 0.7 == issue61.measured_pace({}, tmp_path, 0.7)
+    # A sweep part that only two threads end in time at the constants' pace ends in time on one at 0.5 of it.
+    sweep = order[18]
+    left = sweep.estimate(2) + 1
+    assert [(p.name, n) for p, n, _ in issue61.choose([sweep], set(), 2, 2, left, 2, tmp_path, False)] == [
+        (sweep.name, 2)]
+    assert [(p.name, n) for p, n, _ in issue61.choose([sweep], set(), 2, 2, left, 2, tmp_path, False, 0.5)] == [
+        (sweep.name, 1)]
+    assert issue61.choose([sweep], set(), 2, 2, left, 2, tmp_path, False, 1.5) == []
+
+
 FAKE_ABLATE = '''
 import json, pathlib, sys
 grid, cell, seed, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), pathlib.Path(sys.argv[5])
