@@ -113,7 +113,8 @@ def test_the_pace_is_the_slowest_run_in_flight_and_scales_what_fits(tmp_path, mo
     seconds = lorentz.seconds(1, 2000 - 400)  # the constants' time for the 1,600 steps logged since its start
     running = {lorentz.name: (lorentz, None, 1, False, now - 0.4 * seconds, 400),
                product.name: (product, None, 1, False, now - 0.3 * product.seconds(1, 2000 - 1800), 1800)}
-    # The product run has logged only 200 steps since it started: not yet a measure; the lorentz run's is 0.4.
+    # The product run has logged only 200 steps since it started: not yet a measure; the lorentz run's is 0.4 (rel
+    # 1e-3: the wall time between `now` and the call, milliseconds, over `seconds`, hundreds of seconds).
     assert issue61.measured_pace(running, tmp_path, 1.0) == pytest.approx(0.4, rel=1e-3)
     running[product.name] = (product, None, 2, False, now - 0.9 * product.seconds(2, 1600), 400)
     assert issue61.measured_pace(running, tmp_path, 1.0) == pytest.approx(0.9, rel=1e-3)  # the slowest
