@@ -515,6 +515,69 @@ def test_fp16_keeps_the_tower_scalings_gradient_finite():
     assert bad == [] and model.curvature.log_text_scale.grad is not None
 
 
+def test_the_step_gives_the_loss_s_two_parts_of_the_whole_batch_at_any_accumulation():
+    import copy
+
+    from topoclip.core.losses import get_loss
+    from topoclip.preprocess.tokenizer import TextBatch
+    from topoclip.run.training.step import forward_backward_loss
+
+    from _tolerance import model_roundings
+
+    torch.manual_seed(0)
+    model = tiny("lorentz").double()
+    reference, accumulated = copy.deepcopy(model), copy.deepcopy(model)
+    size, length = model.config.vision.image_size, model.config.text.context_length
+    images = torch.randn(8, 3, size, size, dtype=torch.float64)
+    ids = torch.randint(5, model.config.text.vocab_size, (8, length))
+    text = TextBatch(ids, torch.ones_like(ids, dtype=torch.bool))
+    parts, parts_accumulated = {}, {}
+    loss = forward_backward_loss(model, images, text, "infonce", entailment_weight=0.2, terms=parts)
+    forward_backward_loss(accumulated, images, text, "infonce", accumulation_steps=4, entailment_weight=0.2,
+                          terms=parts_accumulated)
+    assert set(parts) == set(parts_accumulated) == {"contrastive_loss", "entailment_loss"}
+    assert loss == parts["contrastive_loss"] + 0.2 * parts["entailment_loss"]  # the same operations: exact
+    out = reference(images, text)  # the same operations on the same weights: exact
+    s = reference.similarity(out.image_embeds, out.text_embeds)
+    assert parts["contrastive_loss"] == get_loss("infonce")(s, s.T, out.scale)
+    assert parts["entailment_loss"] == reference.entailment(out.text_embeds, out.image_embeds)
+    assert parts["entailment_loss"] > 0.05  # some images lie outside their caption's cone: the check below is not vacuous
+    # k = 4: the last micro-batch's loss is the whole batch's (cached rows beside live ones), differing from k = 1 only
+    # in the towers' summation orders: the whole loss's float64 bound (tests/training/test_step.py) holds for each part
+    n = model_roundings(model.config, 8)
+    for name, value in parts.items():
+        assert float(parts_accumulated[name]) == pytest.approx(float(value), rel=n * 2.0**-53), name
+    single = {}
+    forward_backward_loss(copy.deepcopy(reference), images, text, "infonce", terms=single)
+    assert single == {}  # a loss of one part has no parts to log
+
+
+@pytest.mark.slow
+def test_a_run_logs_the_curvature_the_scalings_and_the_entailment_loss_s_parts(tmp_path):
+    from topoclip.run.training.trainer import train
+
+    small = ["train.num_workers=0", "train.log_every=1", "train.steps=3", "train.checkpoint_every=0", "evaluate.size=32",
+             "evaluate.template_modes=[\"distance\"]", "data.scenes.train_size=256", "data.scenes.val_size=32",
+             "data.scenes.test_size=32"]
+    records = {}
+    for name, settings in {"entail": ["model.topology=lorentz", "train.entailment_weight=0.2"],
+                           "lorentz": ["model.topology=lorentz"], "sphere": []}.items():
+        run = train(load_config("tiny", small + settings), out_dir=tmp_path / name, progress=False)
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        records[name] = [r for r in map(json.loads, lines) if "loss" in r]
+        assert [r["step"] for r in records[name]] == [1, 2, 3]
+        assert (run / "plots" / "curvature.png").is_file() == (name != "sphere")
+    hyperbolic, parts = {"curvature", "alpha_image", "alpha_text"}, {"contrastive_loss", "entailment_loss"}
+    for record in records["entail"]:
+        assert hyperbolic | parts <= set(record)
+        # the logged loss is the step's fp32 loss, computed as contrastive + 0.2·entailment from the logged fp32 parts
+        contrastive, entailment = (torch.tensor(record[key], dtype=torch.float32) for key in sorted(parts))
+        assert record["loss"] == float(contrastive + 0.2 * entailment)
+        assert 0 < record["alpha_image"] <= 1 and 0 < record["alpha_text"] <= 1  # MERU's clamp: α ≤ 1
+    assert all(hyperbolic <= set(r) and not parts & set(r) for r in records["lorentz"])
+    assert all(not (hyperbolic | parts) & set(r) for r in records["sphere"])
+
+
 def test_the_landscape_s_loss_is_the_training_loss_with_its_entailment_term(tmp_path):
     from topoclip.analysis.landscape import batch_losses, model_loss_function, trainable_weights
     from topoclip.io.checkpoint import save_checkpoint

@@ -157,6 +157,11 @@ def number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# The training record's keys a plot draws beside the loss and beside the curvature, and their legends.
+LOSS_PARTS = {"contrastive_loss": "contrastive part", "entailment_loss": "entailment loss (unweighted)"}
+HYPERBOLIC = {"curvature": "c (curvature −c)", "alpha_image": "α, image tower", "alpha_text": "α, text tower"}
+
+
 def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
     """Draw metrics.jsonl: loss.png, temperature.png, learning_rate.png, evaluation.png (curvature.png: hyperbolic)."""
     import matplotlib
@@ -175,11 +180,13 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
 
     written = []
     if steps:
-        written += [plot_curves(out_dir / "loss.png", {"loss": curve("loss")}, "contrastive loss"),
+        parts = {label: curve(key) for key, label in LOSS_PARTS.items() if curve(key)[0]}  # MERU's entailment loss
+        written += [plot_curves(out_dir / "loss.png", {"loss": curve("loss"), **parts}, "loss"),
                     plot_curves(out_dir / "temperature.png", {"τ = exp(t)": curve("scale")}, "τ"),
                     plot_curves(out_dir / "learning_rate.png", {"lr": curve("lr")}, "learning rate")]
-        if curve("curvature")[0]:  # a hyperbolic model's learned c
-            written.append(plot_curves(out_dir / "curvature.png", {"c (curvature −c)": curve("curvature")}, "c"))
+        if curve("curvature")[0]:  # a hyperbolic model's learned c and tower scalings
+            written.append(plot_curves(out_dir / "curvature.png", {label: curve(key) for key, label in HYPERBOLIC.items()
+                                                                   if curve(key)[0]}, "c, α"))
     if evals:
         written.append(plot_evaluation(out_dir / "evaluation.png", evaluation_series(evals)))
     return written

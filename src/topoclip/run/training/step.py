@@ -61,7 +61,7 @@ def autocast_context(precision: str, device_type: str):
 def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: torch.Tensor,
                      scale: torch.Tensor, bias: Optional[torch.Tensor], loss_name: str,
                      distributed: bool, keywords: Optional[dict] = None, entailment_weight: float = 0.0,
-                     curvature: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     curvature: Optional[torch.Tensor] = None, terms: Optional[dict] = None) -> torch.Tensor:
     """The 0-d fp32 loss of the local rows against all columns.
 
     Losses that read only the image→text rows (`Loss.image_rows_only`) skip the text→image block: a second
@@ -69,6 +69,8 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
     entailment_weight: MERU's entailment loss of the local pairs (caption cone ∋ image), added with this weight; a
     mean over the local rows, so the ranks' average is the global batch's and accumulation's k passes sum to it.
     curvature: a hyperbolic model's c as the forward gave it (`CLIPOutput.curvature`); None: the model's own.
+    terms: with the entailment loss, filled with the loss's two parts, detached, as MERU logs them:
+    "contrastive_loss" and "entailment_loss" (unweighted); the loss is contrastive + entailment_weight · entailment.
 
     image_embeds, text_embeds: (b, m, n) this process's embeddings on the model's space.
     distributed: gather the columns from every rank (world·b of them) with gradients; local row i
@@ -95,7 +97,10 @@ def contrastive_loss(model: nn.Module, image_embeds: torch.Tensor, text_embeds: 
         similarity_image_text = core.similarity(image_embeds, text_embeds, curvature=curvature)  # (b, b) fp32
         value = loss(similarity_image_text, similarity_image_text.T, scale, bias, local_index=0, **(keywords or {}))
     if entailment_weight:
-        value = value + entailment_weight * core.entailment(text_embeds, image_embeds, curvature)
+        entailment = core.entailment(text_embeds, image_embeds, curvature)
+        if terms is not None:
+            terms.update(contrastive_loss=value.detach(), entailment_loss=entailment.detach())
+        value = value + entailment_weight * entailment
     return value
 
 
@@ -119,7 +124,7 @@ def forward_backward(model: nn.Module, images: torch.Tensor, text: TextBatch, lo
 def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatch, loss_name: str = "infonce", *,
                           accumulation_steps: int = 1, precision: str = "fp32",
                           scaler: Optional[torch.amp.GradScaler] = None, keywords: Optional[dict] = None,
-                          entailment_weight: float = 0.0) -> torch.Tensor:
+                          entailment_weight: float = 0.0, terms: Optional[dict] = None) -> torch.Tensor:
     """Forward + backward of the contrastive loss on this process's batch; returns the 0-d loss, unread.
 
     Nothing here reads a device value, so on a GPU the host can queue the next step meanwhile.
@@ -134,6 +139,7 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
     scaler: required for fp16 (the loss is scaled before backward); the caller unscales and steps.
     keywords: the loss's margin and best (`loss_keywords`); None: each loss's defaults.
     entailment_weight: train.entailment_weight (hyperbolic models; see `contrastive_loss`).
+    terms: filled with the loss's parts where it has several (`contrastive_loss`): the whole local batch's at every k.
     Returns: the full local-batch loss (the same number for every k), detached, on the model's device.
     """
     if precision == "fp16" and scaler is None:
@@ -150,7 +156,7 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
         with autocast_context(precision, device_type):
             out = model(images, text)
         loss = contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss_name, distributed,
-                                keywords, entailment_weight, out.curvature)
+                                keywords, entailment_weight, out.curvature, terms)
         _backward(loss, scaler)
         return loss.detach()
 
@@ -182,7 +188,7 @@ def forward_backward_loss(model: nn.Module, images: torch.Tensor, text: TextBatc
             bias = out.bias if (last or out.bias is None) else out.bias.detach()
             curvature = out.curvature if (last or out.curvature is None) else out.curvature.detach()
             loss = contrastive_loss(model, image_embeds, text_embeds, scale, bias, loss_name, distributed, keywords,
-                                    entailment_weight, curvature)
+                                    entailment_weight, curvature, terms)
             _backward(loss, scaler)
     return loss.detach()
 

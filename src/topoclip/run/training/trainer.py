@@ -187,9 +187,10 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
         text = (batch.text if batch.text is not None else run.tokenizer(batch.captions)).to(device, non_blocking=True)
         model.train()
         loss_name = loss_at(settings, step)  # train.loss, or triplet during max-hinge's warm-up
+        terms = {}  # the loss's parts, where it has several (MERU's contrastive and entailment losses)
         loss = forward_backward_loss(run.trained, images, text, loss_name, accumulation_steps=settings.accumulation_steps,
                                      precision=settings.precision, scaler=state.scaler, keywords=keywords,
-                                     entailment_weight=settings.entailment_weight)
+                                     entailment_weight=settings.entailment_weight, terms=terms)
         checkpoint_due = done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
         evaluation_due = settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps)
         verdict = guard.judge(model, loss, done, reads_due=checkpoint_due or evaluation_due
@@ -202,11 +203,14 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
         if done % settings.log_every == 0 or done == settings.steps:
             elapsed = time.perf_counter() - window_start
             scale = float(model.temperature.scale.detach())
-            loss_value = sum_across_ranks([verdict.loss], device)[0] / run.info.world_size  # the global batch's loss
-            logger.log({"step": done, "loss": loss_value, "scale": scale, "t": float(model.temperature.t.detach()),
+            # the global batch's loss, and its parts: each a mean over the rows, so the mean over the ranks
+            loss_value, *parts = (value / run.info.world_size for value in
+                                  sum_across_ranks([verdict.loss, *map(float, terms.values())], device))
+            logger.log({"step": done, "loss": loss_value, **dict(zip(terms, parts)), "scale": scale,
+                        "t": float(model.temperature.t.detach()),
                         "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                         "images_per_s": window_images / max(elapsed, 1e-9), "data": state.counter.as_dict(),
-                        **({"curvature": float(model.curvature_value.detach())} if model.curvature is not None else {}),
+                        **(hyperbolic_settings(model) if model.curvature is not None else {}),
                         # fp16: GradScaler's scale, halved at each step whose gradients overflowed (that step skipped)
                         **({"loss_scale": state.scaler.get_scale()} if state.scaler is not None else {}),
                         **({"skipped_steps": guard.skipped} if guard.skipped else {})})
@@ -230,6 +234,14 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
         # measurement on GPUs.
         barrier()
     bar.close()
+
+
+def hyperbolic_settings(model) -> dict[str, float]:
+    """A hyperbolic model's learned c and tower scalings α, logged as MERU logs them (its curv, visual_alpha and
+    textual_alpha): c on its clamp's floor or α at 1 is where the space stopped learning its scale."""
+    curvature = model.curvature
+    return {"curvature": float(model.curvature_value.detach()), "alpha_image": float(curvature.scale("image").detach()),
+            "alpha_text": float(curvature.scale("text").detach())}
 
 
 def save(run: Run, snapshot: dict) -> None:
