@@ -553,7 +553,7 @@ def test_the_step_gives_the_loss_s_two_parts_of_the_whole_batch_at_any_accumulat
 
 
 @pytest.mark.slow
-def test_a_run_logs_the_curvature_the_scalings_and_the_entailment_loss_s_parts(tmp_path):
+def test_a_run_logs_the_curvature_the_scalings_and_the_entailment_loss_s_parts(tmp_path, capsys):
     from topoclip.run.training.trainer import train
 
     small = ["train.num_workers=0", "train.log_every=1", "train.steps=3", "train.checkpoint_every=0", "evaluate.size=32",
@@ -567,6 +567,8 @@ def test_a_run_logs_the_curvature_the_scalings_and_the_entailment_loss_s_parts(t
         records[name] = [r for r in map(json.loads, lines) if "loss" in r]
         assert [r["step"] for r in records[name]] == [1, 2, 3]
         assert (run / "plots" / "curvature.png").is_file() == (name != "sphere")
+        plots = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("plots: "))
+        assert plots.endswith("(loss, temperature, learning_rate, " + ("curvature, " if name != "sphere" else "") + "evaluation)")
     hyperbolic, parts = {"curvature", "alpha_image", "alpha_text"}, {"contrastive_loss", "entailment_loss"}
     for record in records["entail"]:
         assert hyperbolic | parts <= set(record)
@@ -576,6 +578,85 @@ def test_a_run_logs_the_curvature_the_scalings_and_the_entailment_loss_s_parts(t
         assert 0 < record["alpha_image"] <= 1 and 0 < record["alpha_text"] <= 1  # MERU's clamp: α ≤ 1
     assert all(hyperbolic <= set(r) and not parts & set(r) for r in records["lorentz"])
     assert all(not (hyperbolic | parts) & set(r) for r in records["sphere"])
+
+
+def curvature_pull_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("curvature_pull", Path(__file__).resolve().parents[1] / "scripts"
+                                                  / "curvature_pull.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_curvature_s_pull_is_the_training_step_s_log_c_gradient_split_by_part():
+    import copy
+
+    from topoclip.core.losses import loss_keywords
+    from topoclip.preprocess.tokenizer import TextBatch
+    from topoclip.run.training.step import forward_backward_loss
+
+    from _tolerance import model_roundings
+
+    torch.manual_seed(0)
+    model = tiny("lorentz", "model.curvature.init=0.5").double()
+    size, length = model.config.vision.image_size, model.config.text.context_length
+    images = torch.randn(8, 3, size, size, dtype=torch.float64)
+    ids = torch.randint(5, model.config.text.vocab_size, (8, length))
+    text = TextBatch(ids, torch.ones_like(ids, dtype=torch.bool))
+    keywords = loss_keywords(load_config("tiny", ["model.topology=lorentz"]))
+    measured = curvature_pull_script().pull(copy.deepcopy(model), [(images, text)] * 2, "infonce", keywords)
+    assert measured["c"] == pytest.approx(0.5) and measured["c_floor"] == pytest.approx(0.05)  # MERU's c₀/10
+    assert measured["entailment_pull"] != 0 and measured["contrastive_pull"] != 0  # not vacuous
+    n = model_roundings(model.config, 8)
+    for weight in (0.0, 0.2):
+        step, terms = copy.deepcopy(model), {}
+        forward_backward_loss(step, images, text, "infonce", entailment_weight=weight, terms=terms, keywords=keywords)
+        # the same operations in float64, bar the order in which autograd sums log c's several uses: float64's γ_n,
+        # the bound tests/training/test_step.py holds the step's own gradients to
+        assert measured["contrastive_pull"] + weight * measured["entailment_pull"] == pytest.approx(
+            float(step.curvature.log_c.grad), rel=n * 2.0**-53), weight
+    assert (measured["contrastive"], measured["entailment"]) == (float(terms["contrastive_loss"]),
+                                                                 float(terms["entailment_loss"]))
+    with pytest.raises(ValueError, match="no curvature"):
+        curvature_pull_script().pull(tiny("sphere"), [], "infonce", keywords)
+
+
+def test_the_curvature_pull_table_averages_each_cell_s_seeds():
+    from topoclip.experiments.results.grids import curvature_pull_table
+
+    def run(cell, weight, c, pull):
+        return {"cell": cell, "weight": weight, "c": c, "c_floor": 0.1, "contrastive": 1.5, "entailment": 0.01,
+                "contrastive_pull": 0.0, "entailment_pull": pull}
+
+    result = {"command": "python scripts/curvature_pull.py", "batches": 8,
+              "runs": [run("entail", 0.2, 0.1, 0.05), run("entail", 0.2, 0.1, 0.15), run("plain", 0.0, 0.4, 1.0)]}
+    rows = {line.split(" | ")[0]: line for line in curvature_pull_table(result).splitlines() if line.startswith("| ")}
+    assert rows["| entail"].endswith("| +2.0e-02 ± 1.4e-02 |")  # 0.2 × (0.05, 0.15): mean 0.02, sd 0.0141
+    assert "| 0.100 ± 0.000 (0.1) |" in rows["| entail"] and rows["| plain"].endswith("| — (not trained) |")
+    result["runs"].append(run("entail", 0.1, 0.1, 0.1))
+    with pytest.raises(ValueError, match="entail: its runs differ"):
+        curvature_pull_table(result)
+
+
+@pytest.mark.slow
+def test_the_curvature_pull_script_reads_a_finished_run(tmp_path):
+    import subprocess
+    import sys
+
+    from topoclip.run.training.trainer import train
+
+    run = train(load_config("tiny", ["model.topology=lorentz", "train.entailment_weight=0.2", "train.steps=1",
+                                     "train.num_workers=0", "evaluate.size=16", "data.scenes.train_size=64",
+                                     "data.scenes.val_size=16", "data.scenes.test_size=16"]),
+                out_dir=tmp_path / "cell" / "seed-0", progress=False)  # as ablate lays its runs out
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "curvature_pull.py"),
+                           "--batches", "1", str(run)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (measured,) = json.loads(done.stdout)["runs"]
+    assert (measured["cell"], measured["step"], measured["weight"]) == ("cell", 1, 0.2)
+    assert measured["c_floor"] == pytest.approx(0.1) and 0.1 <= measured["c"] <= 10
 
 
 def test_the_landscape_s_loss_is_the_training_loss_with_its_entailment_term(tmp_path):

@@ -13,9 +13,10 @@ from topoclip.experiments.results.benchmarks import (csv_rows_table, fsdp_memory
                                                      gpu_hyperbolic_table, loader_table, lora_table, meru_equality_table,
                                                      topology_cost_table)
 from topoclip.experiments.results.files import land, load_result, pack, record
-from topoclip.experiments.results.grids import (ablation_table, ceiling_table, compare_table, default_run_table,
-                                                equilibrium_table, experts_table, false_negatives_table, hierarchy_table,
-                                                pilot_table, plot_grid, similarities_table)
+from topoclip.experiments.results.grids import (ablation_table, ceiling_table, compare_table, curvature_pull_table,
+                                                default_run_table, equilibrium_table, experts_table,
+                                                false_negatives_table, hierarchy_table, pilot_table, plot_grid,
+                                                similarities_table)
 from topoclip.experiments.results.headline import (drawn_from, fingerprint, headline_points, headline_table,
                                                    plot_headline)
 from topoclip.experiments.results.tables import (LR_CHOICE, claims_summary_table, claims_table, comparison_table,
@@ -36,7 +37,7 @@ RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "comp
              "gpu-check": gpu_check_table, "gpu-feeding": gpu_feeding_table, "gpu-hyperbolic": gpu_hyperbolic_table,
              "fsdp-memory": fsdp_memory_table, "loader": loader_table,
              "topology-cost": topology_cost_table, "meru-equality": meru_equality_table, "lora": lora_table,
-             "lorentz-hierarchy": hierarchy_table}
+             "lorentz-hierarchy": hierarchy_table, "lorentz-curvature-pull": curvature_pull_table}
 
 
 # A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.

@@ -200,6 +200,35 @@ def hierarchy_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def curvature_pull_table(result: dict) -> str:
+    """Markdown: what holds each hyperbolic cell's curvature at the end (scripts/curvature_pull.py): c beside its
+    clamp's floor, the loss's two parts and each one's derivative in log c, mean ± sd over the seeds; a positive
+    derivative pulls c down (gradient descent lowers log c)."""
+    cells: dict[str, list[dict]] = {}
+    for run in result["runs"]:
+        cells.setdefault(run["cell"], []).append(run)
+
+    def spread(values, digits: str) -> str:
+        mean, sd = mean_std(list(values))
+        return f"{mean:{digits}} ± {sd:{digits.lstrip('+')}}"
+
+    lines = [f"Each run's last checkpoint on its first {result['batches']} training batches (`{result['command']}`); "
+             "mean ± sd over the seeds. ∂/∂log c > 0: the part pulls c down, towards a flatter space.", "",
+             "| cell | runs | weight | c (floor) | contrastive part | entailment loss, unweighted | ∂ contrastive/∂log c "
+             "| weight · ∂ entailment/∂log c |", "|---|---|---|---|---|---|---|---|"]
+    for cell, runs in cells.items():
+        weights, floors = {run["weight"] for run in runs}, {round(run["c_floor"], 6) for run in runs}
+        if len(weights) > 1 or len(floors) > 1:
+            raise ValueError(f"{cell}: its runs differ in the entailment weight or the curvature's floor")
+        weight = weights.pop()
+        lines.append(f"| {cell} | {len(runs)} | {weight:g} | {spread((r['c'] for r in runs), '.3f')} ({floors.pop():g}) | "
+                     f"{spread((r['contrastive'] for r in runs), '.3f')} | {spread((r['entailment'] for r in runs), '.4f')} | "
+                     f"{spread((r['contrastive_pull'] for r in runs), '+.1e')} | "
+                     + (spread((weight * r['entailment_pull'] for r in runs), '+.1e') if weight else "— (not trained)")
+                     + " |")
+    return "\n".join(lines)
+
+
 def false_negatives_table(result: dict) -> str:
     """Markdown: how often a training batch holds a caption true of another of its images
     (scripts/false_negatives.py)."""

@@ -277,10 +277,10 @@ def finish(run: Run, logger: MetricsLogger) -> None:
         write_text_atomic(run.folder.evaluation, json.dumps(records, indent=2))
         logger.log({"step": steps, "eval": headline(records), "final": True})
         logger.final_table(*table_rows(records), step=steps)
-        logger.plot()
+        plots = logger.plot()
         print(summary_table(records) if records else no_evaluation_sets(config))
         print(f"\n{temperature_summary(model)}")
-        print(f"plots: {run.folder.plots.resolve()}  (loss, temperature, learning rate, evaluation)")
+        print(f"plots: {run.folder.plots.resolve()}  ({', '.join(path.stem for path in plots)})")
         print(f"run folder: {run.folder.path.resolve()}  (config.json, metrics.jsonl, eval.json, checkpoints/, plots/)")
     logger.close()
     # Every rank leaves together: a rank that destroys its gloo group while rank 0 still evaluates can abort
