@@ -7,7 +7,8 @@ learning it, and the derivatives say which part of the loss holds it there: a po
 smaller c (gradient descent lowers log c), a flatter space. Each part is the trainer's (`contrastive_loss`, and
 `model.entailment`, MERU's entailment loss unweighted, computed for a run trained without it too: what it would be),
 on the first `--batches` training batches of the run's own data at its batch size, at its last checkpoint; the mean
-over the batches. Exploratory (issue #61): measured after the curvature's floor was seen, not pre-registered.
+over the batches, beside the share of pairs whose image lies outside its caption's cone (the hinge not 0).
+Exploratory (issue #61): measured after the curvature's floor was seen, not pre-registered.
 """
 import argparse
 import itertools
@@ -20,6 +21,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from topoclip.core.geometry import exterior_angle, get_topology, half_aperture
 from topoclip.core.losses import loss_keywords
 from topoclip.io.checkpoint import CHECKPOINTS, checkpoint_step, load_checkpoint, step_checkpoints
 from topoclip.preprocess.tokenizer import TextBatch
@@ -32,7 +34,10 @@ def pull(model, batches: Iterable[tuple[torch.Tensor, TextBatch]], loss: str, ke
     in log c (`entailment` unweighted)."""
     if model.curvature is None:
         raise ValueError(f"{model.config.topology} has no curvature (only the hyperbolic topologies do)")
-    values: dict[str, list[float]] = {"contrastive": [], "entailment": [], "contrastive_pull": [], "entailment_pull": []}
+    if not model.curvature.log_c.requires_grad:
+        raise ValueError("this model's c is not learned (model.curvature.learnable=false): nothing pulls it")
+    values: dict[str, list[float]] = {name: [] for name in ("contrastive", "entailment", "contrastive_pull",
+                                                           "entailment_pull", "outside")}
     for images, text in batches:
         out = model(images, text)
         parts = {"contrastive": contrastive_loss(model, out.image_embeds, out.text_embeds, out.scale, out.bias, loss,
@@ -42,8 +47,19 @@ def pull(model, batches: Iterable[tuple[torch.Tensor, TextBatch]], loss: str, ke
             (gradient,) = torch.autograd.grad(value, model.curvature.log_c, retain_graph=True)
             values[name].append(float(value.detach()))
             values[f"{name}_pull"].append(float(gradient))
+        values["outside"].append(float(outside_cones(model, out.text_embeds.detach(), out.image_embeds.detach())))
     return {"c": float(model.curvature_value.detach()), "c_floor": math.exp(model.curvature.log_range[0]),
             **{name: sum(seen) / len(seen) for name, seen in values.items()}}
+
+
+@torch.no_grad()
+def outside_cones(model, text: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """The share of pairs (B, m, n) whose image lies outside its caption's cone, each factor of a product a pair:
+    where the entailment loss's hinge, max(0, angle − aperture), is not 0."""
+    curvature = model.curvature_value
+    if not get_topology(model.config.topology).product:  # one hyperboloid of the whole vector
+        text, images = text.flatten(1), images.flatten(1)
+    return (exterior_angle(text, images, curvature) > half_aperture(text, curvature)).double().mean()
 
 
 def training_start(config, tokenizer, count: int) -> Iterator[tuple[torch.Tensor, TextBatch]]:
@@ -71,8 +87,11 @@ def main() -> None:
                      "weight": config.train.entailment_weight,
                      **pull(model, batches, config.train.loss, loss_keywords(config))})
         print(f"{run.parent.name} seed {config.train.seed}: c {runs[-1]['c']:.3f}", file=sys.stderr)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    seen = [(run["cell"], run["step"], run["seed"]) for run in runs]
+    if len(set(seen)) < len(seen):
+        raise SystemExit("a run is given twice (the same cell, steps and seed): each seed of a cell once")
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()  # -dirty: this script was not the commit's
     print(json.dumps({"command": f"python scripts/curvature_pull.py --batches {args.batches} RUN...",
                       "commit": commit, "batches": args.batches, "runs": runs}, indent=1))
 

@@ -120,7 +120,8 @@ def parse_metrics_lines(path: Path) -> tuple[list[dict], list[str]]:
 # The longest line of a metrics log: a record with every evaluation metric of a dozen sets is ~3 KB.
 METRIC_LINE_CHARS = 1 << 16
 # The numbers a record may carry, as the trainer logs them (topoclip.run.training.trainer.train_steps).
-METRIC_NUMBERS = ("loss", "scale", "t", "lr", "grad_norm", "images_per_s", "skipped_steps", "curvature", "loss_scale")
+METRIC_NUMBERS = ("loss", "scale", "t", "lr", "grad_norm", "images_per_s", "skipped_steps", "curvature", "loss_scale",
+                  "alpha_image", "alpha_text", "contrastive_loss", "entailment_loss")
 
 
 def is_record(record) -> bool:

@@ -202,11 +202,12 @@ def hierarchy_table(runs: list[dict]) -> str:
 
 def curvature_pull_table(result: dict) -> str:
     """Markdown: what holds each hyperbolic cell's curvature at the end (scripts/curvature_pull.py): c beside its
-    clamp's floor, the loss's two parts and each one's derivative in log c, mean ± sd over the seeds; a positive
-    derivative pulls c down (gradient descent lowers log c)."""
-    cells: dict[str, list[dict]] = {}
+    clamp's floor, the loss's two parts, the share of images outside their caption's cone, and each part's derivative
+    in log c, mean ± sd over the seeds; a positive derivative pulls c down (gradient descent lowers log c)."""
+    cells: dict[tuple[str, int], list[dict]] = {}
     for run in result["runs"]:
-        cells.setdefault(run["cell"], []).append(run)
+        cells.setdefault((run["cell"], run["step"]), []).append(run)
+    several = len({step for _, step in cells}) > 1
 
     def spread(values, digits: str) -> str:
         mean, sd = mean_std(list(values))
@@ -214,15 +215,19 @@ def curvature_pull_table(result: dict) -> str:
 
     lines = [f"Each run's last checkpoint on its first {result['batches']} training batches (`{result['command']}`); "
              "mean ± sd over the seeds. ∂/∂log c > 0: the part pulls c down, towards a flatter space.", "",
-             "| cell | runs | weight | c (floor) | contrastive part | entailment loss, unweighted | ∂ contrastive/∂log c "
-             "| weight · ∂ entailment/∂log c |", "|---|---|---|---|---|---|---|---|"]
-    for cell, runs in cells.items():
+             "| cell | runs | weight | c (floor) | contrastive part | entailment loss, unweighted | images outside the "
+             "cone | ∂ contrastive/∂log c | weight · ∂ entailment/∂log c |", "|---|---|---|---|---|---|---|---|---|"]
+    for (cell, step), runs in cells.items():
         weights, floors = {run["weight"] for run in runs}, {round(run["c_floor"], 6) for run in runs}
         if len(weights) > 1 or len(floors) > 1:
             raise ValueError(f"{cell}: its runs differ in the entailment weight or the curvature's floor")
+        if len({run["seed"] for run in runs}) < len(runs):
+            raise ValueError(f"{cell}: a seed appears twice")
         weight = weights.pop()
-        lines.append(f"| {cell} | {len(runs)} | {weight:g} | {spread((r['c'] for r in runs), '.3f')} ({floors.pop():g}) | "
+        label = f"{cell}, {step:,} steps" if several else cell
+        lines.append(f"| {label} | {len(runs)} | {weight:g} | {spread((r['c'] for r in runs), '.3f')} ({floors.pop():g}) | "
                      f"{spread((r['contrastive'] for r in runs), '.3f')} | {spread((r['entailment'] for r in runs), '.4f')} | "
+                     f"{spread((100 * r['outside'] for r in runs), '.1f')} % | "
                      f"{spread((r['contrastive_pull'] for r in runs), '+.1e')} | "
                      + (spread((weight * r['entailment_pull'] for r in runs), '+.1e') if weight else "— (not trained)")
                      + " |")

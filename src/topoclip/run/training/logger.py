@@ -184,16 +184,17 @@ def plot_metrics(metrics_path: Path, out_dir: Path) -> list[Path]:
         written += [plot_curves(out_dir / "loss.png", {"loss": curve("loss"), **parts}, "loss"),
                     plot_curves(out_dir / "temperature.png", {"τ = exp(t)": curve("scale")}, "τ"),
                     plot_curves(out_dir / "learning_rate.png", {"lr": curve("lr")}, "learning rate")]
-        if curve("curvature")[0]:  # a hyperbolic model's learned c and tower scalings
+        if curve("curvature")[0]:  # a hyperbolic model's learned c and tower scalings: apart by 10× and more, log
             written.append(plot_curves(out_dir / "curvature.png", {label: curve(key) for key, label in HYPERBOLIC.items()
-                                                                   if curve(key)[0]}, "c, α"))
+                                                                   if curve(key)[0]}, "c, α", log=True))
     if evals:
         written.append(plot_evaluation(out_dir / "evaluation.png", evaluation_series(evals)))
     return written
 
 
-def plot_curves(path: Path, series: dict[str, tuple[list, list]], ylabel: str) -> Path:
-    """PATH: one line per series against the step; a legend beside the axes when there are several."""
+def plot_curves(path: Path, series: dict[str, tuple[list, list]], ylabel: str, log: bool = False) -> Path:
+    """PATH: one line per series against the step, on a log axis with `log`; a legend beside the axes when there are
+    several."""
     import matplotlib.pyplot as plt
 
     many = len(series) > 1
@@ -202,6 +203,8 @@ def plot_curves(path: Path, series: dict[str, tuple[list, list]], ylabel: str) -
         axis.plot(x, y, label=label, marker="o" if len(x) < 20 else None)
     axis.set_xlabel("step")
     axis.set_ylabel(ylabel)
+    if log:
+        axis.set_yscale("log")
     if many:  # beside the axes, where it hides no curve
         axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axis.grid(alpha=0.3)

@@ -210,7 +210,7 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
                         "t": float(model.temperature.t.detach()),
                         "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                         "images_per_s": window_images / max(elapsed, 1e-9), "data": state.counter.as_dict(),
-                        **(hyperbolic_settings(model) if model.curvature is not None else {}),
+                        **(learned_geometry(model) if model.curvature is not None else {}),
                         # fp16: GradScaler's scale, halved at each step whose gradients overflowed (that step skipped)
                         **({"loss_scale": state.scaler.get_scale()} if state.scaler is not None else {}),
                         **({"skipped_steps": guard.skipped} if guard.skipped else {})})
@@ -236,7 +236,7 @@ def train_steps(run: Run, logger: MetricsLogger, progress: bool) -> None:
     bar.close()
 
 
-def hyperbolic_settings(model) -> dict[str, float]:
+def learned_geometry(model) -> dict[str, float]:
     """A hyperbolic model's learned c and tower scalings α, logged as MERU logs them (its curv, visual_alpha and
     textual_alpha): c on its clamp's floor or α at 1 is where the space stopped learning its scale."""
     curvature = model.curvature
