@@ -91,7 +91,7 @@ def main() -> None:
     if len(set(seen)) < len(seen):
         raise SystemExit("a run is given twice (the same cell, steps and seed): each seed of a cell once")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()  # -dirty: this script was not the commit's
+                            cwd=Path(__file__).parent).stdout.strip()  # -dirty: the tree differed from the commit
     print(json.dumps({"command": f"python scripts/curvature_pull.py --batches {args.batches} RUN...",
                       "commit": commit, "batches": args.batches, "runs": runs}, indent=1))
 

@@ -89,6 +89,25 @@ def test_two_ranks_take_the_steps_of_one_process_on_the_global_batch(launches, t
         assert distributed[step]["lr"] == one[step]["lr"], step  # a float64 function of the step alone
 
 
+@pytest.mark.slow
+def test_two_ranks_log_the_entailment_loss_s_parts_of_the_global_batch(tmp_path):
+    """MERU's two parts (and c, α) as rank 0 logs them under torchrun are the global batch's: the mean of the ranks'
+    local parts, as the loss is, and one process's on the same global batch."""
+    settings = SETTINGS + ["model.topology=lorentz", "train.entailment_weight=0.2", "train.steps=2"]
+    torchrun(tmp_path, "--preset", "tiny", *[p for s in settings for p in ("--set", s)], "--out", str(tmp_path / "ddp"))
+    single = train(load_config("tiny", settings), out_dir=tmp_path / "one", progress=False)
+    distributed, one = ({r["step"]: r for r in step_records(run)} for run in (tmp_path / "ddp", single))
+    # As the test above: two fp32 orders of the same sums (each part a mean over the rows of the global batch),
+    # carried through one AdamW step by step 2; the ranks' mean is float64's, which adds nothing at this bound.
+    bound = 2 * gamma(model_roundings(TINY, 8))
+    for step in (1, 2):
+        for key in ("loss", "contrastive_loss", "entailment_loss", "curvature", "alpha_image", "alpha_text"):
+            assert distributed[step][key] == pytest.approx(one[step][key], rel=step * bound, abs=0), (step, key)
+        record = distributed[step]  # each rank's loss is its fp32 contrastive + 0.2·entailment (two roundings)
+        assert record["loss"] == pytest.approx(record["contrastive_loss"] + 0.2 * record["entailment_loss"],
+                                               rel=bound, abs=0), step
+
+
 def test_logged_sample_counts_cover_every_rank(launches):
     _, run, _, _, _ = launches
     for record in step_records(run):
