@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from topoclip.core.geometry import exterior_angle, get_topology, half_aperture
+from topoclip.core.geometry import entailment_hinges
 from topoclip.core.losses import loss_keywords
 from topoclip.io.checkpoint import CHECKPOINTS, checkpoint_step, load_checkpoint, step_checkpoints
 from topoclip.preprocess.tokenizer import TextBatch
@@ -47,19 +47,11 @@ def pull(model, batches: Iterable[tuple[torch.Tensor, TextBatch]], loss: str, ke
             (gradient,) = torch.autograd.grad(value, model.curvature.log_c, retain_graph=True)
             values[name].append(float(value.detach()))
             values[f"{name}_pull"].append(float(gradient))
-        values["outside"].append(float(outside_cones(model, out.text_embeds.detach(), out.image_embeds.detach())))
+        hinges = entailment_hinges(model.config.topology, out.text_embeds.detach(), out.image_embeds.detach(),
+                                   out.curvature.detach())
+        values["outside"].append(float((hinges > 0).double().mean()))  # each factor of a product a pair
     return {"c": float(model.curvature_value.detach()), "c_floor": math.exp(model.curvature.log_range[0]),
             **{name: sum(seen) / len(seen) for name, seen in values.items()}}
-
-
-@torch.no_grad()
-def outside_cones(model, text: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-    """The share of pairs (B, m, n) whose image lies outside its caption's cone, each factor of a product a pair:
-    where the entailment loss's hinge, max(0, angle − aperture), is not 0."""
-    curvature = model.curvature_value
-    if not get_topology(model.config.topology).product:  # one hyperboloid of the whole vector
-        text, images = text.flatten(1), images.flatten(1)
-    return (exterior_angle(text, images, curvature) > half_aperture(text, curvature)).double().mean()
 
 
 def training_start(config, tokenizer, count: int) -> Iterator[tuple[torch.Tensor, TextBatch]]:

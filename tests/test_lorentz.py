@@ -124,6 +124,25 @@ def test_the_half_aperture_and_the_entailment_loss():
         assert (bound < 0.05).all() and ((got - exact).abs() <= bound).all(), ((got - exact).abs(), bound)
 
 
+def test_the_hinges_are_per_pair_and_factor_and_their_mean_is_the_loss():
+    c = 0.7
+    x = G.exp_map0(tangent(6, (0.5, 3.0), seed=7), c).view(3, 2, -1)  # 3 pairs, m = 2 factors of H^16
+    y = torch.stack([x[:, 0] * 1.5, x[:, 1] * 0.5], dim=1)  # factor 0 beyond its caption's point, factor 1 behind it
+    hinges = G.entailment_hinges("lorentz-product", x, y, c)
+    assert hinges.shape == (3, 2)
+    assert (hinges[:, 0] == 0).all()
+    # behind: outside by π − aperture, to the angle's clamp (as in the test above)
+    torch.testing.assert_close(hinges[:, 1], math.pi - G.half_aperture(x[:, 1], c),
+                               atol=math.acos(1 - G.ARCCOS_CLAMP_EPSILON) + 1e-9, rtol=0)
+    assert G.entailment("lorentz-product", x, y, c) == hinges.mean()
+    # one hyperboloid: the whole (m·n) vector is one point, one hinge a pair, of the flattened points
+    whole = G.entailment_hinges("lorentz", x, y, c)
+    assert whole.shape == (3, 1)
+    torch.testing.assert_close(whole[:, 0], (G.exterior_angle(x.flatten(1), y.flatten(1), c)
+                                             - G.half_aperture(x.flatten(1), c)).clamp_min(0), atol=0, rtol=0)
+    assert G.entailment("lorentz", x, y, c) == whole.mean()
+
+
 def test_gradients_are_finite_at_every_degenerate_point():
     c = torch.tensor(1.0, requires_grad=True)
     raw = torch.zeros(4, 2, 8)

@@ -279,16 +279,6 @@ def exterior_angle(x: torch.Tensor, y: torch.Tensor, curvature) -> torch.Tensor:
     return torch.where(undefined, math.pi / 2, angle)
 
 
-def entailment_loss(generic: torch.Tensor, specific: torch.Tensor, curvature) -> torch.Tensor:
-    """MERU's entailment loss: how far each `specific` point lies outside the cone of its `generic` one, in radians,
-    max(0, angle − aperture), averaged over pairs and factors. (B, m, n), (B, m, n) -> 0-d.
-
-    MERU's text entails its image: generic = the caption, specific = the image. For m factors the cones are per
-    factor, and the mean over factors keeps MERU's weight (0.2) on the same scale for every m."""
-    angles = exterior_angle(generic, specific, curvature)
-    return (angles - half_aperture(generic, curvature)).clamp_min(0).mean()
-
-
 # --------------------------------------------------------------------------- registry
 
 
@@ -418,8 +408,12 @@ def centroid(topology: str, points: torch.Tensor, curvature=None) -> torch.Tenso
         return exp_map0(log_map0(rows, curvature).mean(0), curvature).view(points.shape[1:])
 
 
-def entailment(topology: str, generic: torch.Tensor, specific: torch.Tensor, curvature) -> torch.Tensor:
-    """MERU's entailment loss (`entailment_loss`) of paired points (B, m, n) on a curved topology -> 0-d fp32."""
+def entailment_hinges(topology: str, generic: torch.Tensor, specific: torch.Tensor, curvature) -> torch.Tensor:
+    """How far each `specific` point lies outside the cone of its `generic` one, in radians, max(0, angle − aperture):
+    (B, m, n), (B, m, n) -> (B, m) fp32 for m hyperboloids, (B, 1) for one (the whole vector is one point).
+
+    MERU's text entails its image: generic = the caption, specific = the image. For m factors the cones are per
+    factor."""
     entry = get_topology(topology)
     if not entry.curved:
         raise ValueError(f"{topology} has no entailment cones (only the hyperbolic topologies do)")
@@ -427,8 +421,14 @@ def entailment(topology: str, generic: torch.Tensor, specific: torch.Tensor, cur
         curvature = _curvature(entry, topology, curvature)
         generic, specific = fp32_or_wider(generic), fp32_or_wider(specific)
         if not entry.product:
-            generic, specific = generic.flatten(1), specific.flatten(1)
-        return entailment_loss(generic, specific, curvature)
+            generic, specific = generic.flatten(1)[:, None], specific.flatten(1)[:, None]
+        return (exterior_angle(generic, specific, curvature) - half_aperture(generic, curvature)).clamp_min(0)
+
+
+def entailment(topology: str, generic: torch.Tensor, specific: torch.Tensor, curvature) -> torch.Tensor:
+    """MERU's entailment loss of paired points (B, m, n) on a curved topology -> 0-d fp32: the hinges
+    (`entailment_hinges`) averaged over pairs and factors, so that MERU's weight (0.2) keeps its scale for every m."""
+    return entailment_hinges(topology, generic, specific, curvature).mean()
 
 
 def lorentz_index_vectors(points: torch.Tensor, curvature, query: bool) -> torch.Tensor:
