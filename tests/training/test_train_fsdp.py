@@ -18,7 +18,7 @@ from topoclip.config import load_config
 from topoclip.model.clip import CLIP
 from topoclip.run.training.trainer import train
 
-from _launch import launch_env, torchrun
+from _launch import LAUNCH_TIMEOUT_S, launch_env, torchrun
 from _tolerance import TINY, gamma, model_roundings
 from test_train_distributed import SETTINGS, step_records
 
@@ -26,12 +26,13 @@ FSDP = SETTINGS + ["train.parallelism=fsdp", "train.lock_image=true", "train.loc
                    "train.gradient_checkpointing=true"]
 
 
-# Hang guards, not speed targets: an eager tiny run takes seconds; a compiled one spends 30-60 s in inductor alone on
-# two cores and once ran past 120 s beside a sweep on both, so a slow runner gets room before a hang is called.
-EAGER_TIMEOUT_S, COMPILED_TIMEOUT_S = 120, 600
+# Hang guards, not speed targets: an eager tiny run takes seconds (LAUNCH_TIMEOUT_S, the launches' guard); a compiled
+# one spends 30-60 s in inductor alone on two cores and once ran past 120 s beside a sweep on both, so a slow runner
+# gets room before a hang is called.
+COMPILED_TIMEOUT_S = 600
 
 
-def one_process(cwd, *arguments: str, timeout: float = EAGER_TIMEOUT_S) -> None:
+def one_process(cwd, *arguments: str, timeout: float = LAUNCH_TIMEOUT_S) -> None:
     """`topoclip train` in one process, without a launcher (FSDP makes its own group of one)."""
     done = subprocess.run([sys.executable, "-m", "topoclip", "train", *arguments, "--quiet"], cwd=cwd,
                           env=launch_env(), capture_output=True, text=True, timeout=timeout)
@@ -126,7 +127,7 @@ def test_a_damaged_optimizer_shard_falls_back_to_the_checkpoint_before(tmp_path)
     (shard,) = (run / "checkpoints" / "step-000002" / "optimizer").glob("*.safetensors")
     shard.write_bytes(shard.read_bytes()[:100])  # cut: the header promises more than the file holds
     done = subprocess.run([sys.executable, "-m", "topoclip", "train", "--resume", str(run), "--set", "train.steps=3"],
-                          cwd=tmp_path, env=launch_env(), capture_output=True, text=True, timeout=EAGER_TIMEOUT_S)
+                          cwd=tmp_path, env=launch_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "skipping damaged checkpoint step-000002" in done.stderr and "resuming from step-000001" in done.stdout
     assert [r["step"] for r in step_records(run)][-1] == 3
@@ -182,7 +183,7 @@ def test_a_checkpoint_saved_before_the_first_update_resumes(tmp_path):
         subprocess.run(["rm", "-r", str(run / "checkpoints" / late)], check=True)
     (run / "eval.json").unlink()
     done = subprocess.run([sys.executable, "-m", "topoclip", "train", "--resume", str(run)], cwd=tmp_path,
-                          env=launch_env(), capture_output=True, text=True, timeout=EAGER_TIMEOUT_S)
+                          env=launch_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert done.returncode == 0 and "resuming from step-000001" in done.stdout, done.stderr[-3000:]
 
 
@@ -193,7 +194,7 @@ def test_a_compiled_sharded_run_starts_from_a_checkpoint_as_an_unsharded_one(tmp
     start = tmp_path / "start"
     one_process(tmp_path, "--preset", "tiny", *flags(SETTINGS + ["train.steps=1"]), "--out", str(start))
     checkpoint = str(start / "checkpoints" / "step-000001")
-    for name, extra, timeout in (("plain", [], EAGER_TIMEOUT_S),
+    for name, extra, timeout in (("plain", [], LAUNCH_TIMEOUT_S),
                                  ("sharded", ["train.parallelism=fsdp", "train.compile=true"], COMPILED_TIMEOUT_S)):
         one_process(tmp_path, "--init-from", checkpoint, *flags(SETTINGS + ["train.steps=2"] + extra),
                     "--out", str(tmp_path / name), timeout=timeout)
