@@ -71,13 +71,13 @@ def specs(lorentz: str, product: str) -> dict[str, dict]:
                     + [{"label": f"{name} (`{cell}`)", "source": source, "cell": cell}
                        for name, (source, cell) in (("the sphere", SPHERE), ("Multi", MULTI))]},
         "lorentz-precision-stability.json": {
-            "about": "The precision arm: one run (seed 0, 9,600 steps) of each family at its lr in bf16 and in fp16, "
-                     "beside stage 1's fp32 runs of the same cell.",
+            "about": "The precision arm, on one GPU: one run (seed 0, 9,600 steps) of each family at its lr in bf16, "
+                     "in fp16 and in fp32 (TF32 off), beside stage 1's fp32 runs of the same cell on the CPU.",
             "rows": [{"label": f"`{cell}`, {precision}", "source": source, "cell": cell}
                      for cell in (lorentz, product)
-                     for precision, source in (("fp32 (stage 1)", STAGE_1),
-                                               *((p, f"lorentz-precision-{p}-{cell.split('_lr-')[0]}")
-                                                 for p in ("bf16", "fp16")))]},
+                     for precision, source in (("fp32 (stage 1, CPU)", STAGE_1),
+                                               *((p + " (GPU)", f"lorentz-precision-{p}-{cell.split('_lr-')[0]}")
+                                                 for p in ("fp32", "bf16", "fp16")))]},
     }
 
 

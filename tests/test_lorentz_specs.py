@@ -44,7 +44,7 @@ def results(tmp_path, monkeypatch):
     grid(tmp_path / "lorentz-19200", {"lorentz_lr-1e-3": 60.0, "lorentz-entail_lr-1e-3": 61.0,
                                       "lorentz-product_lr-2e-3": 70.0, "lorentz-product-entail_lr-2e-3": 70.5}, 5)
     grid(tmp_path / "tau-range-full-scenes-19200", {"sphere-default-t": 59.0, "multi-default-t": 72.0}, 5)
-    for precision in ("bf16", "fp16"):
+    for precision in ("fp32", "bf16", "fp16"):
         for cell in ("lorentz_lr-1e-3", "lorentz-product_lr-2e-3"):
             grid(tmp_path / f"lorentz-precision-{precision}-{cell.split('_lr-')[0]}", {cell: 55.0}, 1)
     return tmp_path
@@ -63,7 +63,7 @@ def test_the_specs_name_the_rules_cells_and_the_report_draws_them(results):
     stage_2 = readme_results.stability_table(written["lorentz-19200-stability.json"])
     assert "| Multi (`multi-default-t`) | 5 |" in stage_2 and "| `lorentz-entail_lr-1e-3` | 5 |" in stage_2
     precision = readme_results.stability_table(written["lorentz-precision-stability.json"])
-    assert "| `lorentz-product_lr-2e-3`, fp16 | 1 |" in precision and "| `lorentz_lr-1e-3`, fp32 (stage 1) | 3 |" in precision
+    assert "| `lorentz-product_lr-2e-3`, fp16 (GPU) | 1 |" in precision and "| `lorentz_lr-1e-3`, fp32 (stage 1, CPU) | 3 |" in precision
 
 
 def test_a_written_spec_is_never_rewritten_with_other_content(results, monkeypatch, capsys):
