@@ -825,11 +825,38 @@ def test_the_hyperbolic_gpu_table_sets_each_step_against_its_twin_of_the_same_mo
                         step("sphere-vit-b16", False, 1900.0, "lorentz"), step("sphere-vit-b16", True, 3000.0),
                         step("sphere-vit-b16", True, 2400.0, "lorentz"),
                         step("multi-32x16-vit-b16", False, 1710.0, "lorentz-product")]}
-    rows = readme_results.gpu_hyperbolic_table(result).splitlines()[4:]
+    table = readme_results.gpu_hyperbolic_table(result).splitlines()
+    assert ", 2026-11-28: " in table[0]
+    rows = table[4:]
     assert rows == ["| `sphere-vit-b16` | as the preset | 2,000 (1,990–2,005) | 3,000 (2,990–3,005) |",
                     "| `sphere-vit-b16` | `lorentz` | 1,900 (1,890–1,905), -5.0% | 2,400 (2,390–2,405), -20.0% |",
                     "| `multi-32x16-vit-b16` | as the preset | 1,800 (1,790–1,805) | not timed |",
                     "| `multi-32x16-vit-b16` | `lorentz-product` | 1,710 (1,700–1,715), -5.0% | not timed |"]
+    later = [{**step("multi-32x16-vit-b16", True, 2500.0), "date": "2026-11-30 18:43 UTC"},
+             {**step("multi-32x16-vit-b16", True, 2250.0, "lorentz-product"), "date": "2026-11-30 18:43 UTC"}]
+    table = readme_results.gpu_hyperbolic_table({**result, "steps": result["steps"] + later}).splitlines()
+    assert ", 2026-11-28 or 2026-11-30: " in table[0]  # a later lease's steps say so
+    assert table[-1] == "| `multi-32x16-vit-b16` | `lorentz-product` | 1,710 (1,700–1,715), -5.0% | 2,250 (2,240–2,255), -10.0% |"
+
+
+def test_the_gpu_feeding_table_says_each_rows_epochs_and_lease():
+    """docs/results/gpu-feeding.json's shards-against-random rows: a row from before the field (32-batch epochs, the
+    workers started again each), a steady-state row (an epoch longer than every step it times) and 32-batch epochs with
+    the workers kept, each with its lease."""
+    row = {"batch": 256, "steps": 30, "rounds": 3, "num_workers": 8, "batches_in_flight": 8, "threads": 16,
+           "random_images_per_s": 3000.0, "shards_images_per_s": 2000.0, "shard_to_random": 0.667,
+           "ratio_range": [0.66, 0.67], "cpu_count": 16, "preset": "sphere-vit-b16"}
+    later = "2026-11-30 18:39 UTC (another machine)"
+    result = {"gpu": "a GPU", "torch": "2.x", "date": "2026-11-28 00:00:37 UTC", "nccl": {}, "profiles": [],
+              "fsdp_memory": [{"batch": 64, "parallelism": "ddp", "per_rank": [{"peak_device": 2**30}]}],
+              "loader": {"command": "loader.py", "batch": 256, "rows": [], "cut": "none cut"},
+              "shards_vs_random": [row, {**row, "samples_per_epoch": 10**8, "workers_kept": True, "lease": later},
+                                   {**row, "samples_per_epoch": 8192, "workers_kept": True, "lease": later}]}
+    lines = readme_results.gpu_feeding_table(result).splitlines()
+    assert [line.split(" | ")[:2] for line in lines[4:7]] == [
+        ["| 2026-11-28 00:00", "32 batches, workers started again"], ["| 2026-11-30 18:39", "longer than the run"],
+        ["| 2026-11-30 18:39", "32 batches, workers kept"]]
+    assert "- The lease of 2026-11-30 18:39: another machine." in lines
 
 
 @pytest.mark.slow

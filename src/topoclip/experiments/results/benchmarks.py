@@ -56,14 +56,23 @@ def gpu_check_table(result: dict) -> str:
     ])
 
 
+def epoch(line: dict) -> str:
+    """A shards-against-random row's epochs: longer than its timed steps, or how many batches, and whether the
+    loader's workers outlived them (a row without the field is from before SharedEpoch: 32 batches, started again)."""
+    batches = line.get("samples_per_epoch", 8192) // line["batch"]
+    if batches > line["steps"] * line["rounds"] * 2:  # warm-up and timed steps of every round, twice over
+        return "longer than the run"
+    return f"{batches} batches, workers {'kept' if line.get('workers_kept') else 'started again'}"
+
+
 def gpu_feeding_table(result: dict) -> str:
     """Issue #59's GPU steps (docs/results/gpu-feeding.json): NCCL, the data path against random tensors by workers
     and batches queued, the compiled step's busy share, FSDP's memory on the GPU, the loader alone."""
-    rows = ["| workers | batches queued | model threads | random tensors | shards | shards ÷ random (range) | the step's "
-            "wait for the loader |", "|---|---|---|---|---|---|---|"]
+    rows = ["| lease | an epoch | workers | batches queued | model threads | random tensors | shards | shards ÷ random "
+            "(range) | the step's wait for the loader |", "|---|---|---|---|---|---|---|---|---|"]
     for line in result["shards_vs_random"]:
         wait = line.get("loader_wait_ms_per_step")
-        rows.append(f"| {line['num_workers']} | {line['batches_in_flight']} | {line['threads']} | "
+        rows.append(f"| {line.get('lease', result['date'])[:16]} | {epoch(line)} | {line['num_workers']} | {line['batches_in_flight']} | {line['threads']} | "
                     f"{line['random_images_per_s']:,.0f} img/s | {line['shards_images_per_s']:,.0f} img/s | "
                     f"{line['shard_to_random']:.2f} ({line['ratio_range'][0]:.2f}–{line['ratio_range'][1]:.2f}) | "
                     f"{'—' if wait is None else f'{wait:.0f} ms'} |")
@@ -81,10 +90,12 @@ def gpu_feeding_table(result: dict) -> str:
                       + f", copy and normalisation on the GPU {ms(row['device_ms_per_batch'], 1)} a batch)"
                       for row in loader["rows"])
     first = result["shards_vs_random"][0]
+    leases = dict.fromkeys(line["lease"] for line in result["shards_vs_random"] if "lease" in line)
     return "\n".join([
         f"Measured on one {result['gpu']}, torch {result['torch']}, {result['date'][:10]} ({first['cpu_count']} CPU "
         f"cores): {first['preset']}, bf16, batch {first['batch']}, compiled, on 256-px JPEG shards against random "
-        "tensors on the GPU:", "", *rows, "",
+        "tensors on the GPU:", "", *rows, "", *(f"- The lease of {lease.split(' UTC', 1)[0]}: {lease.split(' UTC', 1)[1].strip(' ()')}."
+                                  for lease in leases), "",
         f"- Over NCCL (one process): {nccl}. FSDP's memory benchmark on the GPU (batch "
         f"{result['fsdp_memory'][0]['batch']}, peak): {memory}.",
         f"- The compiled step profiled: {busy}.",
@@ -211,7 +222,8 @@ def gpu_hyperbolic_table(result: dict) -> str:
 
     weights = [item.split("=", 1)[1] for step in steps for item in step["overrides"]
                if item.startswith("train.entailment_weight=")]
-    rows = [f"Measured on one {result['gpu']} ({result['machine']}), torch {result['torch']}, {result['date'][:10]}: "
+    dates = setting(step.get("date", result["date"])[:10] for step in steps)  # a later lease's steps carry their own
+    rows = [f"Measured on one {result['gpu']} ({result['machine']}), torch {result['torch']}, {dates}: "
             f"images/s of the whole step (forward, backward, AdamW), batch {setting(step['batch'] for step in steps)}, "
             f"{setting(step['precision'] for step in steps)}, random tensors, the median (range) of "
             f"{setting(len(step['rounds_images_per_s']) for step in steps)} rounds, and against the preset's own "
