@@ -72,7 +72,8 @@ def gpu_feeding_table(result: dict) -> str:
             "(range) | the step's wait for the loader |", "|---|---|---|---|---|---|---|---|---|"]
     for line in result["shards_vs_random"]:
         wait = line.get("loader_wait_ms_per_step")
-        rows.append(f"| {line.get('lease', result['date'])[:16]} | {epoch(line)} | {line['num_workers']} | {line['batches_in_flight']} | {line['threads']} | "
+        rows.append(f"| {line.get('lease', result['date'])[:16]} | {epoch(line)} | {line['num_workers']} | "
+                    f"{line['batches_in_flight']} | {line['threads']} | "
                     f"{line['random_images_per_s']:,.0f} img/s | {line['shards_images_per_s']:,.0f} img/s | "
                     f"{line['shard_to_random']:.2f} ({line['ratio_range'][0]:.2f}–{line['ratio_range'][1]:.2f}) | "
                     f"{'—' if wait is None else f'{wait:.0f} ms'} |")
@@ -92,10 +93,11 @@ def gpu_feeding_table(result: dict) -> str:
     first = result["shards_vs_random"][0]
     leases = dict.fromkeys(line["lease"] for line in result["shards_vs_random"] if "lease" in line)
     return "\n".join([
-        f"Measured on one {result['gpu']}, torch {result['torch']}, {result['date'][:10]} ({first['cpu_count']} CPU "
-        f"cores): {first['preset']}, bf16, batch {first['batch']}, compiled, on 256-px JPEG shards against random "
-        "tensors on the GPU:", "", *rows, "", *(f"- The lease of {lease.split(' UTC', 1)[0]}: {lease.split(' UTC', 1)[1].strip(' ()')}."
-                                  for lease in leases), "",
+        f"Measured on one {result['gpu']}, torch {result['torch']}, in the leases of the first column "
+        f"({first['cpu_count']} CPU cores): {first['preset']}, bf16, batch {first['batch']}, compiled, on 256-px JPEG "
+        "shards against random tensors on the GPU:", "", *rows, "",
+        *(f"- The lease of {when}: {what.strip(' ()')}." for when, what in (lease.split(" UTC", 1) for lease in leases)),
+        "",
         f"- Over NCCL (one process): {nccl}. FSDP's memory benchmark on the GPU (batch "
         f"{result['fsdp_memory'][0]['batch']}, peak): {memory}.",
         f"- The compiled step profiled: {busy}.",
