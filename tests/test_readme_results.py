@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from topoclip.experiments import results as readme_results
+from topoclip.experiments.results.benchmarks import lease_note
 from topoclip.experiments import statistics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -857,6 +858,10 @@ def test_the_gpu_feeding_table_says_each_rows_epochs_and_lease():
         ["| 2026-11-28 00:00", "32 batches, workers started again"], ["| 2026-11-30 18:39", "longer than the run"],
         ["| 2026-11-30 18:39", "32 batches, workers kept"]]
     assert "- The lease of 2026-11-30 18:39: another machine." in lines
+    # A lease recorded in another form is said as it is, not lost or misparsed.
+    assert lease_note("2026-11-30 18:39:12 UTC (code of (abc))") == (
+        "- The lease of 2026-11-30 18:39: code of (abc).")
+    assert lease_note("the second lease") == "- A lease: the second lease."
 
 
 @pytest.mark.slow

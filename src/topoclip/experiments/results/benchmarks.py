@@ -5,6 +5,9 @@ import re
 
 from topoclip.experiments.statistics import Difference
 
+# An epoch of at least this many samples holds no epoch's start in a shards-against-random run, which draws a few
+# hundred batches at most (shard_throughput.py's steady state asks for 10^8, its short epochs for --samples, 8,192).
+STEADY_STATE_SAMPLES = 10**6
 
 # A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium,
 # equilibrium-train-19200 as equilibrium-train);
@@ -57,12 +60,19 @@ def gpu_check_table(result: dict) -> str:
 
 
 def epoch(line: dict) -> str:
-    """A shards-against-random row's epochs: longer than its timed steps, or how many batches, and whether the
-    loader's workers outlived them (a row without the field is from before SharedEpoch: 32 batches, started again)."""
-    batches = line.get("samples_per_epoch", 8192) // line["batch"]
-    if batches > line["steps"] * line["rounds"] * 2:  # warm-up and timed steps of every round, twice over
+    """A shards-against-random row's epochs: longer than the run (shard_throughput.py's default, 10^8 samples, the
+    steady state), or how many batches and whether the loader's workers outlived them (a row without the fields is from
+    before SharedEpoch: --samples' 8,192 a run, the workers started again each)."""
+    samples = line.get("samples_per_epoch") or 8192
+    if samples >= STEADY_STATE_SAMPLES:
         return "longer than the run"
-    return f"{batches} batches, workers {'kept' if line.get('workers_kept') else 'started again'}"
+    return f"{samples // line['batch']} batches, workers {'kept' if line.get('workers_kept') else 'started again'}"
+
+
+def lease_note(lease: str) -> str:
+    """A later lease's footnote from its record ("YYYY-MM-DD HH:MM[:SS] UTC (what)"), or the record as it is."""
+    found = re.fullmatch(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})(?::\d{2})? UTC \((.+)\)", lease.strip())
+    return f"- The lease of {found[1]}: {found[2]}." if found else f"- A lease: {lease}."
 
 
 def gpu_feeding_table(result: dict) -> str:
@@ -96,8 +106,7 @@ def gpu_feeding_table(result: dict) -> str:
         f"Measured on one {result['gpu']}, torch {result['torch']}, in the leases of the first column "
         f"({first['cpu_count']} CPU cores): {first['preset']}, bf16, batch {first['batch']}, compiled, on 256-px JPEG "
         "shards against random tensors on the GPU:", "", *rows, "",
-        *(f"- The lease of {when}: {what.strip(' ()')}." for when, what in (lease.split(" UTC", 1) for lease in leases)),
-        "",
+        *map(lease_note, leases), "",
         f"- Over NCCL (one process): {nccl}. FSDP's memory benchmark on the GPU (batch "
         f"{result['fsdp_memory'][0]['batch']}, peak): {memory}.",
         f"- The compiled step profiled: {busy}.",
