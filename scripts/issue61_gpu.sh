@@ -6,9 +6,10 @@
 #   lorentz-product_lr-1e-3), seed 0, 9,600 steps, in bf16, fp16 and fp32 (TF32 off: the like-for-like twin on the
 #   same GPU), all six at once (~440 s on an H200 with 16 cores); then, with the time left, gpu_check.py's shards steps.
 # - rerun: the re-run check, one more seed of `lorentz` at its lr (seed 5, 19,200 steps, fp32 with TF32 off) on this
-#   other machine, to land inside docs/results/lorentz-19200-reruns.json's prediction interval. Alone it may outlast
-#   one call: its trainer runs on (setsid) while the machine is warm, and the same command in the next call, within the
-#   machine's 30 s, waits for it rather than starting it again (WORK/NAME.pid).
+#   other machine, to land inside docs/results/lorentz-19200-reruns.json's prediction interval (the block
+#   lorentz-19200-rerun-check reads it once landed). Alone it may outlast one call: its trainer runs on (setsid) while
+#   the machine is warm, and the same command in the next call, within the machine's 30 s, waits for it rather than
+#   starting it again (WORK/NAME.pid).
 #
 #   PIN_SRC=.pin/src WORK=.gpuwork OUT=$OUT bash scripts/issue61_gpu.sh 560 [precision|rerun]
 #   PIN_SRC=.pin/src WORK=/tmp/w OUT=/tmp/o DEVICE=cpu STEPS=40 PRESET=tiny bash scripts/issue61_gpu.sh 300   # rehearsal
@@ -18,7 +19,9 @@ arm=${2:-precision}
 case "$arm" in precision|rerun) ;; *) echo "issue61_gpu: the arm is precision or rerun, not '$arm'" >&2; exit 2;; esac
 start=$SECONDS
 device=${DEVICE:-cuda}
-steps=${STEPS:-9600}  # the precision arm's
+default_steps=9600  # the precision arm's
+[ "$arm" = rerun ] && default_steps=19200  # the cell's schedule
+steps=${STEPS:-$default_steps}
 mkdir -p "$WORK" "$OUT"
 preset=()
 [ -n "${PRESET:-}" ] && preset=(--preset "$PRESET")
@@ -36,7 +39,7 @@ train() {  # NAME CELL SEED STEPS PRECISION
 alive() { [ -f "$WORK/$1.pid" ] && kill -0 "$(cat "$WORK/$1.pid")" 2>/dev/null; }
 names=()
 if [ "$arm" = rerun ]; then
-  train "lorentz-19200-rerun-gpu-lorentz_lr-5e-4-seed5" lorentz_lr-5e-4 5 "${STEPS:-19200}" fp32
+  train "lorentz-19200-rerun-gpu-lorentz_lr-5e-4-seed5" lorentz_lr-5e-4 5 "$steps" fp32
 else
   for precision in bf16 fp16 fp32; do
     for cell in lorentz_lr-5e-4 lorentz-product_lr-1e-3; do

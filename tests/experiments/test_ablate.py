@@ -1,13 +1,17 @@
 """Ablation grids: every shipped grid resolves, cells are what the grid says, and `topoclip ablate`
 trains, tabulates and resumes (finished runs are not trained again, killed ones are resumed)."""
+import datetime
 import json
 import math
 import os
 import shutil
+import subprocess
 
 import pytest
 
+import topoclip
 from topoclip.experiments import grid as grids
+from topoclip.experiments.runner import code_info
 from topoclip.experiments.report import curve_metrics, late_rise, still_rising
 from topoclip.cli import main
 from topoclip.config import ConfigError, to_dict
@@ -217,6 +221,8 @@ def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     gains = [run["evaluations"][1]["shape/distance/top1"] - run["evaluations"][0]["shape/distance/top1"] for run in runs]
     assert rise["effect"] == pytest.approx(sum(gains) / 2, abs=1e-12)  # values in %: 1e-12 is far above rounding
     assert result["trained_now"] == 4 and len(result["rows"]) == 2
+    assert result["code"]["topoclip"] == topoclip.__version__  # the commit: test_code_info_names_this_checkouts_commit
+    assert datetime.datetime.fromisoformat(result["started"]).utcoffset() == datetime.timedelta(0)
     first = read_runs(out)
     assert all(r["i2t_r1"] is not None and r["linear_probe_top1"] is not None for r in first.values())
     # every retrieval metric of eval.json, per set: R@K beside mAP@R and R-Precision, which count every true caption
@@ -247,6 +253,31 @@ def test_ablate_writes_table_and_resumes(tmp_path, capsys):
     # Other settings in the same folder are refused, not mixed into the table.
     assert main(["ablate", "--grid", "table3", *FAST, *cells, "--set", "train.lr=0.1", "--out", str(out)]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_code_info_names_this_checkouts_commit(tmp_path, monkeypatch):
+    """ablation.json's "code": the commit of a checkout of this project the package runs from, and whether its files
+    differ from it; nothing from another repository the package happens to lie in, nor outside any."""
+    def git(folder, *args):
+        return subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    checkout = tmp_path / "checkout"
+    package = checkout / "src" / "topoclip"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    git(checkout, "init", "-q")
+    git(checkout, "add", ".")
+    git(checkout, "commit", "-q", "-m", "a")
+    monkeypatch.setattr(topoclip, "__file__", str(package / "__init__.py"))
+    assert code_info() == {"topoclip": topoclip.__version__, "commit": git(checkout, "rev-parse", "HEAD"), "modified": False}
+    (package / "geometry.py").write_text("")  # a file the commit lacks
+    assert code_info()["modified"] is True
+    (checkout / "src" / "other").mkdir()  # the same repository, another package: its commit is not topoclip's
+    monkeypatch.setattr(topoclip, "__file__", str(checkout / "src" / "other" / "__init__.py"))
+    assert code_info()["commit"] is None
+    monkeypatch.setattr(topoclip, "__file__", str(tmp_path / "site-packages" / "topoclip" / "__init__.py"))
+    assert code_info() == {"topoclip": topoclip.__version__, "commit": None, "modified": None}  # no checkout
 
 
 @pytest.mark.slow

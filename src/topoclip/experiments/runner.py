@@ -7,14 +7,16 @@ made with other settings is refused (use another OUT). ``--jobs J`` trains J run
 separate processes (each with cores / J threads). After training, each run gets a linear probe
 (``probe.json`` beside eval.json, also resumable). Then the report (`topoclip.experiments.report`):
 ``OUT/table.md`` (mean ± std over seeds, the columns of Table 6), ``OUT/ablation.json`` (every run
-and every row, the command, the machine, the wall time), ``OUT/curves.png`` (the validation curves)
-and ``OUT/temperature.png`` (every run's τ, one colour per cell).
+and every row, the command, when it started, the machine, the code, the wall time), ``OUT/curves.png`` (the
+validation curves) and ``OUT/temperature.png`` (every run's τ, one colour per cell).
 """
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -270,7 +272,7 @@ def ablate(grid_name: Union[str, Grid], out_dir, seeds: int = 3, steps: Optional
     # first is about to train, and write one's settings beside the other's results.
     with claim_folder(out_dir, "ablation folder"):
         specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells, first_seed)
-        started = time.perf_counter()
+        started, clock = time.perf_counter(), datetime.datetime.now(datetime.timezone.utc)
         reused = reuse_runs(specs, reuse, log)
         log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds); "
             f"logs in {out_dir / 'logs'}")
@@ -284,10 +286,11 @@ def ablate(grid_name: Union[str, Grid], out_dir, seeds: int = 3, steps: Optional
                 "preset": preset or grid.preset, "steps": load_config(values=specs[0].config).train.steps,
                 "command": command or (f"ablate({grid.name!r}, seeds={seeds}, first_seed={first_seed}, steps={steps}, "
                                        f"jobs={jobs}, preset={preset!r})"),
-                "jobs": jobs, "wall_seconds": time.perf_counter() - started, "trained_now": trained, "reused_now": reused,
+                "jobs": jobs, "started": clock.isoformat(timespec="seconds"), "wall_seconds": time.perf_counter() - started,
+                "trained_now": trained, "reused_now": reused,
                 "reused": sum(r["reused_from"] is not None for r in records), "stopped": stopped,
                 "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                            "python": platform.python_version(), **_torch_info()}}
+                            "python": platform.python_version(), **_torch_info()}, "code": code_info()}
         return write_report(grid, records, meta, out_dir, log)
 
 
@@ -312,6 +315,26 @@ def finish_runs(specs: Sequence[RunSpec], jobs: int, probe_size: int, log: Calla
     for record in records:
         record.pop("state_before", None)
     return records, to_train
+
+
+def code_info() -> dict:
+    """Which topoclip this is: its version and, run from a git checkout of this project (an editable install), the
+    commit and whether the package's files differ from it; None for those where git or such a checkout is absent."""
+    import topoclip
+
+    package = Path(topoclip.__file__).resolve().parent
+    info = {"topoclip": topoclip.__version__, "commit": None, "modified": None}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() / "src" / "topoclip" == package:  # not another repo's
+            info.update(commit=git("rev-parse", "HEAD"), modified=bool(git("status", "--porcelain", "--", ".")))
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
+        pass
+    return info
 
 
 def _torch_info() -> dict:

@@ -8,6 +8,8 @@ from topoclip.experiments.statistics import Difference
 # An epoch of at least this many samples holds no epoch's start in a shards-against-random run, which draws a few
 # hundred batches at most (shard_throughput.py's steady state asks for 10^8, its short epochs for --samples, 8,192).
 STEADY_STATE_SAMPLES = 10**6
+# A row from before the benchmark recorded its epochs ran shard_throughput.py's --samples default, 8,192 samples an epoch.
+OLD_ROW_SAMPLES = 8192
 
 # A block is rendered by its name's entry, a trailing step count aside (equilibrium-9600 as equilibrium,
 # equilibrium-train-19200 as equilibrium-train);
@@ -62,8 +64,8 @@ def gpu_check_table(result: dict) -> str:
 def epoch(line: dict) -> str:
     """A shards-against-random row's epochs: longer than the run (shard_throughput.py's default, 10^8 samples, the
     steady state), or how many batches and whether the loader's workers outlived them (a row without the fields is from
-    before SharedEpoch: --samples' 8,192 a run, the workers started again each)."""
-    samples = line.get("samples_per_epoch") or 8192
+    before SharedEpoch: OLD_ROW_SAMPLES a run, the workers started again each)."""
+    samples = line.get("samples_per_epoch") or OLD_ROW_SAMPLES
     if samples >= STEADY_STATE_SAMPLES:
         return "longer than the run"
     return f"{samples // line['batch']} batches, workers {'kept' if line.get('workers_kept') else 'started again'}"

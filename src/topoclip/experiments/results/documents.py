@@ -20,7 +20,8 @@ from topoclip.experiments.results.grids import (ablation_table, ceiling_table, c
 from topoclip.experiments.results.headline import (drawn_from, fingerprint, headline_points, headline_table,
                                                    plot_headline)
 from topoclip.experiments.results.tables import (LR_CHOICE, claims_summary_table, claims_table, comparison_table,
-                                                 convergence_table, equivalence_table, lr_choice_table, reruns_table,
+                                                 convergence_table, equivalence_table, lr_choice_table, rerun_check_table,
+                                                 reruns_table,
                                                  retrieval_table, stability_table, tau_late_rise, tau_late_rise_table)
 
 
@@ -42,7 +43,8 @@ RENDERERS = {"default-run": default_run_table, "csv-rows": csv_rows_table, "comp
 
 # A block named by a spec file's suffix (docs/results/NAME-SUFFIX.json) is that kind of table.
 SUFFIX_RENDERERS = {"-tests": comparison_table, "-equivalence": equivalence_table, "-retrieval": retrieval_table,
-                    "-convergence": convergence_table, "-reruns": reruns_table, "-stability": stability_table}
+                    "-convergence": convergence_table, "-reruns": reruns_table, "-stability": stability_table,
+                    "-rerun-check": rerun_check_table}
 
 
 def load_results(name: str):

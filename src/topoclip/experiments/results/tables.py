@@ -1,6 +1,6 @@
-"""The tables a spec file in docs/results asks for (NAME-tests, -equivalence, -convergence, -reruns, -retrieval,
--stability, the claims, each family's lr), each value recomputed from the runs: Welch's t, TOST, Holm, prediction
-intervals, τ's late rise, skipped steps."""
+"""The tables a spec file in docs/results asks for (NAME-tests, -equivalence, -convergence, -reruns, -rerun-check,
+-retrieval, -stability, the claims, each family's lr), each value recomputed from the runs: Welch's t, TOST, Holm,
+prediction intervals, τ's late rise, skipped steps."""
 from __future__ import annotations
 
 import math
@@ -8,8 +8,8 @@ import os
 
 from topoclip.experiments.statistics import format_p, holm, mean_std, paired, permutation, prediction, tost, welch
 import topoclip.experiments.results.files as files
-from topoclip.experiments.results.files import load_result, pooled, pools, read_results
-from topoclip.experiments.results.grids import CEILING_ROWS, RANK_ROWS, experts_values
+from topoclip.experiments.results.files import load_result, pooled, pools, read_results, run_settings
+from topoclip.experiments.results.grids import CEILING_ROWS, RANK_ROWS, describe_machine, experts_values
 
 
 def cell_values(source: str, cell: str, metric: str, set_name: str = "") -> list[float]:
@@ -316,6 +316,93 @@ def reruns_table(spec: dict) -> str:
     """Markdown: where one more seed of each cell lands (docs/results/NAME-reruns.json: {"about", "source", "cells",
     "metrics": [{"metric", "label", "bounds"?, "digits"?}]}), the figure a re-run on another machine is checked against."""
     return "\n".join([spec["about"], "", rerun_table(spec["source"], spec["cells"], spec["metrics"])])
+
+
+STOPPED = "stopped on non-finite values"  # a re-run's column where it did
+
+
+def machine_setting(override: str) -> bool:
+    """Whether a re-run's --set only says where it trains, beside the recipe of the runs it is checked against: the
+    device, and the precision those had (fp32, the default; TF32 off keeps a GPU's matrix products in fp32, as a
+    CPU's are)."""
+    return override.startswith("train.device=") or override in ("train.precision=fp32", "train.allow_tf32=false")
+
+
+def rerun_check_table(spec: dict) -> str:
+    """Markdown: a re-run on another machine read against the prediction intervals it was registered with
+    (docs/results/NAME-rerun-check.json: {"about", "reruns": the -reruns spec, "decides": the metric whose interval
+    decides, "runs": [{"label", "source"}]}): each metric's interval, each landed re-run's value inside it or not, and
+    a verdict. A re-run counts when it is one new seed of the spec's one cell, with the cell's steps and settings (the
+    machine's aside: `machine_setting`), on a platform none of the cell's runs trained on; one that stopped on
+    non-finite values fails; one not yet landed shows as such. Refused: a re-run of another cell, schedule or recipe,
+    or of a seed the cell has."""
+    reruns = read_results(files.RESULTS / f"{spec['reruns']}.json")
+    (cell,), source, metrics = reruns["cells"], reruns["source"], reruns["metrics"]
+    if spec["decides"] not in [m["metric"] for m in metrics]:
+        raise ValueError(f"{spec['decides']!r} is not a metric of {spec['reruns']}")
+    cell_runs = [r for r in load_result(source)["runs"] if r["cell"] == cell]
+    grids = [load_result(part) for part in {r.get("part", source) for r in cell_runs}]  # in parts: each run's own
+    platforms = {grid["machine"]["platform"] for grid in grids}
+
+    def recipe(grid: dict) -> dict:
+        settings = run_settings(grid["command"])
+        return {**settings, "overrides": [o for o in settings["overrides"] if not machine_setting(o)]}
+
+    intervals = {}  # metric: (mean, low, high), the prediction interval cut to the metric's bounds
+    for metric in metrics:
+        p = prediction(cell_values(source, cell, metric["metric"]))
+        low, high = metric.get("bounds", (-math.inf, math.inf))
+        intervals[metric["metric"]] = p.mean, max(p.low, low), min(p.high, high)
+    columns = []  # (label, machine, {metric: value} or STOPPED), or (label, None, None) where not landed yet
+    for run in spec["runs"]:
+        try:
+            grid = load_result(run["source"])
+        except FileNotFoundError:
+            columns.append((run["label"], None, None))
+            continue
+        landed = grid["runs"] + grid.get("stopped", [])  # one that stopped on non-finite values is a result too
+        if len(landed) != 1:
+            raise ValueError(f"{run['source']} holds {len(landed)} runs: a re-run is one (`--seeds 1`)")
+        if landed[0]["cell"] != cell or landed[0]["seed"] in {r["seed"] for r in cell_runs}:
+            raise ValueError(f"{run['source']} is {landed[0]['cell']} seed {landed[0]['seed']}: a re-run is a new seed "
+                             f"of {cell}")
+        if recipe(grid) != recipe(grids[0]):
+            raise ValueError(f"{run['source']} trains otherwise than {source}'s {cell} ({recipe(grid)} against "
+                             f"{recipe(grids[0])}): a re-run changes the machine, not the recipe")
+        values = {m: cell_values(run["source"], cell, m)[0] for m in intervals} if grid["runs"] else STOPPED
+        columns.append((run["label"], grid["machine"], values))
+
+    def inside(values: dict, metric: str) -> bool:
+        _, low, high = intervals[metric]
+        return values != STOPPED and low <= values[metric] <= high
+
+    def shown(values, metric: str, digits: int) -> str:
+        if values in (None, STOPPED):
+            return "not run yet" if values is None else STOPPED
+        return f"{values[metric]:.{digits}f} " + ("inside" if inside(values, metric) else "**outside**")
+
+    def verdict(machine: dict, values) -> str:
+        if machine["platform"] in platforms:
+            return f"does not count: {machine['platform']} is the cell's own machine kind"
+        held = sum(inside(values, m) for m in intervals)
+        return f"**{'passes' if inside(values, spec['decides']) else 'fails'}** ({held} of {len(intervals)} inside)"
+
+    lines = [spec["about"], "", "| metric | one more seed lands in | " + " | ".join(c[0] for c in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
+    for metric in metrics:
+        (mean, low, high), digits, key = intervals[metric["metric"]], metric.get("digits", 1), metric["metric"]
+        lines.append(f"| {metric['label']}{' (decides)' * (key == spec['decides'])} | {mean:.{digits}f} "
+                     f"({low:.{digits}f} to {high:.{digits}f}) | "
+                     + " | ".join(shown(values, key, digits) for _, _, values in columns) + " |")
+    verdicts = [verdict(machine, values) if machine else "—" for _, machine, values in columns]
+    lines.append("| verdict | | " + " | ".join(verdicts) + " |")
+    rerun_machines = "; ".join(f"{label}: {describe_machine(machine)}" for label, machine, _ in columns if machine)
+    return "\n".join(lines + ["", f"The interval: the mean of {source}'s {len(cell_runs)} runs of {cell} and the 95 % "
+                                   f"prediction interval for one more run ({spec['reruns']}). The cell's runs trained on "
+                                   + "; ".join(sorted({describe_machine(grid["machine"]) for grid in grids}))
+                                   + (f"; the re-runs: {rerun_machines}." if rerun_machines else ".")
+                                   + f" A re-run passes when the metric that decides lands inside its interval; with "
+                                   f"{len(intervals)} intervals at 95 %, a miss elsewhere is reported, not failed."])
 
 
 def claims_summary_table(claims: dict) -> str:
