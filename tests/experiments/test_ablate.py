@@ -256,8 +256,13 @@ def test_ablate_writes_table_and_resumes(tmp_path, capsys):
 
 
 def test_code_info_names_this_checkouts_commit(tmp_path, monkeypatch):
-    """ablation.json's "code": the commit of a checkout of this project the package runs from, and whether its files
-    differ from it; nothing from another repository the package happens to lie in, nor outside any."""
+    """ablation.json's "code": a digest of the package's files, whoever installed them, and the commit of a checkout
+    of this project the package runs from, and whether its files differ from it; no commit from another repository
+    the package happens to lie in, nor outside any."""
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))  # the user's config aside (signing, ...),
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    (tmp_path / "gitconfig").write_text("[status]\n\tshowUntrackedFiles = no\n")  # ... but for one code_info overrides
+
     def git(folder, *args):
         return subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t", *args],
                               capture_output=True, text=True, check=True).stdout.strip()
@@ -270,14 +275,21 @@ def test_code_info_names_this_checkouts_commit(tmp_path, monkeypatch):
     git(checkout, "add", ".")
     git(checkout, "commit", "-q", "-m", "a")
     monkeypatch.setattr(topoclip, "__file__", str(package / "__init__.py"))
-    assert code_info() == {"topoclip": topoclip.__version__, "commit": git(checkout, "rev-parse", "HEAD"), "modified": False}
+    first = code_info()
+    assert first["commit"] == git(checkout, "rev-parse", "HEAD") and first["modified"] is False
+    assert first["topoclip"] == topoclip.__version__
     (package / "geometry.py").write_text("")  # a file the commit lacks
-    assert code_info()["modified"] is True
+    second = code_info()
+    assert second["modified"] is True and second["sha256"] != first["sha256"]
+    copy = tmp_path / "site-packages" / "topoclip"  # the same files outside any checkout: the same digest, no commit
+    shutil.copytree(package, copy)
+    monkeypatch.setattr(topoclip, "__file__", str(copy / "__init__.py"))
+    assert code_info() == {**second, "commit": None, "modified": None}
+    (copy / "geometry.py").unlink()
+    assert code_info()["sha256"] == first["sha256"]
     (checkout / "src" / "other").mkdir()  # the same repository, another package: its commit is not topoclip's
     monkeypatch.setattr(topoclip, "__file__", str(checkout / "src" / "other" / "__init__.py"))
     assert code_info()["commit"] is None
-    monkeypatch.setattr(topoclip, "__file__", str(tmp_path / "site-packages" / "topoclip" / "__init__.py"))
-    assert code_info() == {"topoclip": topoclip.__version__, "commit": None, "modified": None}  # no checkout
 
 
 @pytest.mark.slow

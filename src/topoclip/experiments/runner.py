@@ -272,7 +272,7 @@ def ablate(grid_name: Union[str, Grid], out_dir, seeds: int = 3, steps: Optional
     # first is about to train, and write one's settings beside the other's results.
     with claim_folder(out_dir, "ablation folder"):
         specs = plan(grid, out_dir, seeds, overrides, preset, probe_size, cells, first_seed)
-        started, clock = time.perf_counter(), datetime.datetime.now(datetime.timezone.utc)
+        started, clock, code = time.perf_counter(), datetime.datetime.now(datetime.timezone.utc), code_info()
         reused = reuse_runs(specs, reuse, log)
         log(f"ablate {grid.name}: {len(specs)} runs ({len(specs) // seeds} cells × {seeds} seeds); "
             f"logs in {out_dir / 'logs'}")
@@ -290,7 +290,7 @@ def ablate(grid_name: Union[str, Grid], out_dir, seeds: int = 3, steps: Optional
                 "trained_now": trained, "reused_now": reused,
                 "reused": sum(r["reused_from"] is not None for r in records), "stopped": stopped,
                 "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                            "python": platform.python_version(), **_torch_info()}, "code": code_info()}
+                            "python": platform.python_version(), **_torch_info()}, "code": code}
         return write_report(grid, records, meta, out_dir, log)
 
 
@@ -318,21 +318,30 @@ def finish_runs(specs: Sequence[RunSpec], jobs: int, probe_size: int, log: Calla
 
 
 def code_info() -> dict:
-    """Which topoclip this is: its version and, run from a git checkout of this project (an editable install), the
-    commit and whether the package's files differ from it; None for those where git or such a checkout is absent."""
+    """Which topoclip this is, read when an ablation starts: its version; "sha256", a digest of the package's own
+    files (.py and .json: code, presets, grids), the same for the same code however it is installed (a checkout, a
+    wheel, a pinned copy on PYTHONPATH); and, run from a git checkout of this project, the commit and whether the
+    package's files differ from it (None where git, or such a checkout, is absent)."""
+    import hashlib
+
     import topoclip
 
     package = Path(topoclip.__file__).resolve().parent
-    info = {"topoclip": topoclip.__version__, "commit": None, "modified": None}
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".json") and "__pycache__" not in p.parts):
+        digest.update(f"{path.relative_to(package).as_posix()}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    info = {"topoclip": topoclip.__version__, "sha256": digest.hexdigest(), "commit": None, "modified": None}
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True, timeout=30,
-                              check=True).stdout.strip()
+    def git(*args: str) -> str:  # no optional locks: a commit made meanwhile in the checkout is not blocked
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(package), *args], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
 
     try:
         if Path(git("rev-parse", "--show-toplevel")).resolve() / "src" / "topoclip" == package:  # not another repo's
-            info.update(commit=git("rev-parse", "HEAD"), modified=bool(git("status", "--porcelain", "--", ".")))
-    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
+            info.update(commit=git("rev-parse", "HEAD"),
+                        modified=bool(git("status", "--porcelain", "--untracked-files=normal", "--", ".")))
+    except (OSError, subprocess.SubprocessError):  # no git, not a checkout, or one git will not read (another owner's)
         pass
     return info
 

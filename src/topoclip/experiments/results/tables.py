@@ -9,6 +9,8 @@ import os
 from topoclip.experiments.statistics import format_p, holm, mean_std, paired, permutation, prediction, tost, welch
 import topoclip.experiments.results.files as files
 from topoclip.experiments.results.files import load_result, pooled, pools, read_results, run_settings
+from topoclip.config import to_dict
+from topoclip.experiments.grid import cell_config, config_differences, load_grid, select_cells
 from topoclip.experiments.results.grids import CEILING_ROWS, RANK_ROWS, describe_machine, experts_values
 
 
@@ -320,89 +322,109 @@ def reruns_table(spec: dict) -> str:
 
 STOPPED = "stopped on non-finite values"  # a re-run's column where it did
 
+# What a re-run's config may differ in from its cell's runs': its seed, and where it trains (the device, and TF32, which
+# only a GPU has: a re-run on a GPU must have it off, so that its matrix products are fp32 as a CPU's are).
+RERUN_FREE = {"train.seed", "train.device", "train.allow_tf32"}
 
-def machine_setting(override: str) -> bool:
-    """Whether a re-run's --set only says where it trains, beside the recipe of the runs it is checked against: the
-    device, and the precision those had (fp32, the default; TF32 off keeps a GPU's matrix products in fp32, as a
-    CPU's are)."""
-    return override.startswith("train.device=") or override in ("train.precision=fp32", "train.allow_tf32=false")
+
+def kernel(machine: dict) -> str:
+    """"Linux-6.18.44-fc-v595-x86_64": the platform a run trained on, its C library aside."""
+    return machine["platform"].split("-with")[0]
+
+
+def trained_config(results: dict, cell: str, seed: int) -> dict:
+    """The config (to_dict, and the probe's size) one run of an ablation trained with, from its recorded command as
+    `topoclip ablate` resolves it (topoclip.experiments.runner.ablate: --steps last)."""
+    settings = run_settings(results["command"])
+    grid = load_grid(settings["grid"])
+    (levels,) = select_cells(grid, [cell])
+    overrides = settings["overrides"] + ([f"train.steps={settings['steps']}"] if settings["steps"] is not None else [])
+    return {**to_dict(cell_config(grid, levels, overrides, seed, settings["preset"])), "probe_size": settings["probe_size"]}
+
+
+def rerun_refusal(results: dict, cell: str, seed: int, own: dict, kernels: set) -> str:
+    """Why a landed re-run (its ablation's results) does not count as `seed` of `cell` trained on another machine with
+    the config `own` of the cell's runs (trained_config), whose kernels were `kernels`; "" when it counts."""
+    landed = results.get("runs", []) + results.get("stopped", [])
+    if len(landed) != 1:
+        return f"holds {len(landed)} runs, not one (`--seeds 1`)"
+    if (landed[0]["cell"], landed[0]["seed"]) != (cell, seed):
+        return f"is {landed[0]['cell']} seed {landed[0]['seed']}, not the registered {cell} seed {seed}"
+    if landed[0].get("reused_from"):
+        return "copied from another ablation (--reuse), not trained where it was tabulated"
+    machine = results.get("machine") or {}
+    if not machine.get("platform"):
+        return "its results record no machine"
+    config = trained_config(results, cell, seed)
+    differences = sorted(set(config_differences(config, own)) - RERUN_FREE)
+    if differences:
+        return f"trained otherwise than the cell's runs ({', '.join(differences[:3])}{', …' * (len(differences) > 3)})"
+    if machine.get("cuda") and config["train"]["device"] != "cpu" and config["train"]["allow_tf32"]:
+        return "trained on a GPU with TF32 on (--set train.allow_tf32=false)"
+    if kernel(machine) in kernels:
+        return f"{kernel(machine)} is a machine the cell's runs trained on"
+    return ""
 
 
 def rerun_check_table(spec: dict) -> str:
     """Markdown: a re-run on another machine read against the prediction intervals it was registered with
-    (docs/results/NAME-rerun-check.json: {"about", "reruns": the -reruns spec, "decides": the metric whose interval
-    decides, "runs": [{"label", "source"}]}): each metric's interval, each landed re-run's value inside it or not, and
-    a verdict. A re-run counts when it is one new seed of the spec's one cell, with the cell's steps and settings (the
-    machine's aside: `machine_setting`), on a platform none of the cell's runs trained on; one that stopped on
-    non-finite values fails; one not yet landed shows as such. Refused: a re-run of another cell, schedule or recipe,
-    or of a seed the cell has."""
+    (docs/results/NAME-rerun-check.json: {"about", "reruns": the -reruns spec, "seed", "decides": the metric whose
+    interval decides, "runs": [{"label", "source"}]}): each metric's interval, each landed re-run's value inside it or
+    not, and a verdict. A re-run counts when it is the registered seed of the spec's one cell, trained (not copied)
+    with the cell's config (RERUN_FREE aside) on a kernel none of the cell's runs trained on (rerun_refusal); one that
+    stopped on non-finite values fails; one that does not count says why; one not yet landed shows as such."""
     reruns = read_results(files.RESULTS / f"{spec['reruns']}.json")
-    (cell,), source, metrics = reruns["cells"], reruns["source"], reruns["metrics"]
-    if spec["decides"] not in [m["metric"] for m in metrics]:
-        raise ValueError(f"{spec['decides']!r} is not a metric of {spec['reruns']}")
+    cells, source, metrics = reruns["cells"], reruns["source"], reruns["metrics"]
+    if len(cells) != 1 or spec["decides"] not in [m["metric"] for m in metrics]:
+        raise ValueError(f"{spec['reruns']} must name one cell, and {spec['decides']!r} one of its metrics")
+    cell = cells[0]
     cell_runs = [r for r in load_result(source)["runs"] if r["cell"] == cell]
-    grids = [load_result(part) for part in {r.get("part", source) for r in cell_runs}]  # in parts: each run's own
-    platforms = {grid["machine"]["platform"] for grid in grids}
-
-    def recipe(grid: dict) -> dict:
-        settings = run_settings(grid["command"])
-        return {**settings, "overrides": [o for o in settings["overrides"] if not machine_setting(o)]}
-
+    grids = [load_result(part) for part in sorted({r.get("part", source) for r in cell_runs})]  # in parts: each run's
+    kernels = {kernel(grid["machine"]) for grid in grids}
+    own = trained_config(grids[0], cell, spec["seed"])
     intervals = {}  # metric: (mean, low, high), the prediction interval cut to the metric's bounds
     for metric in metrics:
         p = prediction(cell_values(source, cell, metric["metric"]))
         low, high = metric.get("bounds", (-math.inf, math.inf))
         intervals[metric["metric"]] = p.mean, max(p.low, low), min(p.high, high)
-    columns = []  # (label, machine, {metric: value} or STOPPED), or (label, None, None) where not landed yet
+
+    def inside(values, metric: str) -> bool:
+        _, low, high = intervals[metric]
+        return isinstance(values, dict) and low <= values[metric] <= high
+
+    digits = {m["metric"]: m.get("digits", 1) + 1 for m in metrics}  # one more: a value by an edge shows its side
+    columns = []  # (label, what each metric's cell shows, verdict)
     for run in spec["runs"]:
         try:
-            grid = load_result(run["source"])
+            results = load_result(run["source"])
         except FileNotFoundError:
-            columns.append((run["label"], None, None))
+            columns.append((run["label"], {m: "not run yet" for m in intervals}, "—"))
             continue
-        landed = grid["runs"] + grid.get("stopped", [])  # one that stopped on non-finite values is a result too
-        if len(landed) != 1:
-            raise ValueError(f"{run['source']} holds {len(landed)} runs: a re-run is one (`--seeds 1`)")
-        if landed[0]["cell"] != cell or landed[0]["seed"] in {r["seed"] for r in cell_runs}:
-            raise ValueError(f"{run['source']} is {landed[0]['cell']} seed {landed[0]['seed']}: a re-run is a new seed "
-                             f"of {cell}")
-        if recipe(grid) != recipe(grids[0]):
-            raise ValueError(f"{run['source']} trains otherwise than {source}'s {cell} ({recipe(grid)} against "
-                             f"{recipe(grids[0])}): a re-run changes the machine, not the recipe")
-        values = {m: cell_values(run["source"], cell, m)[0] for m in intervals} if grid["runs"] else STOPPED
-        columns.append((run["label"], grid["machine"], values))
-
-    def inside(values: dict, metric: str) -> bool:
-        _, low, high = intervals[metric]
-        return values != STOPPED and low <= values[metric] <= high
-
-    def shown(values, metric: str, digits: int) -> str:
-        if values in (None, STOPPED):
-            return "not run yet" if values is None else STOPPED
-        return f"{values[metric]:.{digits}f} " + ("inside" if inside(values, metric) else "**outside**")
-
-    def verdict(machine: dict, values) -> str:
-        if machine["platform"] in platforms:
-            return f"does not count: {machine['platform']} is the cell's own machine kind"
+        finished = results.get("runs", [])
+        values = ({m: cell_values(run["source"], cell, m)[0] for m in intervals}
+                  if len(finished) == 1 and finished[0]["cell"] == cell else None)
+        shown = {m: f"{values[m]:.{digits[m]}f} " + ("inside" if inside(values, m) else "**outside**") if values
+                 else STOPPED if not finished else "—" for m in intervals}
+        refusal = rerun_refusal(results, cell, spec["seed"], own, kernels)
         held = sum(inside(values, m) for m in intervals)
-        return f"**{'passes' if inside(values, spec['decides']) else 'fails'}** ({held} of {len(intervals)} inside)"
+        machine = results.get("machine") or {}
+        columns.append((f"{run['label']}: {describe_machine(machine)}" if machine.get("platform") else run["label"],
+                        shown, f"does not count: {refusal}" if refusal else
+                        f"**{'passes' if inside(values, spec['decides']) else 'fails'}** ({held} of {len(intervals)} inside)"))
 
     lines = [spec["about"], "", "| metric | one more seed lands in | " + " | ".join(c[0] for c in columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for metric in metrics:
-        (mean, low, high), digits, key = intervals[metric["metric"]], metric.get("digits", 1), metric["metric"]
-        lines.append(f"| {metric['label']}{' (decides)' * (key == spec['decides'])} | {mean:.{digits}f} "
-                     f"({low:.{digits}f} to {high:.{digits}f}) | "
-                     + " | ".join(shown(values, key, digits) for _, _, values in columns) + " |")
-    verdicts = [verdict(machine, values) if machine else "—" for _, machine, values in columns]
-    lines.append("| verdict | | " + " | ".join(verdicts) + " |")
-    rerun_machines = "; ".join(f"{label}: {describe_machine(machine)}" for label, machine, _ in columns if machine)
+        key = metric["metric"]
+        (mean, low, high), shown_digits = intervals[key], digits[key]
+        lines.append(f"| {metric['label']}{' (decides)' * (key == spec['decides'])} | {mean:.{shown_digits}f} "
+                     f"({low:.{shown_digits}f} to {high:.{shown_digits}f}) | " + " | ".join(c[1][key] for c in columns) + " |")
+    lines.append("| verdict | | " + " | ".join(c[2] for c in columns) + " |")
     return "\n".join(lines + ["", f"The interval: the mean of {source}'s {len(cell_runs)} runs of {cell} and the 95 % "
-                                   f"prediction interval for one more run ({spec['reruns']}). The cell's runs trained on "
+                                   f"prediction interval for one more run ({spec['reruns']}), on "
                                    + "; ".join(sorted({describe_machine(grid["machine"]) for grid in grids}))
-                                   + (f"; the re-runs: {rerun_machines}." if rerun_machines else ".")
-                                   + f" A re-run passes when the metric that decides lands inside its interval; with "
-                                   f"{len(intervals)} intervals at 95 %, a miss elsewhere is reported, not failed."])
+                                   + ". A re-run passes when the metric that decides lands inside its interval; a miss "
+                                   f"among the other {len(intervals) - 1} is reported, not failed."])
 
 
 def claims_summary_table(claims: dict) -> str:
