@@ -19,7 +19,8 @@ Issue #59's steps, chosen with --only (each also in the full check, after the ab
    the rate per worker on this node, and whether the loader alone feeds the step.
 6. `shards_workers`: shards against random tensors with 8 workers, the step compiled (the goal: ≥ 0.95), and the
    time a step waited for the loader; `shards_epochs` the same in epochs of 32 batches (what an epoch's start
-   costs); `shards_in_flight` the same with four batches queued a worker.
+   costs); `shards_in_flight` the same with four batches queued a worker; `epoch_start` (benchmarks/epoch_start.py)
+   what an epoch's start is spent on: the gap before its first batch, and one worker's epoch start.
 7. `profile`: benchmarks/profile_step.py, both ViT-B/16 presets compiled: the top kernels and the idle share.
 8. `nccl`: `topoclip train` over NCCL in one process: FSDP (its group of one) and DDP under torchrun (world 1).
 9. `fsdp_memory`: benchmarks/fsdp_memory.py on CUDA, one process each of DDP and FSDP: the GPU's peak bytes.
@@ -240,7 +241,14 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
     deeper = [*shards, "--in-flight", "8" if tiny else "32"]
     # The same in epochs of --samples (32 batches): what an epoch's start costs the step, the workers kept.
     epochs = [*shards, "--samples-per-epoch", "0"]
+    # And what that is spent on: the gap before an epoch's first batch, and one worker's epoch start (the loader's
+    # shards: the same samples and layout).
+    start = [sys.executable, str(HERE / "epoch_start.py"), "--preset", "tiny" if tiny else "sphere-vit-b16",
+             "--workers", "2" if tiny else "8", "--batch", "16" if tiny else "256", "--samples", "128" if tiny else "4096",
+             "--epoch-batches", "4" if tiny else "16", "--epochs", "3" if tiny else "4", "--shuffle-buffer", "1", "1000",
+             "--shards", str(out / "loader-shards"), "--out", str(out / "epoch-start.json")]
     return [("loader", 240, loader), ("shards_workers", 300, shards), ("shards_epochs", 300, epochs),
+            ("epoch_start", 150, start),
             ("shards_in_flight", 300, deeper), *profiles,
             ("nccl_fsdp", 120, fsdp),
             ("nccl_ddp", 120, ddp), ("fsdp_memory", 180, memory)]

@@ -22,11 +22,13 @@ def test_the_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
     resume = report["steps"]["training"]["resume_losses"]
     assert resume["steps_compared"] >= 5 and resume["largest_relative_difference"] == 0.0
     assert (out / "report.txt").read_text().startswith("GPU check on cpu")
-    assert {"loader", "shards_workers", "profile_tiny", "nccl_fsdp", "nccl_ddp", "fsdp_memory", "step_lorentz",
-            "step_lorentz_product"} <= set(report["steps"])
+    assert {"loader", "shards_workers", "epoch_start", "profile_tiny", "nccl_fsdp", "nccl_ddp", "fsdp_memory",
+            "step_lorentz", "step_lorentz_product"} <= set(report["steps"])
     hyperbolic = [line for line in report["steps"]["step_lorentz_product"]["json"] if line.get("benchmark") == "mfu"]
     assert hyperbolic[0]["overrides"] == ["model.topology=lorentz-product", "train.entailment_weight=0.2"]
     assert json.loads((out / "loader.json").read_text())["sizes"]["256"]["paths"]["topoclip"]["per_worker"] > 0
+    starts = json.loads((out / "epoch-start.json").read_text())["measurements"]
+    assert len(starts[0]["epoch_start_gap_ms"]) == 2 and [m["shuffle_buffer"] for m in starts[1:]] == [1, 1000]
 
 
 def test_a_spent_budget_skips_every_step_and_still_writes_the_report(tmp_path):
