@@ -241,12 +241,12 @@ def issue_59_steps(args, out: Path, batch: str) -> list[tuple[str, int, list[str
     deeper = [*shards, "--in-flight", "8" if tiny else "32"]
     # The same in epochs of --samples (32 batches): what an epoch's start costs the step, the workers kept.
     epochs = [*shards, "--samples-per-epoch", "0"]
-    # And what that is spent on: the gap before an epoch's first batch, and one worker's epoch start (the loader's
-    # shards: the same samples and layout).
+    # And what that is spent on: the gap before an epoch's first batch (epochs of 32 batches, as shards_epochs'), and
+    # one worker's epoch start (on the loader step's shards of 256 px: the same samples and layout, written once).
     start = [sys.executable, str(HERE / "epoch_start.py"), "--preset", "tiny" if tiny else "sphere-vit-b16",
              "--workers", "2" if tiny else "8", "--batch", "16" if tiny else "256", "--samples", "128" if tiny else "4096",
-             "--epoch-batches", "4" if tiny else "16", "--epochs", "3" if tiny else "4", "--shuffle-buffer", "1", "1000",
-             "--shards", str(out / "loader-shards"), "--out", str(out / "epoch-start.json")]
+             "--epoch-batches", "4" if tiny else "32", "--epochs", "3" if tiny else "4", "--shuffle-buffer", "1", "1000",
+             "--shards", str(out / "loader-shards" / "256"), "--out", str(out / "epoch-start.json")]
     return [("loader", 240, loader), ("shards_workers", 300, shards), ("shards_epochs", 300, epochs),
             ("epoch_start", 150, start),
             ("shards_in_flight", 300, deeper), *profiles,

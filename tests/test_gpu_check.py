@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py's CPU rehearsal (issue #45): every step of the GPU check runs on this machine, and the
 resumed run's losses equal the uninterrupted run's."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -41,3 +42,18 @@ def test_a_spent_budget_skips_every_step_and_still_writes_the_report(tmp_path):
     assert report["cpu"]["logical_cores"] == os.cpu_count()  # what the loader's workers share, recorded with the run
     assert report["steps"]["gpu_tests"]["status"] == report["steps"]["step_compiled"]["status"] == "skipped"
     assert not (out / "killed").exists()  # the SIGKILL run is not started either
+
+
+def test_epoch_starts_are_the_gaps_before_each_epochs_first_batch():
+    """benchmarks/epoch_start.py's reading of batch arrivals: epochs of 3 batches, each epoch's first batch 0.5 s
+    after the last of the one before, 0.1 s between the batches inside; the first epoch (the workers' start) aside."""
+    spec = importlib.util.spec_from_file_location("epoch_start", ROOT / "benchmarks" / "epoch_start.py")
+    epoch_start = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(epoch_start)
+    arrivals, now = [], 0.0
+    for epoch in range(4):
+        for batch in range(3):
+            now += (9.0 if epoch == 0 else 0.5) if batch == 0 else 0.1
+            arrivals.append(now)
+    starts, inside = epoch_start.epoch_gaps(arrivals, 3)
+    assert starts == pytest.approx([0.5, 0.5, 0.5]) and inside == pytest.approx([0.1] * 6)  # sums of 0.1s and 0.5s

@@ -1,5 +1,6 @@
 """The README's figures are generated from docs/results/*.json (topoclip.experiments.results: `topoclip report`)."""
 import importlib.util
+import io
 import json
 import math
 import re
@@ -430,18 +431,19 @@ def test_a_rerun_row_is_the_prediction_interval_cut_to_the_metrics_bounds(tmp_pa
 
 def test_a_rerun_check_reads_a_new_seed_on_another_machine_against_its_intervals(tmp_path, monkeypatch):
     """NAME-rerun-check.json: each landed re-run's values inside the -reruns spec's intervals or not, the decider's
-    verdict; one that stopped on non-finite values fails; one that is not the registered seed, was copied, trained
-    otherwise than the cell's runs (the machine's settings aside, however spelled), on a GPU with TF32 on, or on the
-    cell's own kernel does not count, and says why; one not landed shows as such."""
+    verdict; one that stopped on non-finite values fails; one that is not the registered seed, was not trained by the
+    call that tabulated it, trained with other code or otherwise than the cell's runs (the machine's settings aside,
+    however spelled), on a GPU with TF32 on, or on the cell's own kernel does not count, and says why, as does one
+    whose results cannot be read; one not landed shows as such; presets changed since the registration are refused."""
     monkeypatch.setattr(readme_results.files, "RESULTS", tmp_path)
     cell = "lorentz_lr-5e-4"  # a shipped grid's cell: a re-run's config is resolved from its recorded command
 
-    def grid(name, platform, runs, options="", cuda=False, stopped=()):
+    def grid(name, platform, runs, options="", cuda=False, stopped=(), **more):
         (tmp_path / name).mkdir()
         (tmp_path / name / "ablation.json").write_text(json.dumps({
             "analysis": "ablation", "steps": 100, "stopped": [{"cell": cell, "seed": s} for s in stopped], "runs": runs,
             "command": f"topoclip ablate --grid lorentz --steps 100 --cells {cell} --out X/{name}{options}",
-            "machine": {"platform": f"{platform}-with-glibc2.36", "cpus": 2, "torch": "2.13.0", "cuda": cuda}}))
+            "machine": {"platform": f"{platform}-with-glibc2.36", "cpus": 2, "torch": "2.13.0", "cuda": cuda}, **more}))
 
     def run(seed, top1, t=0.0, **more):
         return {"cell": cell, "seed": seed, "final_t": t, "zero_shot_top1": top1, **more}
@@ -449,39 +451,55 @@ def test_a_rerun_check_reads_a_new_seed_on_another_machine_against_its_intervals
     grid("g", "Linux-A", [run(0, 90.0), run(1, 99.0), run(2, 96.0)])  # 95 ± 22.8 (as above), cut to 72.2–100
     metrics = [{"metric": "zero_shot_top1", "label": "top-1", "bounds": [0, 100]}, {"metric": "tau", "label": "τ"}]
     (tmp_path / "g-reruns.json").write_text(json.dumps({"about": "", "source": "g", "cells": [cell], "metrics": metrics}))
-    spec = {"about": "The check.", "reruns": "g-reruns", "seed": 5, "decides": "zero_shot_top1", "runs": []}
+    registered = readme_results.trained_config(readme_results.load_result("g"), cell, 5)
+    spec = {"about": "The check.", "reruns": "g-reruns", "seed": 5, "decides": "zero_shot_top1", "code_sha256": "pin",
+            "config": registered, "runs": []}
 
-    def column(options="", platform="Linux-B", top1=80.0, t=0.0, cuda=False, seed=5, **more):
+    def column(options="", platform="Linux-B", top1=80.0, t=0.0, cuda=False, seed=5, results=None, **more):
         shutil.rmtree(tmp_path / "r", ignore_errors=True)
         grid("r", platform, [run(seed, top1, t, **more)] if top1 is not None else [], options, cuda,
-             [seed] if top1 is None else ())
+             [seed] if top1 is None else (), **(results or {}))
         table = readme_results.rerun_check_table({**spec, "runs": [{"label": "r", "source": "r"}]})
         return [line.rsplit(" | ", 1)[-1].rstrip(" |") for line in table.splitlines() if line.startswith("| ")][1:]
 
     gpu = " --first-seed 5 --seeds 1 --set train.device=cuda --set train.precision=fp32 --set train.allow_tf32=false"
     assert column(gpu, t=1.0, cuda=True) == ["80.00 inside", "2.72 **outside**", "**passes** (1 of 2 inside)"]
     assert column(top1=70.0) == ["70.00 **outside**", "1.00 inside", "**fails** (1 of 2 inside)"]
+    assert column(top1=72.23) == ["72.23 **outside**", "1.00 inside", "**fails** (1 of 2 inside)"]  # 72.2295… shows 72.23
     assert column(top1=None) == ["stopped on non-finite values"] * 2 + ["**fails** (0 of 2 inside)"]
-    # the settings a cell's runs had, spelled otherwise, are the same recipe
-    assert column(" --set train.lr=5.0e-4 --set train.allow_tf32=true --preset cpu-sphere-full-scenes")[-1].startswith(
-        "**passes**")
+    # the settings a cell's runs had, spelled otherwise, are the same recipe; the pinned code's digest, or none
+    assert column(" --set train.lr=5.0e-4 --set train.allow_tf32=true --preset cpu-sphere-full-scenes",
+                  results={"code": {"sha256": "pin"}})[-1].startswith("**passes**")
+    assert column(platform="Linux-B-with-glibc2.39")[-1].startswith("**passes**")  # another C library, not machine
     for options, more, why in (
             ("", {"platform": "Linux-A"}, "does not count: Linux-A is a machine the cell's runs trained on"),
             ("", {"seed": 6}, "does not count: is lorentz_lr-5e-4 seed 6, not the registered lorentz_lr-5e-4 seed 5"),
-            ("", {"reused_from": "X/other"}, "does not count: copied from another ablation (--reuse)"),
+            ("", {"reused_from": "X/other"}, "does not count: not trained by the call that tabulated it"),
+            ("", {"results": {"trained_now": 0}}, "does not count: not trained by the call that tabulated it"),
+            ("", {"results": {"code": {"sha256": "other"}}}, "does not count: trained with other code than the pinned"),
             (" --set train.lr=0.1", {}, "does not count: trained otherwise than the cell's runs (train.lr)"),
             (" --set train.precision=bf16", {}, "does not count: trained otherwise than the cell's runs (train.precision)"),
             (" --steps 200", {}, "does not count: trained otherwise than the cell's runs (train.steps)"),
             (" --set train.device=cuda", {"cuda": True}, "does not count: trained on a GPU with TF32 on"),
-            ("", {"cuda": True}, "does not count: trained on a GPU with TF32 on")):  # device auto: the GPU
+            ("", {"cuda": True}, "does not count: trained on a GPU with TF32 on"),  # device auto: the GPU
+            ("", {"results": {"command": None}}, "does not count: r's results cannot be read")):
         assert column(options, **more)[-1].startswith(why), (options, more)
     assert column(" --set train.device=cpu", cuda=True)[-1].startswith("**passes**")  # TF32 is a GPU's only
-    table = readme_results.rerun_check_table({**spec, "runs": [{"label": "later", "source": "later"}]})
-    assert "| top-1 (decides) | 95.00 (72.23 to 100.00) | not run yet |" in table and "| verdict | | — |" in table
+    shutil.rmtree(tmp_path / "r")
+    grid("r", "Linux-B", [])  # no run, none stopped either
+    table = readme_results.rerun_check_table({**spec, "runs": [{"label": "r", "source": "r"}, {"label": "later",
+                                                                                              "source": "later"}]})
+    assert "| top-1 (decides) | 95.00 (72.23 to 100.00) | — | not run yet |" in table
+    assert "| verdict | | does not count: holds 0 runs, not one (`--seeds 1`) | — |" in table
     (tmp_path / "g-rerun-check.json").write_text(json.dumps(spec))  # a block named NAME-rerun-check draws its spec
     assert "| verdict |" in readme_results.render_blocks("<!-- results:g-rerun-check -->\n<!-- /results:g-rerun-check -->")
     with pytest.raises(ValueError, match="must name one cell"):
         readme_results.rerun_check_table({**spec, "decides": "headline:x"})
+    drifted = {**registered, "train": {**registered["train"], "lr": 0.1}}  # a preset changed since the registration
+    with pytest.raises(ValueError, match=r"otherwise than when its re-run check was registered \(train.lr\)"):
+        readme_results.rerun_check_table({**spec, "config": drifted})
+    newer = {**registered, "train": {key: value for key, value in registered["train"].items() if key != "lr"}}
+    assert "| verdict |" in readme_results.rerun_check_table({**spec, "config": newer})  # a setting added since
 
 
 def test_a_landed_grid_is_its_ablation_json_in_a_folder_of_its_name(tmp_path, monkeypatch):
@@ -496,6 +514,15 @@ def test_a_landed_grid_is_its_ablation_json_in_a_folder_of_its_name(tmp_path, mo
     (out / "ablation.json").write_text(json.dumps({"analysis": "compare"}))
     with pytest.raises(ValueError, match="not what `topoclip ablate` writes"):
         readme_results.land(out)
+
+
+@pytest.mark.parametrize("command", [None, 7, ["topoclip", "ablate"], "topoclip ablate --grid 'lorentz"])
+def test_a_recorded_command_that_is_not_a_command_line_is_refused_never_read_from_stdin(command, monkeypatch):
+    """run_settings reads the command a results file records (a pool's parts, a re-run check): a value that is no
+    string is refused, where shlex.split(None) would wait on standard input."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("topoclip ablate --grid lorentz\n"))  # what it must never take
+    with pytest.raises(ValueError, match="not a `topoclip ablate` command line|No closing quotation"):
+        readme_results.run_settings(command)
 
 
 def test_a_grid_trained_in_parts_is_one_grid_to_its_readers(tmp_path, monkeypatch):

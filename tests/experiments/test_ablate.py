@@ -287,6 +287,14 @@ def test_code_info_names_this_checkouts_commit(tmp_path, monkeypatch):
     assert code_info() == {**second, "commit": None, "modified": None}
     (copy / "geometry.py").unlink()
     assert code_info()["sha256"] == first["sha256"]
+    outside = tmp_path / "elsewhere"  # a folder of the package linked in (a develop install's), read through the link
+    outside.mkdir()
+    (outside / "losses.py").write_text("a")
+    (copy / "core").symlink_to(outside, target_is_directory=True)
+    (copy / "gone.py").symlink_to(tmp_path / "missing.py")  # a broken link counts by its name, never stops a run
+    linked = code_info()["sha256"]
+    (outside / "losses.py").write_text("b")
+    assert code_info()["sha256"] != linked
     (checkout / "src" / "other").mkdir()  # the same repository, another package: its commit is not topoclip's
     monkeypatch.setattr(topoclip, "__file__", str(checkout / "src" / "other" / "__init__.py"))
     assert code_info()["commit"] is None

@@ -317,21 +317,32 @@ def finish_runs(specs: Sequence[RunSpec], jobs: int, probe_size: int, log: Calla
     return records, to_train
 
 
-def code_info() -> dict:
-    """Which topoclip this is, read when an ablation starts: its version; "sha256", a digest of the package's own
-    files (.py and .json: code, presets, grids), the same for the same code however it is installed (a checkout, a
-    wheel, a pinned copy on PYTHONPATH); and, run from a git checkout of this project, the commit and whether the
-    package's files differ from it (None where git, or such a checkout, is absent)."""
+def package_digest(package: Path) -> str:
+    """sha256 of a topoclip package folder's own files (.py and .json: code, presets, grids; linked folders followed),
+    each with its relative path and size: the same for the same code however it was installed (a checkout, a wheel, a
+    pinned copy on PYTHONPATH). A file that cannot be read counts by its name."""
     import hashlib
 
+    digest = hashlib.sha256()
+    files = sorted(Path(folder, name) for folder, folders, names in os.walk(package, followlinks=True)
+                   if "__pycache__" not in Path(folder).parts for name in names if name.endswith((".py", ".json")))
+    for path in files:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = b"unreadable"
+        digest.update(f"{path.relative_to(package).as_posix()}\0{len(data)}\0".encode() + data)
+    return digest.hexdigest()
+
+
+def code_info() -> dict:
+    """Which topoclip this is, read when an ablation starts: its version, its files' digest (package_digest) and, run
+    from a git checkout of this project, the commit and whether the package's files differ from it (None where git,
+    or such a checkout, is absent)."""
     import topoclip
 
     package = Path(topoclip.__file__).resolve().parent
-    digest = hashlib.sha256()
-    for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".json") and "__pycache__" not in p.parts):
-        digest.update(f"{path.relative_to(package).as_posix()}\0{path.stat().st_size}\0".encode())
-        digest.update(path.read_bytes())
-    info = {"topoclip": topoclip.__version__, "sha256": digest.hexdigest(), "commit": None, "modified": None}
+    info = {"topoclip": topoclip.__version__, "sha256": package_digest(package), "commit": None, "modified": None}
 
     def git(*args: str) -> str:  # no optional locks: a commit made meanwhile in the checkout is not blocked
         return subprocess.run(["git", "--no-optional-locks", "-C", str(package), *args], capture_output=True, text=True,
@@ -339,8 +350,8 @@ def code_info() -> dict:
 
     try:
         if Path(git("rev-parse", "--show-toplevel")).resolve() / "src" / "topoclip" == package:  # not another repo's
-            info.update(commit=git("rev-parse", "HEAD"),
-                        modified=bool(git("status", "--porcelain", "--untracked-files=normal", "--", ".")))
+            info["commit"] = git("rev-parse", "HEAD")
+            info["modified"] = bool(git("status", "--porcelain", "--untracked-files=normal", "--", "."))
     except (OSError, subprocess.SubprocessError):  # no git, not a checkout, or one git will not read (another owner's)
         pass
     return info

@@ -181,6 +181,8 @@ def run_settings(command: str) -> dict:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--debug", action="store_true")
     add_ablate_arguments(parser)
+    if not isinstance(command, str):  # shlex.split(None) would read the command from standard input
+        raise ValueError(f"{command!r} is not a `topoclip ablate` command line")
     words = shlex.split(command)
     try:
         if words[:2] != ["topoclip", "ablate"]:

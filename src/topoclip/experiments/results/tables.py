@@ -333,29 +333,46 @@ def kernel(machine: dict) -> str:
 
 
 def trained_config(results: dict, cell: str, seed: int) -> dict:
-    """The config (to_dict, and the probe's size) one run of an ablation trained with, from its recorded command as
-    `topoclip ablate` resolves it (topoclip.experiments.runner.ablate: --steps last)."""
+    """The config (to_dict) one run of an ablation trained with, resolved from its recorded command as `topoclip
+    ablate` resolves it (topoclip.experiments.runner.ablate: --steps last), with today's presets and grids."""
     settings = run_settings(results["command"])
     grid = load_grid(settings["grid"])
     (levels,) = select_cells(grid, [cell])
     overrides = settings["overrides"] + ([f"train.steps={settings['steps']}"] if settings["steps"] is not None else [])
-    return {**to_dict(cell_config(grid, levels, overrides, seed, settings["preset"])), "probe_size": settings["probe_size"]}
+    return to_dict(cell_config(grid, levels, overrides, seed, settings["preset"]))
 
 
-def rerun_refusal(results: dict, cell: str, seed: int, own: dict, kernels: set) -> str:
-    """Why a landed re-run (its ablation's results) does not count as `seed` of `cell` trained on another machine with
-    the config `own` of the cell's runs (trained_config), whose kernels were `kernels`; "" when it counts."""
+def changed_settings(registered: dict, config: dict) -> list[str]:
+    """The settings of a registered config (to_dict) that `config` has otherwise: those added to the schema since
+    (defaults that keep what the runs trained with: grid.saved_settings) aside."""
+    def leaves(node, prefix=""):
+        return [leaf for key, value in node.items() for leaf in leaves(value, f"{prefix}{key}.")] \
+            if isinstance(node, dict) else [prefix.rstrip(".")]
+
+    known = leaves(registered)
+    return sorted(path for path in config_differences(registered, config)
+                  if any(leaf == path or leaf.startswith(path + ".") for leaf in known))
+
+
+def rerun_refusal(results: dict, cell: str, spec: dict, own: dict, kernels: set) -> str:
+    """Why a landed re-run (its ablation's results) does not count as spec["seed"] of `cell` trained on another machine
+    with the config `own` of the cell's runs (trained_config) and the code spec["code_sha256"], the cell's runs'
+    kernels being `kernels`; "" when it counts. The pinned code records no digest (code_info came later): a re-run
+    without one is taken for it."""
     landed = results.get("runs", []) + results.get("stopped", [])
     if len(landed) != 1:
         return f"holds {len(landed)} runs, not one (`--seeds 1`)"
-    if (landed[0]["cell"], landed[0]["seed"]) != (cell, seed):
-        return f"is {landed[0]['cell']} seed {landed[0]['seed']}, not the registered {cell} seed {seed}"
-    if landed[0].get("reused_from"):
-        return "copied from another ablation (--reuse), not trained where it was tabulated"
+    if (landed[0]["cell"], landed[0]["seed"]) != (cell, spec["seed"]):
+        return f"is {landed[0]['cell']} seed {landed[0]['seed']}, not the registered {cell} seed {spec['seed']}"
+    if landed[0].get("reused_from") or results.get("trained_now") == 0:
+        return "not trained by the call that tabulated it (copied with --reuse, or tabulated again later)"
     machine = results.get("machine") or {}
     if not machine.get("platform"):
         return "its results record no machine"
-    config = trained_config(results, cell, seed)
+    code = (results.get("code") or {}).get("sha256")
+    if code and code != spec["code_sha256"]:
+        return f"trained with other code than the pinned (its files' sha256 {code[:12]}…)"
+    config = trained_config(results, cell, spec["seed"])
     differences = sorted(set(config_differences(config, own)) - RERUN_FREE)
     if differences:
         return f"trained otherwise than the cell's runs ({', '.join(differences[:3])}{', …' * (len(differences) > 3)})"
@@ -369,30 +386,36 @@ def rerun_refusal(results: dict, cell: str, seed: int, own: dict, kernels: set) 
 def rerun_check_table(spec: dict) -> str:
     """Markdown: a re-run on another machine read against the prediction intervals it was registered with
     (docs/results/NAME-rerun-check.json: {"about", "reruns": the -reruns spec, "seed", "decides": the metric whose
-    interval decides, "runs": [{"label", "source"}]}): each metric's interval, each landed re-run's value inside it or
-    not, and a verdict. A re-run counts when it is the registered seed of the spec's one cell, trained (not copied)
-    with the cell's config (RERUN_FREE aside) on a kernel none of the cell's runs trained on (rerun_refusal); one that
-    stopped on non-finite values fails; one that does not count says why; one not yet landed shows as such."""
+    interval decides, "config": the cell's config as registered (trained_config), "code_sha256": the pinned
+    code's (topoclip.experiments.runner.package_digest), "runs": [{"label", "source"}]}): each metric's interval,
+    each landed re-run's value inside it or not, and a verdict (rerun_refusal: what counts). One that stopped on
+    non-finite values fails; one that does not count, or whose results cannot be read, says why in its column; one not
+    yet landed shows as such. Refused: a spec whose cell today's presets and grids resolve otherwise than registered."""
     reruns = read_results(files.RESULTS / f"{spec['reruns']}.json")
     cells, source, metrics = reruns["cells"], reruns["source"], reruns["metrics"]
     if len(cells) != 1 or spec["decides"] not in [m["metric"] for m in metrics]:
         raise ValueError(f"{spec['reruns']} must name one cell, and {spec['decides']!r} one of its metrics")
     cell = cells[0]
     cell_runs = [r for r in load_result(source)["runs"] if r["cell"] == cell]
-    grids = [load_result(part) for part in sorted({r.get("part", source) for r in cell_runs})]  # in parts: each run's
+    # the parts of a grid trained in parts (each run's own folder) have one recipe: `pooled` refuses them otherwise
+    grids = [load_result(part) for part in sorted({r.get("part", source) for r in cell_runs})]
     kernels = {kernel(grid["machine"]) for grid in grids}
     own = trained_config(grids[0], cell, spec["seed"])
+    changed = changed_settings(spec["config"], own)
+    if changed:  # a preset or grid changed since: the runs would be compared with what they did not train with
+        raise ValueError(f"today's presets and grids resolve {source}'s {cell} otherwise than when its re-run check "
+                         f"was registered ({', '.join(changed[:3])}): read it with the code of then")
     intervals = {}  # metric: (mean, low, high), the prediction interval cut to the metric's bounds
     for metric in metrics:
         p = prediction(cell_values(source, cell, metric["metric"]))
         low, high = metric.get("bounds", (-math.inf, math.inf))
         intervals[metric["metric"]] = p.mean, max(p.low, low), min(p.high, high)
 
-    def inside(values, metric: str) -> bool:
+    def inside(values, metric: str) -> bool:  # the unrounded value: the verdict is never the display's rounding
         _, low, high = intervals[metric]
         return isinstance(values, dict) and low <= values[metric] <= high
 
-    digits = {m["metric"]: m.get("digits", 1) + 1 for m in metrics}  # one more: a value by an edge shows its side
+    digits = {m["metric"]: m.get("digits", 1) + 1 for m in metrics}  # one more than the -reruns table's
     columns = []  # (label, what each metric's cell shows, verdict)
     for run in spec["runs"]:
         try:
@@ -400,16 +423,22 @@ def rerun_check_table(spec: dict) -> str:
         except FileNotFoundError:
             columns.append((run["label"], {m: "not run yet" for m in intervals}, "—"))
             continue
-        finished = results.get("runs", [])
-        values = ({m: cell_values(run["source"], cell, m)[0] for m in intervals}
-                  if len(finished) == 1 and finished[0]["cell"] == cell else None)
+        try:
+            finished = results.get("runs", [])
+            values = ({m: cell_values(run["source"], cell, m)[0] for m in intervals}
+                      if len(finished) == 1 and finished[0]["cell"] == cell else None)
+            stopped = not finished and [r["cell"] for r in results.get("stopped", [])] == [cell]
+            refusal = rerun_refusal(results, cell, spec, own, kernels)
+            machine = results.get("machine") or {}
+            label = f"{run['label']}: {describe_machine(machine)}" if machine.get("platform") else run["label"]
+        except (AttributeError, KeyError, TypeError, ValueError) as error:  # a damaged or foreign results file
+            columns.append((run["label"], {m: "—" for m in intervals},
+                            f"does not count: {run['source']}'s results cannot be read ({type(error).__name__}: {error})"))
+            continue
         shown = {m: f"{values[m]:.{digits[m]}f} " + ("inside" if inside(values, m) else "**outside**") if values
-                 else STOPPED if not finished else "—" for m in intervals}
-        refusal = rerun_refusal(results, cell, spec["seed"], own, kernels)
+                 else STOPPED if stopped else "—" for m in intervals}
         held = sum(inside(values, m) for m in intervals)
-        machine = results.get("machine") or {}
-        columns.append((f"{run['label']}: {describe_machine(machine)}" if machine.get("platform") else run["label"],
-                        shown, f"does not count: {refusal}" if refusal else
+        columns.append((label, shown, f"does not count: {refusal}" if refusal else
                         f"**{'passes' if inside(values, spec['decides']) else 'fails'}** ({held} of {len(intervals)} inside)"))
 
     lines = [spec["about"], "", "| metric | one more seed lands in | " + " | ".join(c[0] for c in columns) + " |",
