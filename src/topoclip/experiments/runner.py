@@ -324,7 +324,7 @@ def package_digest(package: Path) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    files = sorted(Path(folder, name) for folder, folders, names in os.walk(package, followlinks=True)
+    files = sorted(Path(folder, name) for folder, _, names in os.walk(package, followlinks=True)
                    if "__pycache__" not in Path(folder).parts for name in names if name.endswith((".py", ".json")))
     for path in files:
         try:

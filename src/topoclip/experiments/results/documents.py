@@ -20,9 +20,9 @@ from topoclip.experiments.results.grids import (ablation_table, ceiling_table, c
 from topoclip.experiments.results.headline import (drawn_from, fingerprint, headline_points, headline_table,
                                                    plot_headline)
 from topoclip.experiments.results.tables import (LR_CHOICE, claims_summary_table, claims_table, comparison_table,
-                                                 convergence_table, equivalence_table, lr_choice_table, rerun_check_table,
-                                                 reruns_table,
-                                                 retrieval_table, stability_table, tau_late_rise, tau_late_rise_table)
+                                                 convergence_table, equivalence_table, lr_choice_table,
+                                                 rerun_check_table, reruns_table, retrieval_table, stability_table,
+                                                 tau_late_rise, tau_late_rise_table)
 
 
 # The documents with generated blocks: the front door, the docs, the report.
